@@ -1,0 +1,39 @@
+# Entry points; each one installs what it needs into a virtual environment first.
+#   make demo        train a small DP-SGD model with the last-iterate accountant
+#   make test        the default test suite (what CI runs first)
+#   make test-slow   statistical / reproduction tests (marked `slow`)
+#   make test-compat the Opacus integration tests on Opacus 1.5.4 (no accountant registry)
+#   make examples    every example script in its quick mode
+#   make bench       benchmark scripts (print timings and ratios)
+PYTHON ?= python3
+VENV ?= .venv
+VENV_COMPAT ?= .venv-opacus15
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test test-slow test-compat examples bench clean
+
+venv:
+	PYTHON=$(PYTHON) scripts/bootstrap.sh $(VENV) dev
+
+demo: venv
+	$(PY) examples/train_digits.py
+
+test: venv
+	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+
+test-slow: venv
+	$(PY) -m pytest -n 2 -m slow $(PYTEST_ARGS)
+
+test-compat:
+	PYTHON=$(PYTHON) scripts/bootstrap.sh $(VENV_COMPAT) test "opacus==1.5.4"
+	$(VENV_COMPAT)/bin/python -m pytest -n 2 tests/accountants $(PYTEST_ARGS)
+
+examples: venv
+	$(PY) scripts/run_examples.py --quick
+
+bench: venv
+	for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) $(VENV_COMPAT) build dist *.egg-info

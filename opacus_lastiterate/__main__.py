@@ -1,0 +1,5 @@
+import sys
+
+from opacus_lastiterate.cli import main
+
+sys.exit(main())

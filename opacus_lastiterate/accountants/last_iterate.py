@@ -1,0 +1,290 @@
+"""An Opacus accountant that reports the last-iterate heuristic epsilon of the final model.
+
+The number is the heuristic of Steinke et al. (ICLR 2025), reference note ``last-iterate.md``:
+for a history of segments (sigma_i, q_i, T_i) at a constant learning rate,
+
+    P = sum_i Binomial(T_i, q_i) + N(0, sum_i T_i sigma_i^2),   Q = N(0, sum_i T_i sigma_i^2),
+    eps(delta) = min{eps >= 0 : max(H_{e^eps}(P, Q), H_{e^eps}(Q, P)) <= delta}.
+
+It is exact for linear losses and a *heuristic* otherwise: it is not a proven
+differential-privacy bound for deep networks, and it describes the release of the final
+model only (intermediate checkpoints are covered only by a standard composition bound).
+The mathematics lives in :mod:`opacus_lastiterate.analysis.heuristic`; this module only
+keeps Opacus's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from opacus.accountants import IAccountant
+
+from opacus_lastiterate.analysis import heuristic as _heuristic
+from opacus_lastiterate.analysis._validation import (
+    check_delta,
+    check_epsilon,
+    check_noise_multiplier,
+    check_sample_rate,
+    check_steps,
+)
+
+__all__ = ["MECHANISM", "HeuristicCalibrationWarning", "LastIterateAccountant"]
+
+MECHANISM = "last_iterate"
+
+History = list[tuple[float, float, int]]
+
+_CAVEAT = (
+    "last-iterate heuristic (Steinke et al., ICLR 2025) for the final model only; "
+    "exact for linear losses, not a proven DP bound for deep networks"
+)
+
+
+class HeuristicCalibrationWarning(UserWarning):
+    """Noise is being calibrated to the last-iterate heuristic, which is not a DP guarantee.
+
+    Emitted when a :class:`LastIterateAccountant` evaluates a history that was assigned
+    directly (``accountant.history = [...]``), which is what Opacus's
+    ``get_noise_multiplier`` (and so ``PrivacyEngine.make_private_with_epsilon``) does.
+    """
+
+
+def _validate_history(history: object, name: str = "history") -> History:
+    """Return ``history`` as a new list of ``(float, float, int)``; raise on any bad entry.
+
+    Each entry must be a tuple or list ``(noise_multiplier, sample_rate, num_steps)`` with
+    noise_multiplier in (0, inf), sample_rate in (0, 1] and num_steps an integer >= 1.
+    """
+    if not isinstance(history, (list, tuple)):
+        raise TypeError(
+            f"`{name}` must be a list of (noise_multiplier, sample_rate, num_steps) triples, "
+            f"got {history!r} of type {type(history).__name__}."
+        )
+    out: History = []
+    for i, entry in enumerate(history):
+        if not isinstance(entry, (list, tuple)) or len(entry) != 3:
+            raise TypeError(
+                f"`{name}[{i}]` must be a (noise_multiplier, sample_rate, num_steps) triple, "
+                f"got {entry!r}."
+            )
+        sigma, q, steps = entry
+        out.append(
+            (
+                check_noise_multiplier(sigma, f"{name}[{i}].noise_multiplier"),
+                check_sample_rate(q, f"{name}[{i}].sample_rate"),
+                check_steps(steps, f"{name}[{i}].num_steps", minimum=1),
+            )
+        )
+    return out
+
+
+def _mechanism_name(value: object) -> object:
+    """The mechanism name stored in a state dict.
+
+    Opacus < 1.6 stored the bound classmethod ``cls.mechanism`` instead of its result (fixed
+    in Opacus PR #778); such a value is resolved to its name, anything else is returned as is.
+    """
+    if (
+        inspect.ismethod(value)
+        and isinstance(value.__self__, type)
+        and issubclass(value.__self__, IAccountant)
+    ):
+        return value()
+    return value
+
+
+class LastIterateAccountant(IAccountant):
+    """Opacus accountant for the last-iterate heuristic epsilon of the final model.
+
+    Use it by name once :mod:`opacus_lastiterate.accountants` is imported
+    (``PrivacyEngine(accountant="last_iterate")``), or assign an instance to
+    ``engine.accountant`` before ``make_private``.
+
+    Attributes:
+        history: ``(noise_multiplier, sample_rate, num_steps)`` segments, oldest first,
+            run-length merged like Opacus's ``RDPAccountant``.
+
+    Note:
+        ``len(accountant)`` is the number of history *segments*, as in every Opacus
+        accountant (``PrivacyEngine.make_private_with_epsilon`` only tests it for > 0);
+        use :attr:`num_steps` for the number of steps.
+    """
+
+    def __init__(self) -> None:
+        """Create an accountant with an empty history (Opacus's registry calls ``cls()``)."""
+        self._history: History = []
+        self._externally_assigned = False
+        self._calibration_warned = False
+        super().__init__()  # IAccountant assigns ``self.history = []`` through the setter
+        self._externally_assigned = False
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def history(self) -> History:
+        """The recorded segments (the list itself, as in Opacus; see :meth:`get_epsilon`)."""
+        return self._history
+
+    @history.setter
+    def history(self, value: History) -> None:
+        # Opacus's get_noise_multiplier writes ``accountant.history = [(sigma, q, steps)]``
+        # and then calls get_epsilon: remember that the history did not come from training.
+        self._history = _validate_history(value)
+        self._externally_assigned = True
+
+    @property
+    def num_steps(self) -> int:
+        """Total number of optimizer steps recorded (the sum of the segments' num_steps)."""
+        return sum(steps for _, _, steps in _validate_history(self._history))
+
+    @classmethod
+    def mechanism(cls) -> str:
+        """The name under which this accountant is registered: ``"last_iterate"``."""
+        return MECHANISM
+
+    def __len__(self) -> int:
+        """Number of history segments, as Opacus defines it (not steps: see :attr:`num_steps`)."""
+        return len(self._history)
+
+    def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
+        """Record one step; extend the last segment if (sigma, q) are unchanged.
+
+        Args:
+            noise_multiplier: noise standard deviation over clipping norm, in (0, inf).
+            sample_rate: Poisson sampling rate, in (0, 1].
+
+        Raises:
+            TypeError, ValueError: on an invalid argument; the history is then unchanged.
+        """
+        sigma = check_noise_multiplier(noise_multiplier)
+        q = check_sample_rate(sample_rate)
+        if self._history and self._history[-1][0] == sigma and self._history[-1][1] == q:
+            self._history[-1] = (sigma, q, self._history[-1][2] + 1)
+        else:
+            self._history.append((sigma, q, 1))
+
+    def state_dict(self, destination: Any = None) -> Any:
+        """Opacus-compatible state: ``{"history": [...], "mechanism": "last_iterate"}``.
+
+        Args:
+            destination: mapping to fill; a new ``OrderedDict`` if None.
+        """
+        if destination is None:
+            destination = OrderedDict()
+        destination["history"] = list(self._history)
+        destination["mechanism"] = self.mechanism()
+        return destination
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load a state from :meth:`state_dict`, after validating all of it.
+
+        Args:
+            state_dict: mapping with keys ``"history"`` and ``"mechanism"``.
+
+        Raises:
+            TypeError, ValueError: if the state is missing, of another mechanism, or has an
+                invalid history entry; the accountant is then unchanged.
+        """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(
+                f"`state_dict` must be a mapping with keys 'history' and 'mechanism', "
+                f"got {type(state_dict).__name__}."
+            )
+        for key in ("history", "mechanism"):
+            if key not in state_dict:
+                raise ValueError(
+                    f"`state_dict` must have the key {key!r}, "
+                    f"got keys {sorted(map(str, state_dict))}."
+                )
+        mechanism = _mechanism_name(state_dict["mechanism"])
+        if mechanism != self.mechanism():
+            raise ValueError(
+                f"`state_dict['mechanism']` must be {self.mechanism()!r}, got {mechanism!r}: "
+                "the state of another accountant cannot be loaded into LastIterateAccountant."
+            )
+        history = _validate_history(state_dict["history"], "state_dict['history']")
+        self._history = history
+        self._externally_assigned = False
+        self._calibration_warned = False
+
+    # -- privacy ----------------------------------------------------------------------------
+
+    def _checked_history(self) -> History:
+        history = _validate_history(self._history)  # Opacus may have written it directly
+        if self._externally_assigned and not self._calibration_warned:
+            self._calibration_warned = True
+            warnings.warn(
+                "LastIterateAccountant.history was assigned directly, as Opacus's "
+                "get_noise_multiplier (make_private_with_epsilon) does to calibrate the noise: "
+                "the noise multiplier is being chosen to meet a target on the last-iterate "
+                "heuristic epsilon. That number is exact only for linear losses; it is not a "
+                "differential-privacy guarantee for non-linear models such as deep networks, "
+                "and it covers the final model only. (Use load_state_dict to restore a saved "
+                "history without this warning.)",
+                HeuristicCalibrationWarning,
+                stacklevel=3,  # the caller of get_epsilon / get_delta
+            )
+        return history
+
+    def get_epsilon(self, delta: float, *, robust: bool = False, **kwargs: Any) -> float:
+        """Heuristic epsilon of the final model at ``delta`` (``last-iterate.md``, "Theorem").
+
+        Args:
+            delta: target delta, in (0, 1).
+            robust: if True, return max over the last t <= T steps of the heuristic epsilon
+                (``last-iterate.md``, "Robust variant").
+            **kwargs: ignored; accepted because Opacus forwards the keyword arguments of
+                ``make_private_with_epsilon`` here.
+
+        Returns:
+            The heuristic epsilon; 0.0 for an empty history. Not a proven DP bound for deep
+            networks.
+        """
+        d = check_delta(delta)
+        if not isinstance(robust, bool):
+            raise TypeError(f"`robust` must be a bool, got {robust!r}.")
+        history = self._checked_history()
+        if not history:
+            return 0.0
+        return float(_heuristic.heuristic_epsilon_for_history(history, d, robust=robust))
+
+    def get_delta(self, epsilon: float) -> float:
+        """Heuristic delta(epsilon) of the final model (``last-iterate.md``, "Theorem").
+
+        Args:
+            epsilon: in [0, inf).
+
+        Returns:
+            The heuristic delta; 0.0 for an empty history.
+        """
+        eps = check_epsilon(epsilon)
+        history = self._checked_history()
+        if not history:
+            return 0.0
+        return float(_heuristic.heuristic_delta_for_history(history, eps))
+
+    # -- display ----------------------------------------------------------------------------
+
+    def describe(self, delta: float | None = None) -> str:
+        """A human-readable summary that says what the number is and is not.
+
+        Args:
+            delta: if given, include the heuristic epsilon at this delta.
+        """
+        lines = [f"LastIterateAccountant: {self.num_steps} steps in {len(self)} segment(s)."]
+        if delta is not None:
+            eps = self.get_epsilon(delta)
+            lines.append(f"Heuristic epsilon at delta={check_delta(delta):g}: {eps:.4f}.")
+        lines.append(f"This is the {_CAVEAT}.")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        try:
+            steps: object = self.num_steps
+        except (TypeError, ValueError):
+            steps = "invalid history"
+        return f"LastIterateAccountant(num_steps={steps}, segments={len(self)}; {_CAVEAT})"

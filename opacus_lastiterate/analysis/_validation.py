@@ -1,0 +1,95 @@
+"""Argument checks shared by the whole package.
+
+Every public function validates its arguments *before* it changes any state, and every
+error names the parameter, its valid range and the value it was given, e.g.
+``ValueError: `sample_rate` must be in (0, 1], got 1.5.``
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+__all__ = [
+    "check_real",
+    "check_positive",
+    "check_in_interval",
+    "check_int",
+    "check_delta",
+    "check_epsilon",
+    "check_sample_rate",
+    "check_noise_multiplier",
+    "check_steps",
+]
+
+
+def check_real(name: str, value: object) -> float:
+    """Return ``value`` as a float; reject bools, non-numbers and NaN."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`{name}` must be a real number, got {value!r} of type {type(value).__name__}.")
+    x = float(value)
+    if math.isnan(x):
+        raise ValueError(f"`{name}` must be a number, got NaN.")
+    return x
+
+
+def check_in_interval(
+    name: str,
+    value: object,
+    low: float,
+    high: float,
+    *,
+    low_open: bool = True,
+    high_open: bool = True,
+) -> float:
+    """Return ``value`` as a float if it lies in the interval, else raise ``ValueError``."""
+    x = check_real(name, value)
+    ok_low = x > low if low_open else x >= low
+    ok_high = x < high if high_open else x <= high
+    if not (ok_low and ok_high):
+        lb = "(" if low_open else "["
+        rb = ")" if high_open else "]"
+        lo = "-inf" if low == -math.inf else f"{low:g}"
+        hi = "inf" if high == math.inf else f"{high:g}"
+        raise ValueError(f"`{name}` must be in {lb}{lo}, {hi}{rb}, got {value!r}.")
+    return x
+
+
+def check_positive(name: str, value: object, *, allow_inf: bool = False) -> float:
+    """A real number in (0, inf) (or (0, inf] with ``allow_inf``)."""
+    return check_in_interval(name, value, 0.0, math.inf, high_open=not allow_inf)
+
+
+def check_int(name: str, value: object, *, minimum: int = 0) -> int:
+    """An integer (Python or numpy, not bool, not float) that is at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"`{name}` must be an integer, got {value!r} of type {type(value).__name__}.")
+    n = int(value)
+    if n < minimum:
+        raise ValueError(f"`{name}` must be an integer >= {minimum}, got {n}.")
+    return n
+
+
+def check_delta(value: object, name: str = "delta") -> float:
+    """delta in (0, 1)."""
+    return check_in_interval(name, value, 0.0, 1.0)
+
+
+def check_epsilon(value: object, name: str = "epsilon") -> float:
+    """epsilon in [0, inf)."""
+    return check_in_interval(name, value, 0.0, math.inf, low_open=False)
+
+
+def check_sample_rate(value: object, name: str = "sample_rate") -> float:
+    """Poisson sampling rate q in (0, 1]."""
+    return check_in_interval(name, value, 0.0, 1.0, high_open=False)
+
+
+def check_noise_multiplier(value: object, name: str = "noise_multiplier") -> float:
+    """Noise multiplier sigma in (0, inf)."""
+    return check_positive(name, value)
+
+
+def check_steps(value: object, name: str = "steps", *, minimum: int = 0) -> int:
+    """Number of steps, an integer >= ``minimum`` (0 by default)."""
+    return check_int(name, value, minimum=minimum)

@@ -1,0 +1,113 @@
+"""Statistics of privacy auditing: turn an attack's success into an honest epsilon.
+
+numpy/scipy only (no torch, no opacus). Every number is labelled: ``kind="bound"`` for an
+assumption-free lower bound (Clopper-Pearson, one-run), ``kind="estimate"`` for the
+Gaussian-DP conversion; thresholds are chosen validly by default
+(:class:`RankGridBonferroni`); the naive maximum over thresholds is available only as
+:class:`NaiveMax` and is labelled not statistically valid. References:
+``shared/reference/auditing.md`` and ``auditing-anchors.md``.
+
+Typical use::
+
+    from opacus_lastiterate.analysis.audit import audit_clopper_pearson, plan_multi_run_audit
+    print(plan_multi_run_audit(1000, delta=1e-5))          # before training
+    print(audit_clopper_pearson(in_scores, out_scores, delta=1e-5))
+"""
+
+from opacus_lastiterate.analysis.audit.clopper_pearson import (
+    clopper_pearson_interval,
+    clopper_pearson_lower,
+    clopper_pearson_upper,
+)
+from opacus_lastiterate.analysis.audit.error_counts import ErrorCurve, error_counts_at, error_curve
+from opacus_lastiterate.analysis.audit.gaussian_dp import (
+    gaussian_dp_delta,
+    gaussian_dp_epsilon,
+    gaussian_dp_estimate_from_counts,
+    gaussian_dp_mu_from_error_rates,
+)
+from opacus_lastiterate.analysis.audit.one_run import (
+    ONE_RUN_DELTA_WARNING_LEVEL,
+    one_run_epsilon_bound,
+    one_run_p_value,
+)
+from opacus_lastiterate.analysis.audit.planning import (
+    AuditPlan,
+    canaries_needed,
+    plan_multi_run_audit,
+    plan_one_run_audit,
+    runs_needed,
+)
+from opacus_lastiterate.analysis.audit.pure_dp import (
+    epsilon_bound_from_counts,
+    epsilon_from_error_rates,
+)
+from opacus_lastiterate.analysis.audit.result import (
+    AuditCounts,
+    AuditKind,
+    AuditResult,
+    MultiRunCounts,
+    OneRunCounts,
+)
+from opacus_lastiterate.analysis.audit.score_audits import (
+    audit_clopper_pearson,
+    audit_gaussian_dp,
+    audit_one_run,
+)
+from opacus_lastiterate.analysis.audit.threshold_strategies import (
+    DEFAULT_THRESHOLD_STRATEGY,
+    Bonferroni,
+    ExplicitThreshold,
+    HeldOutSplit,
+    MultiSplit,
+    NaiveMax,
+    RankGridBonferroni,
+    ThresholdStrategy,
+)
+from opacus_lastiterate.analysis.audit.warning_types import (
+    AuditWarning,
+    NonRandomizedInclusionWarning,
+    OneRunDeltaWarning,
+)
+
+__all__ = [
+    "DEFAULT_THRESHOLD_STRATEGY",
+    "ONE_RUN_DELTA_WARNING_LEVEL",
+    "AuditCounts",
+    "AuditKind",
+    "AuditPlan",
+    "AuditResult",
+    "AuditWarning",
+    "Bonferroni",
+    "ErrorCurve",
+    "ExplicitThreshold",
+    "HeldOutSplit",
+    "MultiRunCounts",
+    "MultiSplit",
+    "NaiveMax",
+    "NonRandomizedInclusionWarning",
+    "OneRunCounts",
+    "OneRunDeltaWarning",
+    "RankGridBonferroni",
+    "ThresholdStrategy",
+    "audit_clopper_pearson",
+    "audit_gaussian_dp",
+    "audit_one_run",
+    "canaries_needed",
+    "clopper_pearson_interval",
+    "clopper_pearson_lower",
+    "clopper_pearson_upper",
+    "epsilon_bound_from_counts",
+    "epsilon_from_error_rates",
+    "error_counts_at",
+    "error_curve",
+    "gaussian_dp_delta",
+    "gaussian_dp_epsilon",
+    "gaussian_dp_estimate_from_counts",
+    "gaussian_dp_mu_from_error_rates",
+    "one_run_epsilon_bound",
+    "one_run_p_value",
+    "plan_multi_run_audit",
+    "plan_one_run_audit",
+    "runs_needed",
+]

@@ -1,0 +1,156 @@
+"""Gaussian differential privacy (GDP): a mu lower bound and its (eps, delta) conversion.
+
+mu-GDP (Dong, Roth, Su 2019, arXiv:1905.02383) means every test has FNR >= Phi(Phi^-1(1 - FPR)
+- mu), so upper confidence bounds a_ub, b_ub on (FPR, FNR) give the valid bound
+
+    mu >= Phi^-1(1 - a_ub) - Phi^-1(b_ub)        (clamped at 0)
+
+*against the claim "the mechanism is mu-GDP"*. Its (eps, delta) value (their Cor. 2.13)
+
+    delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)
+
+is an ESTIMATE of the mechanism's epsilon: it is a bound only when the true trade-off curve
+is Gaussian (e.g. full-batch DP-GD); for other curves it can exceed the truth (a pure eps = 1
+Laplace mechanism audits at about 4; ``auditing-anchors.md`` section 1.6). Results are
+labelled ``kind="estimate"``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.optimize import brentq
+from scipy.stats import norm
+
+from opacus_lastiterate.analysis._validation import (
+    check_delta,
+    check_epsilon,
+    check_in_interval,
+    check_int,
+)
+from opacus_lastiterate.analysis.audit._rates import check_rates
+from opacus_lastiterate.analysis.audit.clopper_pearson import upper_at_significance
+from opacus_lastiterate.analysis.audit.result import AuditResult, MultiRunCounts
+
+__all__ = [
+    "GDP_ESTIMATE_NOTE",
+    "gaussian_dp_delta",
+    "gaussian_dp_epsilon",
+    "gaussian_dp_estimate_from_counts",
+    "gaussian_dp_mu_from_error_rates",
+]
+
+GDP_ESTIMATE_NOTE = (
+    "Gaussian-DP conversion: valid only if the mechanism's trade-off curve is Gaussian; "
+    "otherwise it can exceed the true epsilon."
+)
+
+
+def gdp_mu(fpr_upper: NDArray[np.float64], fnr_upper: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Unchecked vectorised ``max(0, Phi^-1(1 - a) - Phi^-1(b))`` (package-internal)."""
+    with np.errstate(invalid="ignore"):
+        mu = norm.isf(fpr_upper) - norm.ppf(fnr_upper)
+    return np.where(np.isnan(mu), 0.0, np.maximum(mu, 0.0))
+
+
+def gaussian_dp_mu_from_error_rates(
+    false_positive_rate: float | ArrayLike, false_negative_rate: float | ArrayLike
+) -> float | NDArray[np.float64]:
+    """``max(0, Phi^-1(1 - FPR) - Phi^-1(FNR))``; with upper confidence bounds a mu lower bound.
+
+    Negative values are no evidence and are clamped to 0, not mirrored.
+    """
+    a, a_scalar = check_rates("false_positive_rate", false_positive_rate)
+    b, b_scalar = check_rates("false_negative_rate", false_negative_rate)
+    mu = gdp_mu(a, b)
+    return float(mu) if (a_scalar and b_scalar) else mu
+
+
+def _log_delta(mu: float, eps: float) -> float:
+    """log delta(eps) for mu-GDP, in the log domain: log(Phi(x) - e^eps Phi(y))."""
+    log_a = float(norm.logcdf(-eps / mu + mu / 2))
+    log_b = float(norm.logcdf(-eps / mu - mu / 2))
+    ratio = eps + log_b - log_a
+    if ratio >= 0.0:  # rounding at huge eps; delta is 0 there
+        return -math.inf
+    return log_a + math.log1p(-math.exp(ratio))
+
+
+def _check_mu(mu: object) -> float:
+    return check_in_interval("mu", mu, 0.0, math.inf, low_open=False, high_open=False)
+
+
+def gaussian_dp_delta(mu: float, epsilon: float) -> float:
+    """``delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)`` for mu-GDP (Cor. 2.13)."""
+    m = _check_mu(mu)
+    e = check_epsilon(epsilon)
+    if m == 0.0:
+        return 0.0
+    if math.isinf(m):
+        return 1.0
+    return math.exp(_log_delta(m, e))
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """Unchecked inverse of :func:`gaussian_dp_delta` in epsilon (package-internal)."""
+    if mu == 0.0:
+        return 0.0
+    if math.isinf(mu):
+        return math.inf
+    target = math.log(delta)
+    if _log_delta(mu, 0.0) <= target:
+        return 0.0
+    hi = max(1.0, mu * mu)
+    while _log_delta(mu, hi) > target:
+        hi *= 2.0
+    root = brentq(lambda e: _log_delta(mu, e) - target, 0.0, hi, xtol=1e-12, rtol=1e-15)
+    # delta(eps) decreases in eps: step back until delta(root) >= target (never past the root).
+    while root > 0.0 and _log_delta(mu, root) < target:
+        root = max(0.0, root - 1e-10 * max(1.0, root))
+    return float(root)
+
+
+def gaussian_dp_epsilon(mu: float, delta: float) -> float:
+    """The smallest eps with ``gaussian_dp_delta(mu, eps) <= delta`` (root of Cor. 2.13).
+
+    Equals ``dp_accounting.get_epsilon_gaussian(1 / mu, delta)``.
+    """
+    return gdp_epsilon(_check_mu(mu), check_delta(delta))
+
+
+def gaussian_dp_estimate_from_counts(
+    false_positives: int,
+    num_out: int,
+    false_negatives: int,
+    num_in: int,
+    *,
+    delta: float,
+    confidence: float = 0.95,
+) -> AuditResult:
+    """mu lower bound and GDP epsilon ESTIMATE from the counts of one pre-set test.
+
+    Clopper-Pearson upper bounds at significance (1 - confidence) / 2 per rate; ``mu`` in the
+    result is a valid lower bound against "mu-GDP", ``epsilon`` is an estimate.
+    """
+    n_out = check_int("num_out", num_out, minimum=1)
+    n_in = check_int("num_in", num_in, minimum=1)
+    counts = MultiRunCounts(n_in, n_out, false_positives, false_negatives)
+    d = check_delta(delta)
+    c = check_in_interval("confidence", confidence, 0.0, 1.0)
+    half = 0.5 * (1.0 - c)
+    a = upper_at_significance(np.array([counts.false_positives]), n_out, half)
+    b = upper_at_significance(np.array([counts.false_negatives]), n_in, half)
+    mu = float(gdp_mu(a, b)[0])
+    return AuditResult(
+        epsilon=gdp_epsilon(mu, d),
+        delta=d,
+        confidence=c,
+        method="gaussian-dp",
+        kind="estimate",
+        counts=counts,
+        selection="counts of one test fixed in advance",
+        mu=mu,
+        notes=(GDP_ESTIMATE_NOTE,),
+    )

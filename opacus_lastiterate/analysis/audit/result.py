@@ -1,0 +1,150 @@
+"""The immutable result of an audit: a number, what it is, and how it was obtained."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from opacus_lastiterate.analysis._validation import check_in_interval, check_int
+from opacus_lastiterate.analysis.audit.threshold_strategies import ThresholdStrategy
+
+__all__ = ["AuditCounts", "AuditKind", "AuditResult", "MultiRunCounts", "OneRunCounts"]
+
+AuditKind = Literal["bound", "estimate"]
+
+
+@dataclass(frozen=True)
+class MultiRunCounts:
+    """Error counts of one threshold test (``auditing.md``, "Pipeline", step 4).
+
+    Attributes:
+        num_in: runs (or samples) with the canary included.
+        num_out: runs without it.
+        false_positives: out-runs the test called "in".
+        false_negatives: in-runs the test called "out".
+    """
+
+    num_in: int
+    num_out: int
+    false_positives: int
+    false_negatives: int
+
+    def __post_init__(self) -> None:
+        check_int("num_in", self.num_in, minimum=1)
+        check_int("num_out", self.num_out, minimum=1)
+        fp = check_int("false_positives", self.false_positives)
+        fn = check_int("false_negatives", self.false_negatives)
+        if fp > self.num_out:
+            raise ValueError(f"`false_positives` must be in [0, {self.num_out}], got {fp}.")
+        if fn > self.num_in:
+            raise ValueError(f"`false_negatives` must be in [0, {self.num_in}], got {fn}.")
+
+    def __str__(self) -> str:
+        return f"FP {self.false_positives}/{self.num_out}, FN {self.false_negatives}/{self.num_in}"
+
+
+@dataclass(frozen=True)
+class OneRunCounts:
+    """Counts of a one-run audit (``auditing.md``, "One run").
+
+    Attributes:
+        num_canaries: m, canaries each included by an independent fair coin.
+        num_guesses: r, canaries on which the auditor did not abstain.
+        num_correct: v, correct guesses.
+    """
+
+    num_canaries: int
+    num_guesses: int
+    num_correct: int
+
+    def __post_init__(self) -> None:
+        m = check_int("num_canaries", self.num_canaries, minimum=1)
+        r = check_int("num_guesses", self.num_guesses)
+        v = check_int("num_correct", self.num_correct)
+        if r > m:
+            raise ValueError(f"`num_guesses` must be in [0, {m}], got {r}.")
+        if v > r:
+            raise ValueError(f"`num_correct` must be in [0, {r}], got {v}.")
+
+    def __str__(self) -> str:
+        return (
+            f"{self.num_correct}/{self.num_guesses} guesses correct, {self.num_canaries} canaries"
+        )
+
+
+AuditCounts = MultiRunCounts | OneRunCounts
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """An audit's epsilon and everything needed to read it honestly.
+
+    Attributes:
+        epsilon: the epsilon lower bound (``kind == "bound"``) or estimate.
+        delta: the delta at which epsilon is stated.
+        confidence: overall confidence level of the procedure (1 - significance).
+        method: how counts became epsilon, e.g. ``"clopper-pearson"``,
+            ``"gaussian-dp"``, ``"one-run"``.
+        kind: ``"bound"`` (assumption-free lower bound) or ``"estimate"``
+            (relies on an assumption, e.g. a Gaussian trade-off curve).
+        counts: the counts at the selected threshold.
+        threshold_strategy: the strategy object that selected the threshold.
+        threshold: the selected threshold (None when the audit was given counts).
+        selection: what the strategy did on these scores, in words.
+        mu: the Gaussian-DP mu lower bound (GDP audits only).
+        statistically_valid: False when the confidence level is not honest (naive
+            maximum over thresholds, non-randomised one-run canaries).
+        notes: further caveats, one sentence each.
+    """
+
+    epsilon: float
+    delta: float
+    confidence: float
+    method: str
+    kind: AuditKind
+    counts: AuditCounts
+    threshold_strategy: ThresholdStrategy | None = None
+    threshold: float | None = None
+    selection: str = ""
+    mu: float | None = None
+    statistically_valid: bool = True
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not (self.epsilon >= 0.0):
+            raise ValueError(f"`epsilon` must be >= 0, got {self.epsilon!r}.")
+        check_in_interval("delta", self.delta, 0.0, 1.0, low_open=False)
+        check_in_interval("confidence", self.confidence, 0.0, 1.0)
+        if self.kind not in ("bound", "estimate"):
+            raise ValueError(f"`kind` must be 'bound' or 'estimate', got {self.kind!r}.")
+        object.__setattr__(self, "notes", tuple(self.notes))
+
+    @property
+    def is_bound(self) -> bool:
+        """True for an assumption-free, statistically valid lower bound."""
+        return self.kind == "bound" and self.statistically_valid
+
+    def __str__(self) -> str:
+        eps = "inf" if math.isinf(self.epsilon) else f"{self.epsilon:.4g}"
+        if self.kind == "bound":
+            head = f"epsilon >= {eps} at delta = {self.delta:g} ({100 * self.confidence:.4g}% confidence)"
+            label = "lower bound"
+        else:
+            head = f"epsilon ~ {eps} at delta = {self.delta:g}"
+            label = "ESTIMATE (assumes a Gaussian trade-off), not a bound"
+            if self.mu is not None:
+                label += f"; mu >= {self.mu:.4g} at {100 * self.confidence:.4g}% confidence"
+        parts = [label, f"method: {self.method}", str(self.counts)]
+        if self.selection:
+            parts.append(self.selection)
+        elif self.threshold_strategy is not None:
+            parts.append(self.threshold_strategy.describe())
+        if self.threshold is not None:
+            parts.append(f"threshold {self.threshold:.6g}")
+        text = f"{head} [{'; '.join(parts)}]"
+        if not self.statistically_valid:
+            text = "NOT STATISTICALLY VALID: " + text
+        for note in self.notes:
+            text += f"\n  note: {note}"
+        return text

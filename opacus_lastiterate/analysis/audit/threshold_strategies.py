@@ -1,0 +1,199 @@
+"""How an audit chooses the threshold of its test (``auditing-anchors.md`` section 1.5).
+
+Choosing the best threshold on the same scores and then applying a (1 - a) interval is not
+a (1 - a) procedure (``auditing.md``). The strategies below are valid, except
+:class:`NaiveMax`, which exists for comparison with published tools and is labelled as
+not statistically valid in every result it produces.
+
+- :class:`RankGridBonferroni` (default): Bonferroni over thresholds at a geometric grid of
+  *ranks* fixed before seeing the scores. Multi-run: "in iff score > the (c+1)-th largest
+  out-score" (exactly c false positives) and "in iff score >= the (c+1)-th smallest
+  in-score" (exactly c false negatives), c in {0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 15, ...}
+  (about 2 + ln(n)/ln(growth) per side). At such a threshold the true rate is distributed as
+  Beta(c + 1, n - c) (uniform order statistics; stochastically smaller with ties), which is
+  exactly the distribution the Clopper-Pearson bound for c successes inverts, and the other
+  side's scores are independent of the threshold; so each rate bound fails with probability
+  at most a / (2 n_grid). One-run: guess "in" for the top k scores, k on the grid. Tighter
+  than :class:`Bonferroni` because the grid has O(log n) points instead of n.
+- :class:`Bonferroni`: every candidate threshold, each at significance a / n.
+  Without explicit candidates the candidates are the n = n_in + n_out observed scores.
+  Validity: at a threshold equal to the j-th largest out-score the FP count is j and the
+  true FPR is distributed as Beta(j, n_out - j + 1), stochastically below the
+  Clopper-Pearson quantile Beta(j + 1, n_out - j); at an in-score threshold the out-scores
+  are independent of the threshold (and symmetrically for FN). Each of the n thresholds
+  therefore fails with probability at most a / n, and the union bound applies. (jax_privacy
+  divides by the size of a data-dependent Pareto frontier instead; that is smaller, but we
+  know no proof that it is valid.)
+- :class:`HeldOutSplit`: choose the threshold on a random part, bound on the rest.
+- :class:`MultiSplit`: repeat the split, each bound at significance a / 2, report the
+  lower median; valid because 2 x (median p-value) is a p-value (Meinshausen, Meier,
+  Buehlmann 2009) -- at least half of the bounds exceeding the truth has probability <= a.
+- :class:`ExplicitThreshold`: a threshold fixed before seeing the scores.
+- :class:`NaiveMax`: the maximum over all thresholds at significance a. NOT valid.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from opacus_lastiterate.analysis._validation import check_in_interval, check_int, check_real
+
+__all__ = [
+    "DEFAULT_THRESHOLD_STRATEGY",
+    "Bonferroni",
+    "ExplicitThreshold",
+    "HeldOutSplit",
+    "MultiSplit",
+    "NaiveMax",
+    "RankGridBonferroni",
+    "ThresholdStrategy",
+]
+
+
+class ThresholdStrategy:
+    """Base class of the threshold-selection strategies."""
+
+    #: False only for strategies whose confidence level is not honest (:class:`NaiveMax`).
+    statistically_valid: ClassVar[bool] = True
+
+    def describe(self) -> str:
+        """One line for reports."""
+        raise NotImplementedError
+
+
+def _check_seed(seed: object) -> int | None:
+    return None if seed is None else check_int("seed", seed)
+
+
+@dataclass(frozen=True)
+class RankGridBonferroni(ThresholdStrategy):
+    """Bonferroni over thresholds at a geometric grid of ranks (the default; module docs).
+
+    Attributes:
+        growth: ratio of the geometric grid of ranks (> 1); the grid is
+            ``{0} U {round(growth**i)}`` (multi-run counts) or ``{round(growth**i)} >= 1``
+            (one-run guess counts), below the sample size.
+    """
+
+    growth: float = 1.25
+
+    def __post_init__(self) -> None:
+        check_in_interval("growth", self.growth, 1.0, math.inf)
+
+    def describe(self) -> str:
+        return f"Bonferroni over a geometric rank grid (growth {self.growth:g})"
+
+
+def rank_grid(n: int, growth: float, *, include_zero: bool) -> list[int]:
+    """``{0} U {round(growth**i) : i >= 0}`` below ``n`` (without 0 if not ``include_zero``)."""
+    values = {0} if include_zero else set()
+    x = 1.0
+    while round(x) < n:
+        values.add(round(x))
+        x *= growth
+    return sorted(values)
+
+
+@dataclass(frozen=True)
+class Bonferroni(ThresholdStrategy):
+    """All candidate thresholds, each bound at significance ``(1 - confidence) / n``.
+
+    Attributes:
+        candidates: thresholds fixed before seeing the scores (then n = len(candidates)),
+            or None (default) for every observed score (then n = n_in + n_out).
+    """
+
+    candidates: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.candidates is not None:
+            values = tuple(check_real("candidates", c) for c in self.candidates)
+            if not values:
+                raise ValueError("`candidates` must be non-empty, got an empty sequence.")
+            if not all(math.isfinite(v) for v in values):
+                raise ValueError(f"`candidates` must be finite, got {self.candidates!r}.")
+            object.__setattr__(self, "candidates", values)
+
+    def describe(self) -> str:
+        if self.candidates is None:
+            return "Bonferroni over every observed score"
+        return f"Bonferroni over {len(self.candidates)} pre-set candidate thresholds"
+
+
+@dataclass(frozen=True)
+class HeldOutSplit(ThresholdStrategy):
+    """Choose the threshold on a random ``selection_fraction`` of each side, bound on the rest.
+
+    Attributes:
+        selection_fraction: fraction of the in-scores and of the out-scores used to choose.
+        seed: seed of the split (None: fresh entropy, not reproducible).
+    """
+
+    selection_fraction: float = 0.5
+    seed: int | None = 0
+
+    def __post_init__(self) -> None:
+        check_in_interval("selection_fraction", self.selection_fraction, 0.0, 1.0)
+        _check_seed(self.seed)
+
+    def describe(self) -> str:
+        return f"held-out split (choose on {self.selection_fraction:g}, seed {self.seed})"
+
+
+@dataclass(frozen=True)
+class MultiSplit(ThresholdStrategy):
+    """``num_splits`` random held-out splits, each at significance a / 2; lower median reported.
+
+    Attributes:
+        num_splits: number of random splits (>= 1).
+        selection_fraction: fraction of each side used to choose the threshold.
+        seed: seed of the splits (None: fresh entropy, not reproducible).
+    """
+
+    num_splits: int = 100
+    selection_fraction: float = 0.5
+    seed: int | None = 0
+
+    def __post_init__(self) -> None:
+        check_int("num_splits", self.num_splits, minimum=1)
+        check_in_interval("selection_fraction", self.selection_fraction, 0.0, 1.0)
+        _check_seed(self.seed)
+
+    def describe(self) -> str:
+        return (
+            f"median of {self.num_splits} held-out splits (choose on "
+            f"{self.selection_fraction:g}, seed {self.seed})"
+        )
+
+
+@dataclass(frozen=True)
+class ExplicitThreshold(ThresholdStrategy):
+    """A threshold fixed before the scores were seen (test says "in" iff score >= threshold)."""
+
+    threshold: float
+
+    def __post_init__(self) -> None:
+        check_real("threshold", self.threshold)
+
+    def describe(self) -> str:
+        return f"threshold {self.threshold:g} fixed in advance"
+
+
+@dataclass(frozen=True)
+class NaiveMax(ThresholdStrategy):
+    """Best threshold chosen on the same scores, no correction. NOT statistically valid.
+
+    Offered only to reproduce published tools (bb-audit-dpsgd, TF-privacy, ML Privacy
+    Meter); its failure rate exceeds the nominal one (``auditing-anchors.md`` section 1.5).
+    """
+
+    statistically_valid: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        return "naive maximum over thresholds on the same scores (NOT statistically valid)"
+
+
+#: The strategy every audit uses unless told otherwise.
+DEFAULT_THRESHOLD_STRATEGY: ThresholdStrategy = RankGridBonferroni()

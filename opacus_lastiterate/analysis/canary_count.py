@@ -1,0 +1,97 @@
+"""Distribution of how often the canary is sampled: Binomial and Poisson-binomial.
+
+Under the last-iterate heuristic the canary enters the final model K times, where K is the
+number of steps whose Poisson sample contains it: K ~ Binomial(T, q) for a constant rate, and
+a Poisson-binomial sum of Binomial(T_i, q_i) for a history of segments
+(``last-iterate.md``, "Generalisations", item 1).
+
+Tails are truncated at a Bernstein bound of about e^-75 per segment; the exact dropped mass
+(from the regularised incomplete beta function) is returned so that callers can add it to
+delta, which keeps every delta an upper bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import special
+
+__all__ = ["CountDistribution", "binomial_count", "poisson_binomial_count"]
+
+_TAIL_NATS = 75.0  # truncation level of each binomial factor (Bernstein bound e^-75)
+
+
+@dataclass(frozen=True)
+class CountDistribution:
+    """A sub-probability distribution on the integers ``offset + arange(len(log_pmf))``.
+
+    ``dropped_mass`` is the probability of the truncated tails (the pmf sums to one minus it).
+    """
+
+    offset: int
+    log_pmf: np.ndarray
+    dropped_mass: float
+
+    @property
+    def support(self) -> np.ndarray:
+        return self.offset + np.arange(self.log_pmf.size)
+
+
+def _window(steps: int, q: float) -> tuple[int, int]:
+    """Indices [lo, hi] outside of which Binomial(steps, q) has mass < 2 e^-75 (Bernstein)."""
+    mean = steps * q
+    var = steps * q * (1.0 - q)
+    c = _TAIL_NATS
+    t = c / 3.0 + math.sqrt(c * c / 9.0 + 2.0 * c * var)
+    return max(0, math.floor(mean - t)), min(steps, math.ceil(mean + t))
+
+
+def binomial_count(steps: int, sample_rate: float) -> CountDistribution:
+    """K ~ Binomial(steps, sample_rate), truncated to its Bernstein window."""
+    if sample_rate == 1.0:
+        return CountDistribution(steps, np.zeros(1), 0.0)
+    lo, hi = _window(steps, sample_rate)
+    dropped = 0.0
+    if lo > 0:
+        dropped += float(special.bdtr(lo - 1, steps, sample_rate))
+    if hi < steps:
+        dropped += float(special.bdtrc(hi, steps, sample_rate))
+    # log pmf up to a constant from the ratio pmf(k+1)/pmf(k) = (n-k)/(k+1) * q/(1-q), then
+    # normalised to the kept mass 1 - dropped (exact, from the incomplete beta function).
+    k = np.arange(lo, hi)
+    log_odds = math.log(sample_rate) - math.log1p(-sample_rate)
+    unnormalised = np.empty(hi - lo + 1)
+    unnormalised[0] = 0.0
+    np.cumsum(np.log((steps - k) / (k + 1.0)) + log_odds, out=unnormalised[1:])
+    m = float(unnormalised.max())
+    log_total = m + math.log(float(np.exp(unnormalised - m).sum()))
+    log_pmf = unnormalised - log_total + math.log1p(-dropped)
+    return CountDistribution(lo, log_pmf, dropped)
+
+
+def poisson_binomial_count(parts: Sequence[tuple[int, float]]) -> CountDistribution:
+    """K = sum_i Binomial(steps_i, q_i) for independent parts ``(steps_i, q_i)``.
+
+    The factors are convolved exactly in linear space (all terms are positive, so each
+    output keeps its relative precision); the dropped mass is the union bound of the
+    factors' dropped masses.
+    """
+    parts = [(n, q) for n, q in parts if n > 0]
+    if not parts:
+        return CountDistribution(0, np.zeros(1), 0.0)
+    if len(parts) == 1:
+        return binomial_count(*parts[0])
+    offset, pmf, dropped = 0, np.ones(1), 0.0
+    for n, q in parts:
+        factor = binomial_count(n, q)
+        offset += factor.offset
+        dropped += factor.dropped_mass
+        pmf = np.convolve(pmf, np.exp(factor.log_pmf))
+    with np.errstate(divide="ignore"):
+        log_pmf = np.log(pmf)
+    finite = np.flatnonzero(np.isfinite(log_pmf))
+    first, last = finite[0], finite[-1]
+    return CountDistribution(offset + int(first), log_pmf[first : last + 1], min(dropped, 1.0))

@@ -1,0 +1,208 @@
+"""Hockey-stick divergences between a mixture of shifted Gaussians and one Gaussian.
+
+    P = sum_k w_k N(x_k, s^2)   (x_k >= 0, sum_k w_k = 1 - m, m = truncated mass)
+    Q = N(0, s^2)
+
+is the pair behind the last-iterate heuristic (``last-iterate.md``, "Computing it"): x_k is
+the number of times (or the total weight with which) the canary entered the final model.
+The privacy loss ln p/q at output y is
+
+    L(y) = log sum_k exp(a_k y + b_k),   a_k = x_k / s^2,   b_k = log w_k - x_k^2 / (2 s^2),
+
+which is convex and increasing, so both optimal sets are half-lines and every quantity below
+is a one-dimensional root find. All sums are taken in log space (log-sum-exp of ``log_ndtr``
+terms); a delta is formed as exp(A) * (-expm1(B - A)) to keep its relative precision.
+
+Direction P||Q uses S = [y, inf), eps = L(y):
+    delta_PQ(y) = sum_k w_k Pr[N(x_k, s^2) >= y] - e^{L(y)} Pr[N(0, s^2) >= y]
+Direction Q||P uses S = (-inf, y], eps = -L(y):
+    delta_QP(y) = Pr[N(0, s^2) <= y] - e^{-L(y)} sum_k w_k Pr[N(x_k, s^2) <= y]
+
+The truncated mass m is added to delta_PQ (H(P,Q) <= H(P_kept,Q) + m), while
+H(Q,P) <= H(Q,P_kept) needs no correction, so reported deltas are upper bounds and reported
+epsilons are never below the exact value of the untruncated pair.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+from scipy import special
+
+__all__ = ["ShiftedGaussianMixture"]
+
+_XTOL = 1e-14
+_LOG_FLOOR = -2000.0  # log of a delta that underflows; keeps root brackets finite
+
+
+def _lse(v: np.ndarray) -> float:
+    m = float(v.max())
+    if m == -math.inf:
+        return -math.inf
+    return m + math.log(float(np.exp(v - m).sum()))
+
+
+def _decreasing_root(
+    fun: Callable[[float], tuple[float, float]], lo: float, hi: float, xtol: float
+) -> float:
+    """Root of a decreasing function on [lo, hi] (fun(lo) > 0 > fun(hi)) by Newton steps
+    safeguarded with bisection; ``fun`` returns (value, derivative). Newton starts at ``hi``:
+    for the concave log-deltas below it then approaches the root monotonically."""
+    y = hi
+    for _ in range(200):
+        f, df = fun(y)
+        if f > 0:
+            lo = y
+        else:
+            hi = y
+        step = f / df if df < 0 and math.isfinite(df) else math.nan
+        new = y - step
+        if not (lo < new < hi):  # Newton left the bracket (or had no slope): bisect
+            new = 0.5 * (lo + hi)
+        if abs(new - y) <= xtol or hi - lo <= xtol:
+            return new
+        y = new
+    return y  # pragma: no cover
+
+
+def _log_diff(a: float, b: float) -> float:
+    """log(e^a - e^b) for a > b; -inf when the difference vanishes."""
+    if not b < a:
+        return -math.inf
+    return a + math.log(-math.expm1(b - a))
+
+
+class ShiftedGaussianMixture:
+    """The pair (P, Q) above, with ``epsilon(delta)`` and ``delta(epsilon)`` methods.
+
+    Args:
+        shifts: the means x_k >= 0 of P's components.
+        log_weights: their log-probabilities (may sum to less than one).
+        scale: the common standard deviation s > 0.
+        dropped_mass: probability mass of P left out of ``shifts`` (added to delta).
+    """
+
+    __slots__ = ("_x", "_lw", "_s", "_a", "_b", "_m", "_loss_floor", "_log_w0")
+
+    def __init__(
+        self,
+        shifts: np.ndarray,
+        log_weights: np.ndarray,
+        scale: float,
+        dropped_mass: float = 0.0,
+    ) -> None:
+        x = np.asarray(shifts, dtype=float)
+        lw = np.asarray(log_weights, dtype=float)
+        if x.shape != lw.shape or x.ndim != 1 or x.size == 0:
+            raise ValueError("`shifts` and `log_weights` must be non-empty 1-D arrays of one shape.")
+        if np.any(x < 0) or not np.all(np.isfinite(x)):
+            raise ValueError("`shifts` must be finite and >= 0.")
+        if not (scale > 0 and math.isfinite(scale)):
+            raise ValueError(f"`scale` must be in (0, inf), got {scale!r}.")
+        keep = np.isfinite(lw)
+        x, lw = x[keep], lw[keep]
+        self._x, self._lw, self._s = x, lw, float(scale)
+        self._a = x / scale**2
+        self._b = lw - x**2 / (2.0 * scale**2)
+        self._m = float(dropped_mass)
+        # lim_{y -> -inf} L(y): log of the weight at shift 0 (or -inf if there is none).
+        at_zero = lw[x == 0.0]
+        self._log_w0 = _lse(at_zero) if at_zero.size else -math.inf
+        self._loss_floor = self._log_w0
+
+    # -- privacy loss -------------------------------------------------------------------------
+    def privacy_loss(self, y: float) -> float:
+        """L(y) = ln p(y) / q(y)."""
+        return _lse(self._a * y + self._b)
+
+    def _loss_and_slope(self, y: float) -> tuple[float, float]:
+        v = self._a * y + self._b
+        m = float(v.max())
+        e = np.exp(v - m)
+        tot = float(e.sum())
+        return m + math.log(tot), float(e.dot(self._a)) / tot
+
+    def _loss_inverse(self, value: float) -> float:
+        """The y with L(y) = value (requires value > lim_{y->-inf} L)."""
+        pos = self._a > 0
+        # L(y) >= a_k y + b_k for every k, so L(y_hi) >= value at y_hi below.
+        y = float(np.min((value - self._b[pos]) / self._a[pos]))
+        # Newton from the right on a convex increasing function converges monotonically.
+        for _ in range(200):
+            loss, slope = self._loss_and_slope(y)
+            step = (loss - value) / slope
+            y -= step
+            if abs(step) <= _XTOL * (1.0 + abs(y)):
+                break
+        return y
+
+    # -- log tail probabilities ----------------------------------------------------------------
+    def _log_delta_pq(self, y: float) -> tuple[float, float]:
+        """log delta_PQ(y) and its derivative -L'(y) e^{L(y)} Pr[N(0,s^2) >= y] / delta_PQ."""
+        s = self._s
+        loss, slope = self._loss_and_slope(y)
+        log_p_upper = _lse(self._lw + special.log_ndtr((self._x - y) / s))
+        log_q_upper = float(special.log_ndtr(-y / s))
+        log_delta = _log_diff(log_p_upper, loss + log_q_upper)
+        return log_delta, -slope * math.exp(min(loss + log_q_upper - log_delta, 700.0))
+
+    def _log_delta_qp(self, y: float) -> tuple[float, float]:
+        """log delta_QP(y) and its derivative L'(y) e^{-L(y)} Pr_P[Y <= y] / delta_QP."""
+        s = self._s
+        loss, slope = self._loss_and_slope(y)
+        log_q_lower = float(special.log_ndtr(y / s))
+        log_p_lower = _lse(self._lw + special.log_ndtr((y - self._x) / s))
+        log_delta = _log_diff(log_q_lower, log_p_lower - loss)
+        return log_delta, slope * math.exp(min(log_p_lower - loss - log_delta, 700.0))
+
+    # -- public API ----------------------------------------------------------------------------
+    @property
+    def dropped_mass(self) -> float:
+        return self._m
+
+    def delta(self, epsilon: float) -> float:
+        """delta(eps) = max(H_{e^eps}(P, Q), H_{e^eps}(Q, P)), an upper bound (see module)."""
+        y1 = self._loss_inverse(epsilon)
+        delta_pq = math.exp(self._log_delta_pq(y1)[0]) + self._m
+        delta_qp = 0.0
+        if -epsilon > self._loss_floor:
+            delta_qp = math.exp(self._log_delta_qp(self._loss_inverse(-epsilon))[0])
+        return min(1.0, max(delta_pq, delta_qp))
+
+    def epsilon(self, delta: float) -> float:
+        """eps(delta) = min{eps >= 0 : delta(eps) <= delta} = max(eps_PQ, eps_QP)."""
+        y0 = self._loss_inverse(0.0)  # L(y0) = 0: both optimal sets start here at eps = 0
+        return max(self._epsilon_pq(delta, y0), self._epsilon_qp(delta, y0))
+
+    def _epsilon_pq(self, delta: float, y0: float) -> float:
+        target = delta - self._m
+        if target <= 0:
+            return math.inf
+        log_target = math.log(target)
+        if self._log_delta_pq(y0)[0] <= log_target:
+            return 0.0
+        # delta_PQ(y) <= Pr[N(x_max, s^2) >= y] <= target / 4 at y_hi.
+        y_hi = max(y0, float(self._x.max()) - self._s * float(special.ndtri(target / 4.0)))
+
+        def f(y: float) -> tuple[float, float]:
+            log_delta, slope = self._log_delta_pq(y)
+            return max(log_delta, _LOG_FLOOR) - log_target, slope
+
+        y = _decreasing_root(f, y0, y_hi, _XTOL * (1.0 + abs(y_hi)))
+        return max(0.0, self.privacy_loss(y))
+
+    def _epsilon_qp(self, delta: float, y0: float) -> float:
+        log_target = math.log(delta)
+        if self._log_delta_qp(y0)[0] <= log_target:
+            return 0.0
+        # delta_QP(y) <= Pr[N(0, s^2) <= y] = delta / 4 at y_lo.
+        y_lo = min(y0, self._s * float(special.ndtri(delta / 4.0)))
+
+        def g(y: float) -> tuple[float, float]:  # decreasing in -y
+            log_delta, slope = self._log_delta_qp(-y)
+            return max(log_delta, _LOG_FLOOR) - log_target, -slope
+
+        y = -_decreasing_root(g, -y0, -y_lo, _XTOL * (1.0 + abs(y_lo)))
+        return max(0.0, -self.privacy_loss(y))

@@ -1,0 +1,350 @@
+"""Unit tests of LastIterateAccountant: bookkeeping, validation, state, wiring to the analysis."""
+
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+import warnings
+from collections import OrderedDict
+from typing import Any
+
+import pytest
+from opacus.accountants import IAccountant, RDPAccountant
+
+from opacus_lastiterate.accountants import HeuristicCalibrationWarning, LastIterateAccountant
+from opacus_lastiterate.accountants import last_iterate as last_iterate_module
+from opacus_lastiterate.analysis import composition, heuristic
+
+SEQUENCE = [(1.0, 0.1)] * 3 + [(1.2, 0.1)] * 2 + [(1.2, 0.05)] + [(1.0, 0.1)] * 4
+
+
+def _stepped(steps: list[tuple[float, float]]) -> LastIterateAccountant:
+    acc = LastIterateAccountant()
+    for sigma, q in steps:
+        acc.step(noise_multiplier=sigma, sample_rate=q)
+    return acc
+
+
+def test_zero_argument_constructor_and_empty_state() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        acc = LastIterateAccountant()
+        assert isinstance(acc, IAccountant)
+        assert acc.mechanism() == LastIterateAccountant.mechanism() == "last_iterate"
+        assert acc.history == []
+        assert len(acc) == 0 and acc.num_steps == 0
+        assert acc.get_epsilon(1e-5) == 0.0
+        assert acc.get_epsilon(1e-5, robust=True) == 0.0
+        assert acc.get_delta(1.0) == 0.0
+
+
+def test_step_merging_matches_opacus_rdp_accountant() -> None:
+    acc = _stepped(SEQUENCE)
+    rdp = RDPAccountant()
+    for sigma, q in SEQUENCE:
+        rdp.step(noise_multiplier=sigma, sample_rate=q)
+    expected = [(1.0, 0.1, 3), (1.2, 0.1, 2), (1.2, 0.05, 1), (1.0, 0.1, 4)]
+    assert acc.history == expected
+    assert acc.history == rdp.history
+
+
+def test_num_steps_counts_steps_and_len_counts_segments() -> None:
+    acc = _stepped(SEQUENCE)
+    assert acc.num_steps == len(SEQUENCE) == 10
+    assert len(acc) == 4  # Opacus's definition: history segments
+    constant = _stepped([(1.0, 0.1)] * 7)
+    assert constant.num_steps == 7 and len(constant) == 1
+
+
+def test_sample_rate_one_is_valid() -> None:
+    acc = _stepped([(1.0, 1.0)])
+    assert acc.history == [(1.0, 1.0, 1)]
+
+
+BAD_STEP_ARGUMENTS = [
+    ("noise_multiplier", float("nan"), ValueError),
+    ("noise_multiplier", 0.0, ValueError),
+    ("noise_multiplier", -1.0, ValueError),
+    ("noise_multiplier", float("inf"), ValueError),
+    ("noise_multiplier", True, TypeError),
+    ("noise_multiplier", "1.0", TypeError),
+    ("noise_multiplier", None, TypeError),
+    ("sample_rate", float("nan"), ValueError),
+    ("sample_rate", 0.0, ValueError),
+    ("sample_rate", -0.1, ValueError),
+    ("sample_rate", 1.5, ValueError),
+    ("sample_rate", True, TypeError),
+    ("sample_rate", "0.1", TypeError),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "error"), BAD_STEP_ARGUMENTS)
+def test_bad_step_arguments_raise_and_leave_history_unchanged(
+    name: str, value: object, error: type[Exception]
+) -> None:
+    acc = _stepped([(1.0, 0.1), (1.0, 0.1)])
+    before = list(acc.history)
+    kwargs: dict[str, Any] = {"noise_multiplier": 1.0, "sample_rate": 0.1}
+    kwargs[name] = value
+    with pytest.raises(error) as info:
+        acc.step(**kwargs)
+    message = str(info.value)
+    assert f"`{name}`" in message
+    if error is ValueError and not (isinstance(value, float) and math.isnan(value)):
+        assert repr(value) in message  # the offending value
+    assert acc.history == before and acc.num_steps == 2
+
+
+def test_error_message_format_names_range_and_value() -> None:
+    with pytest.raises(ValueError, match=r"^`sample_rate` must be in \(0, 1\], got 1\.5\.$"):
+        LastIterateAccountant().step(noise_multiplier=1.0, sample_rate=1.5)
+
+
+@pytest.mark.parametrize("delta", [0.0, 1.0, -1e-5, float("nan")])
+def test_get_epsilon_rejects_bad_delta(delta: float) -> None:
+    acc = _stepped([(1.0, 0.1)] * 3)
+    with pytest.raises(ValueError, match="`delta`"):
+        acc.get_epsilon(delta)
+
+
+def test_get_epsilon_rejects_non_bool_robust_and_bad_epsilon() -> None:
+    acc = _stepped([(1.0, 0.1)] * 3)
+    with pytest.raises(TypeError, match="`robust`"):
+        acc.get_epsilon(1e-5, robust=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`epsilon`"):
+        acc.get_delta(-1.0)
+
+
+def test_get_epsilon_ignores_unknown_keyword_arguments() -> None:
+    acc = _stepped([(1.0, 0.1)] * 3)
+    plain = acc.get_epsilon(1e-5)
+    assert acc.get_epsilon(1e-5, alphas=[2, 4], eps_error=0.1, delta_error=1e-9) == plain
+    assert acc.get_epsilon(delta=1e-5, poisson=True) == plain
+
+
+# -- wiring to the analysis layer ----------------------------------------------------------
+
+
+def test_epsilon_and_delta_equal_the_analysis_functions_on_the_same_history() -> None:
+    acc = _stepped(SEQUENCE)
+    history = [(1.0, 0.1, 3), (1.2, 0.1, 2), (1.2, 0.05, 1), (1.0, 0.1, 4)]
+    for delta in (1e-5, 1e-3):
+        assert acc.get_epsilon(delta) == heuristic.heuristic_epsilon_for_history(history, delta)
+        assert acc.get_epsilon(delta, robust=True) == heuristic.heuristic_epsilon_for_history(
+            history, delta, robust=True
+        )
+    assert acc.get_delta(1.5) == heuristic.heuristic_delta_for_history(history, 1.5)
+    # A one-segment history is the constant-parameter heuristic.
+    single = _stepped([(0.9, 0.05)] * 12)
+    assert single.get_epsilon(1e-5) == pytest.approx(
+        heuristic.heuristic_epsilon(1e-5, steps=12, sample_rate=0.05, noise_multiplier=0.9),
+        rel=1e-12,
+    )
+
+
+def test_get_epsilon_passes_history_delta_and_robust_through(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    def fake(history: Any, delta: float, *, robust: bool = False) -> float:
+        calls.append((list(history), delta, robust))
+        return 4.25
+
+    monkeypatch.setattr(heuristic, "heuristic_epsilon_for_history", fake)
+    acc = _stepped([(1.0, 0.1)] * 2 + [(2.0, 0.2)])
+    assert acc.get_epsilon(1e-6, robust=True) == 4.25
+    assert calls == [([(1.0, 0.1, 2), (2.0, 0.2, 1)], 1e-6, True)]
+
+
+def test_heuristic_is_below_standard_composition() -> None:
+    acc = _stepped([(1.0, 0.05)] * 20)
+    standard = composition.standard_epsilon(1e-5, steps=20, sample_rate=0.05, noise_multiplier=1.0)
+    assert 0.0 < acc.get_epsilon(1e-5) < standard
+
+
+# -- state_dict -----------------------------------------------------------------------------
+
+
+def test_state_dict_round_trip() -> None:
+    acc = _stepped(SEQUENCE)
+    state = acc.state_dict()
+    assert set(state) == {"history", "mechanism"}
+    assert state["mechanism"] == "last_iterate"
+    assert state["history"] == acc.history
+    state["history"].append((5.0, 0.5, 5))  # a copy, not the accountant's list
+    assert acc.num_steps == 10
+
+    fresh = LastIterateAccountant()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HeuristicCalibrationWarning)
+        fresh.load_state_dict(acc.state_dict())
+        assert fresh.history == acc.history
+        assert fresh.get_epsilon(1e-5) == acc.get_epsilon(1e-5)
+
+
+def test_state_dict_fills_a_given_destination() -> None:
+    acc = _stepped([(1.0, 0.1)])
+    dest: OrderedDict[str, Any] = OrderedDict(other=1)
+    assert acc.state_dict(dest) is dest
+    assert dest == {"other": 1, "history": [(1.0, 0.1, 1)], "mechanism": "last_iterate"}
+
+
+def test_state_dict_survives_pickle_and_list_entries_are_accepted() -> None:
+    acc = _stepped(SEQUENCE)
+    state = pickle.loads(pickle.dumps(acc.state_dict()))
+    as_lists = {"mechanism": "last_iterate", "history": [list(e) for e in state["history"]]}
+    fresh = LastIterateAccountant()
+    fresh.load_state_dict(as_lists)  # e.g. after a JSON round trip
+    assert fresh.history == acc.history
+    assert all(isinstance(e, tuple) for e in fresh.history)
+
+
+def test_rdp_state_is_rejected_without_changing_state() -> None:
+    rdp = RDPAccountant()
+    for _ in range(3):
+        rdp.step(noise_multiplier=1.0, sample_rate=0.1)
+    acc = _stepped([(2.0, 0.2)])
+    with pytest.raises(ValueError, match="rdp"):
+        acc.load_state_dict(rdp.state_dict())
+    assert acc.history == [(2.0, 0.2, 1)]
+
+
+def test_legacy_state_with_bound_mechanism_method() -> None:
+    # Opacus < 1.6 stored ``cls.mechanism`` (the method) instead of its name.
+    acc = LastIterateAccountant()
+    acc.load_state_dict({"history": [(1.0, 0.1, 2)], "mechanism": LastIterateAccountant.mechanism})
+    assert acc.history == [(1.0, 0.1, 2)]
+    with pytest.raises(ValueError, match="rdp"):
+        acc.load_state_dict({"history": [(1.0, 0.1, 9)], "mechanism": RDPAccountant.mechanism})
+    assert acc.history == [(1.0, 0.1, 2)]
+
+
+CORRUPT_STATES: list[tuple[object, type[Exception], str]] = [
+    (None, TypeError, "state_dict"),
+    ({}, ValueError, "history"),
+    ({"history": [(1.0, 0.1, 1)]}, ValueError, "mechanism"),
+    ({"mechanism": "last_iterate"}, ValueError, "history"),
+    ({"history": [(1.0, 0.1, 1)], "mechanism": "prv"}, ValueError, "prv"),
+    ({"history": "abc", "mechanism": "last_iterate"}, TypeError, "state_dict['history']"),
+    ({"history": None, "mechanism": "last_iterate"}, TypeError, "state_dict['history']"),
+    (
+        {"history": [(1.0, 0.1, 3), (1.0, 1.5, 2)], "mechanism": "last_iterate"},
+        ValueError,
+        "state_dict['history'][1].sample_rate",
+    ),
+    (
+        {"history": [(1.0, 0.1, 3), (float("nan"), 0.1, 2)], "mechanism": "last_iterate"},
+        ValueError,
+        "state_dict['history'][1].noise_multiplier",
+    ),
+    (
+        {"history": [(1.0, 0.1, 0)], "mechanism": "last_iterate"},
+        ValueError,
+        "state_dict['history'][0].num_steps",
+    ),
+    (
+        {"history": [(1.0, 0.1, 2.0)], "mechanism": "last_iterate"},
+        TypeError,
+        "state_dict['history'][0].num_steps",
+    ),
+    (
+        {"history": [(1.0, 0.1)], "mechanism": "last_iterate"},
+        TypeError,
+        "state_dict['history'][0]",
+    ),
+]
+
+
+@pytest.mark.parametrize(("state", "error", "fragment"), CORRUPT_STATES)
+def test_corrupt_state_is_rejected_without_changing_state(
+    state: object, error: type[Exception], fragment: str
+) -> None:
+    acc = _stepped([(2.0, 0.2)] * 2)
+    before = copy.deepcopy(acc.__dict__)
+    with pytest.raises(error) as info:
+        acc.load_state_dict(state)  # type: ignore[arg-type]
+    assert fragment in str(info.value)
+    assert acc.__dict__ == before
+
+
+# -- direct assignment of ``history`` (what Opacus's get_noise_multiplier does) -------------
+
+
+def test_assigned_history_warns_once_about_heuristic_calibration() -> None:
+    acc = LastIterateAccountant()
+    acc.history = [(1.0, 0.1, 10)]
+    with pytest.warns(HeuristicCalibrationWarning, match="not a differential-privacy guarantee"):
+        eps = acc.get_epsilon(1e-5)
+    assert issubclass(HeuristicCalibrationWarning, UserWarning)
+    assert eps == heuristic.heuristic_epsilon_for_history([(1.0, 0.1, 10)], 1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HeuristicCalibrationWarning)
+        acc.history = [(2.0, 0.1, 10)]
+        acc.get_epsilon(1e-5)  # already warned for this accountant
+
+
+def test_recorded_steps_do_not_warn() -> None:
+    acc = _stepped([(1.0, 0.1)] * 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HeuristicCalibrationWarning)
+        acc.get_epsilon(1e-5)
+        acc.get_delta(1.0)
+
+
+def test_invalid_assigned_history_raises_and_leaves_state() -> None:
+    acc = _stepped([(1.0, 0.1)] * 2)
+    with pytest.raises(ValueError, match=r"`history\[0\].sample_rate`"):
+        acc.history = [(1.0, 2.0, 3)]
+    assert acc.history == [(1.0, 0.1, 2)]
+
+
+def test_get_epsilon_validates_a_directly_mutated_history() -> None:
+    acc = _stepped([(1.0, 0.1)] * 2)
+    acc.history.append((float("nan"), 0.1, 1))
+    with pytest.raises(ValueError, match=r"`history\[1\].noise_multiplier`"):
+        acc.get_epsilon(1e-5)
+
+
+# -- display, copying -----------------------------------------------------------------------
+
+
+def test_describe_and_repr_say_it_is_a_heuristic_for_the_final_model() -> None:
+    acc = _stepped([(1.0, 0.1)] * 3)
+    for text in (acc.describe(), acc.describe(1e-5), repr(acc)):
+        assert "heuristic" in text
+        assert "final model only" in text
+        assert "not a proven DP bound" in text
+    assert "3 steps in 1 segment" in acc.describe()
+    assert f"{acc.get_epsilon(1e-5):.4f}" in acc.describe(1e-5)
+    acc.history.append("junk")  # type: ignore[arg-type]
+    assert "invalid history" in repr(acc)
+
+
+def test_deepcopy_and_pickle_keep_history() -> None:
+    acc = _stepped(SEQUENCE)
+    for clone in (copy.deepcopy(acc), pickle.loads(pickle.dumps(acc))):
+        assert clone.history == acc.history
+        clone.step(noise_multiplier=1.0, sample_rate=0.1)
+        assert clone.num_steps == acc.num_steps + 1
+
+
+def test_opacus_optimizer_hook_records_steps() -> None:
+    class FakeOptimizer:
+        noise_multiplier = 0.8
+        accumulated_iterations = 2
+
+    acc = LastIterateAccountant()
+    hook = acc.get_optimizer_hook_fn(sample_rate=0.01)
+    hook(FakeOptimizer())  # type: ignore[arg-type]
+    hook(FakeOptimizer())  # type: ignore[arg-type]
+    assert acc.history == [(0.8, 0.02, 2)]
+
+
+def test_module_exports() -> None:
+    assert last_iterate_module.MECHANISM == "last_iterate"
+    assert set(last_iterate_module.__all__) >= {
+        "LastIterateAccountant",
+        "HeuristicCalibrationWarning",
+    }

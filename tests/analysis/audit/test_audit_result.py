@@ -1,0 +1,69 @@
+"""The result object: immutable, labelled, readable."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from opacus_lastiterate.analysis.audit import (
+    AuditResult,
+    MultiRunCounts,
+    NaiveMax,
+    OneRunCounts,
+    RankGridBonferroni,
+    audit_clopper_pearson,
+    audit_gaussian_dp,
+)
+
+
+def test_result_is_frozen_and_carries_everything() -> None:
+    rng = np.random.default_rng(0)
+    res = audit_clopper_pearson(
+        rng.normal(3, 1, 200), rng.normal(0, 1, 200), delta=1e-5, confidence=0.9
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        res.epsilon = 10.0  # type: ignore[misc]
+    assert res.delta == 1e-5 and res.confidence == 0.9
+    assert res.method == "clopper-pearson" and res.kind == "bound" and res.is_bound
+    assert isinstance(res.counts, MultiRunCounts) and res.counts.num_in == 200
+    assert isinstance(res.threshold_strategy, RankGridBonferroni)
+    text = str(res)
+    for piece in (
+        "epsilon >=",
+        "delta = 1e-05",
+        "90% confidence",
+        "lower bound",
+        "clopper-pearson",
+        "FP ",
+        "Bonferroni",
+    ):
+        assert piece in text
+
+
+def test_estimate_and_invalid_results_say_so() -> None:
+    rng = np.random.default_rng(1)
+    ins, outs = rng.normal(3, 1, 200), rng.normal(0, 1, 200)
+    gdp = audit_gaussian_dp(ins, outs, delta=1e-5)
+    assert gdp.kind == "estimate" and not gdp.is_bound and gdp.mu is not None and gdp.mu > 0
+    assert str(gdp).startswith("epsilon ~") and "ESTIMATE" in str(gdp) and "not a bound" in str(gdp)
+    naive = audit_clopper_pearson(ins, outs, delta=1e-5, threshold_strategy=NaiveMax())
+    assert str(naive).startswith("NOT STATISTICALLY VALID") and naive.notes
+
+
+def test_result_validation() -> None:
+    counts = OneRunCounts(10, 5, 5)
+    with pytest.raises(ValueError, match="`kind` must be 'bound' or 'estimate'"):
+        AuditResult(1.0, 1e-5, 0.95, "one-run", "guess", counts)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`confidence` must be in \(0, 1\), got 1.0\."):
+        AuditResult(1.0, 1e-5, 1.0, "one-run", "bound", counts)
+    with pytest.raises(ValueError, match="`epsilon` must be >= 0"):
+        AuditResult(-1.0, 1e-5, 0.95, "one-run", "bound", counts)
+    with pytest.raises(ValueError, match=r"`num_correct` must be in \[0, 5\], got 6\."):
+        OneRunCounts(10, 5, 6)
+    with pytest.raises(ValueError, match=r"`false_negatives` must be in \[0, 3\], got 4\."):
+        MultiRunCounts(3, 3, 0, 4)
+    assert str(AuditResult(float("inf"), 0.0, 0.95, "one-run", "bound", counts)).startswith(
+        "epsilon >= inf"
+    )
