@@ -29,8 +29,8 @@ from opacus_lastiterate.analysis._validation import (
     check_epsilon,
     check_noise_multiplier,
     check_sample_rate,
-    check_steps,
 )
+from opacus_lastiterate.analysis.history import as_segments
 
 __all__ = ["MECHANISM", "HeuristicCalibrationWarning", "LastIterateAccountant"]
 
@@ -56,30 +56,26 @@ class HeuristicCalibrationWarning(UserWarning):
 def _validate_history(history: object, name: str = "history") -> History:
     """Return ``history`` as a new list of ``(float, float, int)``; raise on any bad entry.
 
-    Each entry must be a tuple or list ``(noise_multiplier, sample_rate, num_steps)`` with
-    noise_multiplier in (0, inf), sample_rate in (0, 1] and num_steps an integer >= 1.
+    Each entry must be a triple ``(noise_multiplier, sample_rate, num_steps)`` with
+    noise_multiplier in (0, inf), sample_rate in (0, 1] and num_steps an integer >= 1
+    (checked by :func:`opacus_lastiterate.analysis.history.as_segments`).
     """
     if not isinstance(history, (list, tuple)):
         raise TypeError(
             f"`{name}` must be a list of (noise_multiplier, sample_rate, num_steps) triples, "
             f"got {history!r} of type {type(history).__name__}."
         )
-    out: History = []
     for i, entry in enumerate(history):
         if not isinstance(entry, (list, tuple)) or len(entry) != 3:
             raise TypeError(
                 f"`{name}[{i}]` must be a (noise_multiplier, sample_rate, num_steps) triple, "
                 f"got {entry!r}."
             )
-        sigma, q, steps = entry
-        out.append(
-            (
-                check_noise_multiplier(sigma, f"{name}[{i}].noise_multiplier"),
-                check_sample_rate(q, f"{name}[{i}].sample_rate"),
-                check_steps(steps, f"{name}[{i}].num_steps", minimum=1),
-            )
-        )
-    return out
+    segments = as_segments(history, name)
+    for i, seg in enumerate(segments):
+        if seg.steps < 1:
+            raise ValueError(f"`{name}[{i}].steps` must be an integer >= 1, got {seg.steps}.")
+    return [(s.noise_multiplier, s.sample_rate, s.steps) for s in segments]
 
 
 def _mechanism_name(value: object) -> object:

@@ -242,12 +242,12 @@ CORRUPT_STATES: list[tuple[object, type[Exception], str]] = [
     (
         {"history": [(1.0, 0.1, 0)], "mechanism": "last_iterate"},
         ValueError,
-        "state_dict['history'][0].num_steps",
+        "state_dict['history'][0].steps",
     ),
     (
         {"history": [(1.0, 0.1, 2.0)], "mechanism": "last_iterate"},
         TypeError,
-        "state_dict['history'][0].num_steps",
+        "state_dict['history'][0].steps",
     ),
     (
         {"history": [(1.0, 0.1)], "mechanism": "last_iterate"},
