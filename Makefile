@@ -1,5 +1,6 @@
 # Entry points; each one installs what it needs into a virtual environment first.
-#   make demo        train a small DP-SGD model with the last-iterate accountant
+#   make demo        train a small DP-SGD model with the last-iterate accountant (per-step
+#                    epsilon log), then a many-run canary audit of such training
 #   make test        the default test suite (what CI runs first)
 #   make test-slow   statistical / reproduction tests (marked `slow`)
 #   make test-compat the Opacus integration tests on Opacus 1.5.4 (no accountant registry)
@@ -18,6 +19,7 @@ venv:
 
 demo: venv
 	$(PY) examples/train_digits.py
+	$(PY) examples/audit_digits.py --quick --out runs/audit_digits
 
 test: venv
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)

@@ -3,8 +3,11 @@
 Importing this package registers its accountants with Opacus, so that
 ``PrivacyEngine(accountant="last_iterate")`` works (Opacus 1.0 to 1.6).
 
+Importing it also registers ``"asgm"`` and ``"feasgm"`` (batch-size normalisation).
+
 Layout: :mod:`opacus_lastiterate.analysis` is the mathematics (numpy/scipy/dp_accounting,
-no torch); :mod:`opacus_lastiterate.accountants` adapts it to Opacus.
+no torch); :mod:`opacus_lastiterate.accountants` adapts it to Opacus;
+:mod:`opacus_lastiterate.auditing` holds the attacks, simulator and many-run runner (torch).
 """
 
 from opacus_lastiterate.analysis import (
@@ -40,10 +43,24 @@ try:  # the analysis layer works without torch/opacus; the accountants need both
 except ImportError:  # pragma: no cover - opacus is a declared dependency
     pass
 else:
-    from opacus_lastiterate.accountants import (  # noqa: E402  (registers "last_iterate")
+    from opacus_lastiterate.accountants import (  # noqa: E402  (registers the accountants)
+        ASGMAccountant,
+        FEASGMAccountant,
         HeuristicCalibrationWarning,
         LastIterateAccountant,
+        NormalisationWarning,
+        public_divisor_of,
         register_accountant,
+        use_public_divisor,
     )
 
-    __all__ += ["HeuristicCalibrationWarning", "LastIterateAccountant", "register_accountant"]
+    __all__ += [
+        "ASGMAccountant",
+        "FEASGMAccountant",
+        "HeuristicCalibrationWarning",
+        "LastIterateAccountant",
+        "NormalisationWarning",
+        "public_divisor_of",
+        "register_accountant",
+        "use_public_divisor",
+    ]

@@ -1,17 +1,20 @@
 """Command-line interface: ``opacus-lastiterate`` (or ``python -m opacus_lastiterate``).
 
 Subcommands:
-    epsilon   heuristic, robust heuristic, standard and full-batch epsilon of a configuration
+    epsilon        heuristic, robust heuristic, standard and full-batch epsilon of a configuration
+    normalisation  Opacus 1.x divisor verdict: SGM, FEASGM (corrected, curve) and ASGM epsilons
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["main", "build_parser"]
+__all__ = ["build_parser", "main"]
 
 
 def _positive_int(text: str) -> int:
@@ -48,6 +51,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     eps.add_argument("--json", action="store_true", help="print one JSON object")
     eps.set_defaults(handler=_run_epsilon)
+
+    norm = sub.add_parser(
+        "normalisation",
+        help="is Opacus 1.x's printed epsilon valid for this data set size? SGM, FEASGM, ASGM",
+        description=(
+            "Opacus 1.x make_private(poisson_sampling=True) divides the noisy gradient sum by "
+            "int(N / len(DPDataLoader)), a function of the private N (batch-normalization.md). "
+            "Prints the SGM epsilon Opacus accounts, the FEASGM verdict over N - 1, N, N + 1, "
+            "the corrected epsilon and the ASGM (Opacus 0.x, divide by |B|) epsilon."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    norm.add_argument("--dataset-size", type=_positive_int, required=True, help="N = len(dataset)")
+    norm.add_argument("--batch-size", type=_positive_int, required=True, help="DataLoader batch size L")
+    norm.add_argument("--noise-multiplier", type=float, required=True, help="noise multiplier sigma > 0")
+    norm.add_argument("--epochs", type=_positive_int, required=True, help="number of epochs E >= 1")
+    norm.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
+    norm.add_argument(
+        "--dimension",
+        type=_positive_int,
+        default=None,
+        help="number of trainable parameters d: adds the dimension-aware FEASGM curve epsilon",
+    )
+    norm.add_argument("--drop-last", action="store_true", help="the DataLoader has drop_last=True")
+    norm.add_argument("--json", action="store_true", help="print one JSON object (inf as \"inf\")")
+    norm.set_defaults(handler=_run_normalisation)
     return parser
 
 
@@ -77,6 +106,140 @@ def _run_epsilon(args: argparse.Namespace) -> int:
     )
     for key in ("heuristic", "robust_heuristic", "standard", "full_batch"):
         print(f"  {key:<17} eps = {getattr(result, key):10.4f}   {EpsilonComparison.LABELS[key]}")
+    return 0
+
+
+def _json_number(value: float) -> float | str:
+    return value if math.isfinite(value) else ("inf" if value > 0 else "nan")
+
+
+def _fmt_eps(value: float) -> str:
+    return f"{value:10.4f}" if math.isfinite(value) else f"{'inf':>10}"
+
+
+def _normalisation_report(args: argparse.Namespace) -> dict[str, Any]:
+    """All numbers of the ``normalisation`` subcommand, each with its model label."""
+    from opacus_lastiterate.analysis._validation import (
+        check_delta,
+        check_int,
+        check_noise_multiplier,
+    )
+    from opacus_lastiterate.analysis.composition import standard_epsilon
+    from opacus_lastiterate.analysis.normalisation import (
+        ASGM_MODEL,
+        FEASGM_MODEL,
+        asgm_epsilon,
+        feasgm_epsilon,
+        feasgm_verdict,
+        opacus1x_batch_arithmetic,
+    )
+
+    n = check_int("--dataset-size", args.dataset_size, minimum=2)
+    b = check_int("--batch-size", args.batch_size, minimum=1)
+    sigma = check_noise_multiplier(args.noise_multiplier, "--noise-multiplier")
+    epochs = check_int("--epochs", args.epochs, minimum=1)
+    delta = check_delta(args.delta, "--delta")
+    dim = None if args.dimension is None else check_int("--dimension", args.dimension, minimum=1)
+    if args.drop_last and n - 1 < b:
+        raise ValueError(
+            f"`--batch-size` must be < `--dataset-size` with --drop-last (the neighbour N - 1 "
+            f"must fill a batch), got {b} and {n}."
+        )
+    row = opacus1x_batch_arithmetic(n, b, drop_last=args.drop_last)
+    steps = epochs * row.steps_per_epoch  # len(DPDataLoader) batches per epoch
+    verdict = feasgm_verdict(n, b, drop_last=args.drop_last)
+    sgm = standard_epsilon(delta, steps=steps, sample_rate=row.accountant_rate, noise_multiplier=sigma)
+    sgm_model = (
+        f"SGM (Poisson-subsampled Gaussian, PLD accountant, q = 1/{row.steps_per_epoch} as "
+        "Opacus 1.x accounts it, divisor ignored)"
+    )
+    if verdict.safe:
+        corrected, corrected_model = sgm, "FEASGM corrected: safe, the SGM guarantee holds exactly"
+    else:
+        corrected, corrected_model = math.inf, "FEASGM corrected: unsafe, no finite guarantee"
+    curve = None
+    if dim is not None:
+        value = feasgm_epsilon(
+            delta,
+            dataset_size=n,
+            batch_size=b,
+            noise_multiplier=sigma,
+            steps=steps,
+            dimension=dim,
+            drop_last=args.drop_last,
+        )
+        curve = {"epsilon": value, "model": FEASGM_MODEL.format(dimension=dim)}
+    asgm_q = row.sampler_rate
+    asgm = asgm_epsilon(
+        delta, dataset_size=n, sample_rate=asgm_q, noise_multiplier=sigma, steps=steps
+    )
+    return {
+        "configuration": {
+            "dataset_size": n,
+            "batch_size": b,
+            "noise_multiplier": sigma,
+            "epochs": epochs,
+            "delta": delta,
+            "dimension": dim,
+            "drop_last": bool(args.drop_last),
+        },
+        "steps_per_epoch": row.steps_per_epoch,
+        "steps": steps,
+        "sample_rate": row.accountant_rate,
+        "sampler_rate": row.sampler_rate,
+        "expected_batch_size": row.expected_batch_size,
+        "sgm": {"epsilon": sgm, "model": sgm_model},
+        "feasgm_verdict": {
+            "verdict": verdict.verdict,
+            "rule": verdict.rule,
+            "dataset_sizes": list(verdict.dataset_sizes),
+            "divisors": list(verdict.divisors),
+            "sample_rates": list(verdict.sample_rates),
+            "accountant_rates": list(verdict.accountant_rates),
+            "steps_per_epoch": list(verdict.steps_per_epoch or ()),
+            "reason": verdict.reason,
+            "model": "FEASGM verdict (Opacus 1.x divisor int(N * q), neighbours N - 1, N, N + 1)",
+        },
+        "corrected": {"epsilon": corrected, "model": corrected_model, "reason": verdict.reason},
+        "curve": curve,
+        "asgm": {
+            "epsilon": asgm,
+            "sample_rate": asgm_q,
+            "model": f"{ASGM_MODEL}, Opacus 0.x divisor |B|, q = 1/{row.loader_length}",
+        },
+    }
+
+
+def _run_normalisation(args: argparse.Namespace) -> int:
+    report = _normalisation_report(args)
+    if args.json:
+        payload = dict(report)
+        for key in ("sgm", "corrected", "curve", "asgm"):
+            if payload[key] is not None:
+                payload[key] = {**payload[key], "epsilon": _json_number(payload[key]["epsilon"])}
+        print(json.dumps(payload, allow_nan=False))
+        return 0
+    c, v = report["configuration"], report["feasgm_verdict"]
+    print(
+        f"Opacus 1.x make_private(poisson_sampling=True): N = {c['dataset_size']}, "
+        f"L = {c['batch_size']}, sigma = {c['noise_multiplier']:g}, {c['epochs']} epoch(s) x "
+        f"{report['steps_per_epoch']} steps = {report['steps']} steps, delta = {c['delta']:g}"
+    )
+    print(f"  SGM epsilon        {_fmt_eps(report['sgm']['epsilon'])}   [{report['sgm']['model']}]")
+    print(f"  FEASGM verdict     {v['verdict']:>10}   [{v['model']}]")
+    print(f"      {'N':>12} {'divisor':>10} {'sample rate':>14} {'steps/epoch':>12}")
+    for i, size in enumerate(v["dataset_sizes"]):
+        print(
+            f"      {size:>12} {v['divisors'][i]:>10g} {v['sample_rates'][i]:>14.8g} "
+            f"{v['steps_per_epoch'][i]:>12}"
+        )
+    print(f"      reason: {v['reason']}")
+    corr = report["corrected"]
+    print(f"  corrected epsilon  {_fmt_eps(corr['epsilon'])}   [{corr['model']}]")
+    if report["curve"] is not None:
+        print(f"  curve epsilon      {_fmt_eps(report['curve']['epsilon'])}   [{report['curve']['model']}]")
+    asgm = report["asgm"]
+    print(f"  ASGM epsilon       {_fmt_eps(asgm['epsilon'])}   [{asgm['model']}]")
     return 0
 
 

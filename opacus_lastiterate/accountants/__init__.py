@@ -1,7 +1,9 @@
 """Opacus accountants of opacus_lastiterate.
 
 Importing this package registers them with Opacus (see :mod:`.registration`), so that
-``PrivacyEngine(accountant="last_iterate")`` works on every Opacus 1.x.
+``PrivacyEngine(accountant="last_iterate")`` (and ``"asgm"``, ``"feasgm"``) works on every
+Opacus 1.x. :func:`use_public_divisor` is the one-line fix for Opacus 1.x's data-dependent
+divisor (``batch-normalization.md``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,19 @@ from opacus_lastiterate.accountants.last_iterate import (
     HeuristicCalibrationWarning,
     LastIterateAccountant,
 )
+from opacus_lastiterate.accountants.normalisation import (  # registers "asgm", "feasgm"
+    ASGM_MECHANISM,
+    FEASGM_MECHANISM,
+    STANDARD_ACCOUNTANTS,
+    ASGMAccountant,
+    FEASGMAccountant,
+    NormalisationWarning,
+)
+from opacus_lastiterate.accountants.public_divisor import (
+    PUBLIC_DIVISOR_ATTRIBUTE,
+    public_divisor_of,
+    use_public_divisor,
+)
 from opacus_lastiterate.accountants.registration import (
     HAS_NATIVE_REGISTRY,
     register_accountant,
@@ -18,10 +33,19 @@ from opacus_lastiterate.accountants.registration import (
 )
 
 __all__ = [
+    "ASGM_MECHANISM",
+    "FEASGM_MECHANISM",
     "HAS_NATIVE_REGISTRY",
     "MECHANISM",
+    "PUBLIC_DIVISOR_ATTRIBUTE",
+    "STANDARD_ACCOUNTANTS",
+    "ASGMAccountant",
+    "FEASGMAccountant",
     "HeuristicCalibrationWarning",
     "LastIterateAccountant",
+    "NormalisationWarning",
+    "public_divisor_of",
     "register_accountant",
     "registered_accountants",
+    "use_public_divisor",
 ]

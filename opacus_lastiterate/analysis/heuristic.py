@@ -76,16 +76,17 @@ def _epsilon(segments: tuple[TrainingSegment, ...], delta: float) -> float:
     return 0.0 if pair is None else pair.epsilon(delta)
 
 
-def _robust_epsilon(segments: tuple[TrainingSegment, ...], delta: float) -> float:
-    """max over t <= T of the heuristic epsilon of the last t steps.
+def suffix_epsilons(segments: tuple[TrainingSegment, ...], delta: float) -> dict[int, float]:
+    """Heuristic epsilon of the last t steps, for the t that locate max_{t <= T} eps_t.
 
-    Exact (every t) for T <= 1024. Beyond, every t <= 1024, a geometric grid of ratio 1.01
-    up to T, and an integer search between the grid neighbours of the best grid point.
+    Every t <= 1024 is evaluated (exact); beyond, a geometric grid of ratio 1.01 up to T and
+    an integer search between the grid neighbours of the best grid point. Returns
+    ``{t: eps_t}`` for every t evaluated (T always included; empty for an empty history).
     """
     n = total_steps(segments)
-    if n == 0:
-        return 0.0
     cache: dict[int, float] = {}
+    if n == 0:
+        return cache
 
     def eps_at(t: int) -> float:
         if t not in cache:
@@ -94,10 +95,8 @@ def _robust_epsilon(segments: tuple[TrainingSegment, ...], delta: float) -> floa
 
     ts = list(range(1, min(n, _EXHAUSTIVE_STEPS) + 1))
     if n > _EXHAUSTIVE_STEPS:
-        grid = np.unique(
-            np.round(_EXHAUSTIVE_STEPS * _GRID_RATIO ** np.arange(1, 1 + math.ceil(
-                math.log(n / _EXHAUSTIVE_STEPS) / math.log(_GRID_RATIO)))).astype(int)
-        )
+        k = math.ceil(math.log(n / _EXHAUSTIVE_STEPS) / math.log(_GRID_RATIO))
+        grid = np.unique(np.round(_EXHAUSTIVE_STEPS * _GRID_RATIO ** np.arange(1, k + 1)).astype(int))
         ts += [int(t) for t in grid if t < n] + [n]
     values = [eps_at(t) for t in ts]
     i = int(np.argmax(values))
@@ -111,7 +110,12 @@ def _robust_epsilon(segments: tuple[TrainingSegment, ...], delta: float) -> floa
                 hi = m2
         for t in range(lo, hi + 1):
             eps_at(t)
-    return max(cache.values())
+    return cache
+
+
+def _robust_epsilon(segments: tuple[TrainingSegment, ...], delta: float) -> float:
+    """max over t <= T of the heuristic epsilon of the last t steps (see suffix_epsilons)."""
+    return max(suffix_epsilons(segments, delta).values(), default=0.0)
 
 
 def heuristic_epsilon_for_history(

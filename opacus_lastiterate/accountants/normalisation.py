@@ -1,0 +1,765 @@
+"""Opacus accountants for normalised DP-SGD: ``"feasgm"`` (Opacus 1.x) and ``"asgm"`` (0.x).
+
+``batch-normalization.md``. Both need facts that Opacus never passes to an accountant:
+
+* **N** (``dataset_size``): always explicit, ``accountant.configure(dataset_size=N)`` or
+  ``configure(data_loader=loader)`` (N = len(loader.dataset)).
+* **L** (``batch_size``, FEASGM only): the batch size of the DataLoader given to
+  ``make_private``; explicit, or read from that (non-DP) loader by ``configure``.
+* **d** (``dimension``, FEASGM's dimension-aware curve only): read from the optimizer at each
+  step (number of trainable parameters) by the hook of :meth:`get_optimizer_hook_fn`, or
+  explicit (an explicit value wins).
+
+The hook also records the optimizer's ``expected_batch_size`` and ``loss_reduction`` and the
+public divisor set by :func:`~opacus_lastiterate.accountants.use_public_divisor`. Calling
+``get_epsilon`` without what it needs raises ``ValueError`` naming the missing parameters.
+
+``make_private_with_epsilon`` creates a fresh, unconfigured accountant by name, so with these
+accountants it raises that error: calibrate with ``"prv"`` and account with these.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+from opacus.accountants import IAccountant
+from opacus.optimizers import DPOptimizer
+
+from opacus_lastiterate.accountants.last_iterate import _mechanism_name, _validate_history
+from opacus_lastiterate.accountants.public_divisor import public_divisor_of
+from opacus_lastiterate.accountants.registration import register_accountant
+from opacus_lastiterate.analysis._validation import (
+    check_delta,
+    check_epsilon,
+    check_in_interval,
+    check_int,
+    check_noise_multiplier,
+    check_positive,
+    check_sample_rate,
+)
+from opacus_lastiterate.analysis.composition import standard_epsilon_for_history
+from opacus_lastiterate.analysis.normalisation import (
+    ASGM_MODEL,
+    DEFAULT_INTERVAL,
+    FEASGM_MODEL,
+    DivisorVerdict,
+    asgm_pld,
+    divisor_leak_pld,
+    feasgm_delta,
+    feasgm_epsilon,
+    feasgm_verdict,
+    opacus1x_batch_arithmetic,
+)
+from opacus_lastiterate.analysis.normalisation.discretisation import identity_pld
+
+__all__ = [
+    "ASGM_MECHANISM",
+    "FEASGM_MECHANISM",
+    "STANDARD_ACCOUNTANTS",
+    "ASGMAccountant",
+    "FEASGMAccountant",
+    "NormalisationWarning",
+]
+
+ASGM_MECHANISM = "asgm"
+FEASGM_MECHANISM = "feasgm"
+STANDARD_ACCOUNTANTS = ("pld", "rdp", "prv", "gdp")
+"""Standard SGM accountants for a safe FEASGM verdict: "pld" is
+:func:`~opacus_lastiterate.analysis.composition.standard_epsilon_for_history`, the others
+are Opacus's accountants of that name."""
+
+History = list[tuple[float, float, int]]
+
+_CONFIG_DEFAULTS: dict[str, Any] = {
+    "dataset_size": None,
+    "batch_size": None,
+    "drop_last": False,
+    "dimension": None,
+    "public_divisor": None,
+    "standard": "pld",
+    "optimizer_divisor": None,
+    "loss_reduction": None,
+}
+
+
+class NormalisationWarning(UserWarning):
+    """The recorded training does not match the model the accountant computes."""
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+
+def _optional(name: str, value: object, check: Callable[[str, object], Any]) -> Any:
+    return None if value is None else check(name, value)
+
+
+def _check_config(values: Mapping[str, object], prefix: str = "") -> dict[str, Any]:
+    """Validate a full configuration mapping (unknown or missing keys are errors)."""
+    unknown = sorted(set(map(str, values)) - set(_CONFIG_DEFAULTS))
+    if unknown:
+        raise ValueError(f"`{prefix}configuration` has unknown keys {unknown}.")
+    missing = sorted(set(_CONFIG_DEFAULTS) - set(values))
+    if missing:
+        raise ValueError(f"`{prefix}configuration` is missing the keys {missing}.")
+
+    def p(key: str) -> str:
+        return f"{prefix}{key}"
+
+    drop_last = values["drop_last"]
+    if not isinstance(drop_last, bool):
+        raise TypeError(f"`{p('drop_last')}` must be a bool, got {drop_last!r}.")
+    standard = values["standard"]
+    if standard not in STANDARD_ACCOUNTANTS:
+        raise ValueError(
+            f"`{p('standard')}` must be one of {STANDARD_ACCOUNTANTS}, got {standard!r}."
+        )
+    reduction = values["loss_reduction"]
+    if reduction not in (None, "mean", "sum"):
+        raise ValueError(
+            f"`{p('loss_reduction')}` must be 'mean', 'sum' or None, got {reduction!r}."
+        )
+    return {
+        "dataset_size": _optional(p("dataset_size"), values["dataset_size"], _int_at_least(1)),
+        "batch_size": _optional(p("batch_size"), values["batch_size"], _int_at_least(1)),
+        "drop_last": drop_last,
+        "dimension": _optional(p("dimension"), values["dimension"], _int_at_least(1)),
+        "public_divisor": _optional(p("public_divisor"), values["public_divisor"], check_positive),
+        "standard": standard,
+        "optimizer_divisor": _optional(
+            p("optimizer_divisor"),
+            values["optimizer_divisor"],
+            lambda n, v: check_in_interval(n, v, 0.0, math.inf, low_open=False),
+        ),
+        "loss_reduction": reduction,
+    }
+
+
+def _int_at_least(minimum: int) -> Callable[[str, object], int]:
+    return lambda name, value: check_int(name, value, minimum=minimum)
+
+
+def _from_loader(loader: object) -> dict[str, Any]:
+    """N (and L, drop_last for a plain DataLoader) from a torch DataLoader."""
+    from torch.utils.data import DataLoader
+
+    if not isinstance(loader, DataLoader):
+        raise TypeError(
+            f"`data_loader` must be a torch.utils.data.DataLoader, got {type(loader).__name__}."
+        )
+    try:
+        size = len(loader.dataset)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError("`data_loader.dataset` must have a length (len(dataset) = N).") from None
+    found: dict[str, Any] = {"dataset_size": size}
+    # A DPDataLoader (make_private's result) has no batch size: L must then be explicit.
+    if getattr(loader, "sample_rate", None) is None and loader.batch_size is not None:
+        found["batch_size"] = loader.batch_size
+        found["drop_last"] = bool(loader.drop_last)
+    return found
+
+
+# -- shared base --------------------------------------------------------------------------------
+
+
+class _NormalisationAccountant(IAccountant):
+    """History, configuration, optimizer hook and state shared by both accountants."""
+
+    _MECHANISM = ""
+
+    def __init__(self) -> None:
+        """An empty accountant (Opacus's registry calls ``cls()``); see :meth:`configure`."""
+        super().__init__()  # history = []
+        self._config: dict[str, Any] = dict(_CONFIG_DEFAULTS)
+        self._observed_dimension: int | None = None
+        self._warned: set[str] = set()
+
+    @classmethod
+    def mechanism(cls) -> str:
+        """The registered name."""
+        return cls._MECHANISM
+
+    def __len__(self) -> int:
+        """Number of history segments, as in every Opacus accountant."""
+        return len(self.history)
+
+    @property
+    def num_steps(self) -> int:
+        """Total number of recorded steps."""
+        return sum(t for _, _, t in _validate_history(self.history))
+
+    def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
+        """Record one step; extend the last segment if (sigma, q) are unchanged."""
+        sigma = check_noise_multiplier(noise_multiplier)
+        q = check_sample_rate(sample_rate)
+        if self.history and self.history[-1][0] == sigma and self.history[-1][1] == q:
+            self.history[-1] = (sigma, q, self.history[-1][2] + 1)
+        else:
+            self.history.append((sigma, q, 1))
+
+    # configuration
+
+    def configure(
+        self,
+        *,
+        dataset_size: int | None = None,
+        batch_size: int | None = None,
+        dimension: int | None = None,
+        drop_last: bool | None = None,
+        public_divisor: float | None = None,
+        standard: str | None = None,
+        data_loader: object = None,
+    ) -> _NormalisationAccountant:
+        """Set what Opacus does not pass (module docstring); arguments left None are unchanged.
+
+        Args:
+            dataset_size: N = len(dataset), an integer >= 1.
+            batch_size: L, the batch size of the DataLoader given to ``make_private``.
+            dimension: d, the number of trainable parameters (overrides the observed one).
+            drop_last: that DataLoader's ``drop_last``.
+            public_divisor: the constant the optimizer divides by, if public (what
+                ``use_public_divisor`` sets; the hook also reads it from the optimizer).
+            standard: SGM accountant for a safe verdict, one of :data:`STANDARD_ACCOUNTANTS`.
+            data_loader: a DataLoader to read N (and, if not a DPDataLoader, L and
+                drop_last) from; explicit arguments win.
+
+        Returns:
+            ``self``. Everything is validated before anything changes.
+        """
+        new = dict(self._config)
+        if data_loader is not None:
+            new.update(_from_loader(data_loader))
+        explicit = {
+            "dataset_size": dataset_size,
+            "batch_size": batch_size,
+            "dimension": dimension,
+            "drop_last": drop_last,
+            "public_divisor": public_divisor,
+            "standard": standard,
+        }
+        new.update({k: v for k, v in explicit.items() if v is not None})
+        self._config = _check_config(new)
+        return self
+
+    @property
+    def configuration(self) -> dict[str, Any]:
+        """A copy of the configuration (explicit values and what the hook observed)."""
+        config = dict(self._config)
+        if config["dimension"] is None:
+            config["dimension"] = self._observed_dimension
+        return config
+
+    def _require(self, *keys: str) -> dict[str, Any]:
+        config = self.configuration
+        missing = [k for k in keys if config[k] is None]
+        if missing:
+            how = {
+                "dataset_size": "dataset_size=len(train_dataset)",
+                "batch_size": "batch_size=<the DataLoader batch size given to make_private>",
+                "dimension": "dimension=<number of trainable parameters> (or take a training "
+                "step, after which it is read from the optimizer)",
+            }
+            raise ValueError(
+                f"{type(self).__name__} needs {', '.join(f'`{k}`' for k in missing)}, which "
+                f"Opacus does not pass to accountants: call accountant.configure("
+                f"{', '.join(how[k] for k in missing)}) (or configure(data_loader=...))."
+            )
+        return config
+
+    # optimizer hook
+
+    def get_optimizer_hook_fn(self, sample_rate: float) -> Callable[[DPOptimizer], None]:
+        """The step hook ``make_private`` attaches: records (sigma, q * accumulated_iterations)
+        like Opacus's, and reads d, ``expected_batch_size``, ``loss_reduction`` and any public
+        divisor from the optimizer."""
+        q = check_sample_rate(sample_rate)
+
+        def hook_fn(optim: DPOptimizer) -> None:
+            self._observe(optim)
+            self.step(
+                noise_multiplier=optim.noise_multiplier,
+                sample_rate=q * optim.accumulated_iterations,
+            )
+
+        return hook_fn
+
+    def _observe(self, optim: DPOptimizer) -> None:
+        self._observed_dimension = int(sum(p.numel() for p in optim.params if p.requires_grad))
+        reduction = getattr(optim, "loss_reduction", None)
+        divisor = getattr(optim, "expected_batch_size", None)
+        public = public_divisor_of(optim)
+        config = dict(self._config)
+        config["loss_reduction"] = reduction if reduction in ("mean", "sum") else None
+        config["optimizer_divisor"] = (
+            float(divisor) if isinstance(divisor, numbers.Real) and float(divisor) >= 0 else None
+        )
+        if public is not None:
+            config["public_divisor"] = public
+        self._config = _check_config(config)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, NormalisationWarning, stacklevel=4)
+
+    # state
+
+    def state_dict(self, destination: Any = None) -> Any:
+        """Opacus-compatible state plus the configuration:
+        ``{"history", "mechanism", "configuration"}``."""
+        if destination is None:
+            destination = OrderedDict()
+        destination["history"] = list(_validate_history(self.history))
+        destination["mechanism"] = self.mechanism()
+        destination["configuration"] = self.configuration
+        return destination
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load a state from :meth:`state_dict`; all of it is validated first, and on any
+        error (TypeError, ValueError) the accountant is unchanged. A state without
+        ``"configuration"`` keeps the current configuration."""
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"`state_dict` must be a mapping, got {type(state_dict).__name__}.")
+        for key in ("history", "mechanism"):
+            if key not in state_dict:
+                raise ValueError(
+                    f"`state_dict` must have the key {key!r}, got keys {sorted(map(str, state_dict))}."
+                )
+        mechanism = _mechanism_name(state_dict["mechanism"])
+        if mechanism != self.mechanism():
+            raise ValueError(
+                f"`state_dict['mechanism']` must be {self.mechanism()!r}, got {mechanism!r}."
+            )
+        history = _validate_history(state_dict["history"], "state_dict['history']")
+        config = self._config
+        if "configuration" in state_dict:
+            given = state_dict["configuration"]
+            if not isinstance(given, Mapping):
+                raise TypeError(
+                    f"`state_dict['configuration']` must be a mapping, got {type(given).__name__}."
+                )
+            config = _check_config(given, prefix="state_dict['configuration'].")
+        self.history = history
+        self._config = dict(config)
+        self._observed_dimension = None
+        self._warned = set()
+
+    def _history(self) -> History:
+        return _validate_history(self.history)  # Opacus may have assigned it directly
+
+
+# -- FEASGM -------------------------------------------------------------------------------------
+
+
+def _standard_epsilon(history: History, delta: float, standard: str) -> float:
+    if standard == "pld":
+        return float(standard_epsilon_for_history(history, delta))
+    from opacus.accountants import GaussianAccountant, PRVAccountant, RDPAccountant
+
+    cls = {"rdp": RDPAccountant, "prv": PRVAccountant, "gdp": GaussianAccountant}[standard]
+    acc = cls()
+    acc.history = list(history)
+    return float(acc.get_epsilon(delta))
+
+
+def _pld_interval(pld: PrivacyLossDistribution) -> float | None:
+    value = getattr(getattr(pld, "_pmf_remove", None), "_discretization", None)
+    return float(value) if isinstance(value, numbers.Real) else None
+
+
+def _compose(
+    build: Callable[[float | None], list[PrivacyLossDistribution]], interval: float | None
+) -> PrivacyLossDistribution:
+    """Compose per-segment PLDs; with ``interval=None`` rebuild them on a common grid."""
+    plds = build(interval)
+    if interval is None and len(plds) > 1:
+        grids = {_pld_interval(p) for p in plds}
+        if len(grids) > 1 or None in grids:
+            plds = build(max((g for g in grids if g is not None), default=DEFAULT_INTERVAL))
+    return functools.reduce(lambda a, b: a.compose(b), plds)
+
+
+class FEASGMAccountant(_NormalisationAccountant):
+    """Opacus 1.x's divisor int(N * q): ``PrivacyEngine(accountant="feasgm")``.
+
+    ``batch-normalization.md``, "FEASGM / EASGM with a data-dependent divisor". Configure N
+    and L (:meth:`configure`); then :attr:`verdict` compares the divisors and sample rates of
+    N - 1, N, N + 1, and :meth:`get_epsilon` returns the SGM epsilon of the recorded history
+    from the ``standard`` accountant (default PLD) when safe, and ``inf`` when unsafe (the
+    reason is ``accountant.verdict.reason``). :meth:`curve_epsilon` gives the dimension-aware
+    curve of the zero-other-gradients configuration (what audits reach; a lower bound on the
+    worst case). A divisor made public with ``use_public_divisor`` is picked up by the hook.
+    """
+
+    _MECHANISM = FEASGM_MECHANISM
+
+    @property
+    def verdict(self) -> DivisorVerdict:
+        """The verdict for the configured (N, L) and divisor (``DivisorVerdict``).
+
+        Raises:
+            ValueError: if ``dataset_size`` or ``batch_size`` is not configured.
+        """
+        config = self._require("dataset_size", "batch_size")
+        opacus = feasgm_verdict(
+            config["dataset_size"], config["batch_size"], drop_last=config["drop_last"]
+        )
+        public = self._public_divisor(config)
+        if public is None:
+            return opacus
+        return _public_verdict(opacus, public, config)
+
+    @staticmethod
+    def _public_divisor(config: Mapping[str, Any]) -> float | None:
+        if config["public_divisor"] is not None:
+            return float(config["public_divisor"])
+        if config["loss_reduction"] == "sum":
+            return 1.0  # no division at all: the noisy sum is released
+        return None
+
+    def _check_consistency(self, history: History, config: Mapping[str, Any]) -> None:
+        row = opacus1x_batch_arithmetic(
+            config["dataset_size"], config["batch_size"], drop_last=config["drop_last"]
+        )
+        rates = sorted({q for _, q, _ in history})
+        if any(not math.isclose(q, row.accountant_rate, rel_tol=1e-12) for q in rates):
+            self._warn_once(
+                "rate",
+                f"FEASGMAccountant: the recorded sample rates {rates} differ from Opacus 1.x's "
+                f"1/len(DPDataLoader) = {row.accountant_rate!r} for the configured N = "
+                f"{row.dataset_size}, L = {row.batch_size}: check configure(dataset_size, "
+                "batch_size, drop_last); the verdict models make_private(poisson_sampling=True) "
+                "without gradient accumulation.",
+            )
+        observed = config["optimizer_divisor"]
+        if (
+            self._public_divisor(config) is None
+            and observed is not None
+            and observed != row.expected_batch_size
+        ):
+            self._warn_once(
+                "divisor",
+                f"FEASGMAccountant: the optimizer divides by expected_batch_size = {observed:g}, "
+                f"not Opacus 1.x's int(N * q) = {row.expected_batch_size} for the configured "
+                f"N = {row.dataset_size}, L = {row.batch_size}; if that value is a public "
+                "constant, set it with use_public_divisor(optimizer, expected_batch_size=...).",
+            )
+
+    def get_epsilon(self, delta: float, **kwargs: Any) -> float:
+        """Corrected epsilon (spec, "FEASGM / EASGM ..."): the ``standard`` SGM epsilon of the
+        history if the verdict is safe, ``inf`` if unsafe (reason: ``verdict.reason``).
+
+        Args:
+            delta: in (0, 1).
+            **kwargs: ignored (Opacus forwards ``make_private_with_epsilon``'s keywords).
+
+        Raises:
+            ValueError: if N or L is not configured (the message names them).
+        """
+        d = check_delta(delta)
+        history = self._history()
+        if not history:
+            return 0.0
+        config = self._require("dataset_size", "batch_size")
+        self._check_consistency(history, config)
+        if not self.verdict.safe:
+            return math.inf
+        return _standard_epsilon(history, d, config["standard"])
+
+    def _curve_plds(
+        self, value_discretization_interval: float | None
+    ) -> list[PrivacyLossDistribution | None] | None:
+        """Composed PLDs of the pairs (N-1, N), (N, N+1); None where a divisor is 0 in
+        exactly one world; returns None when the analysis function applies directly."""
+        config = self._require("dataset_size", "batch_size", "dimension")
+        history = self._history()
+        public = self._public_divisor(config)
+        if len(history) == 1 and public is None:
+            return None
+        n, b, dl, dim = (
+            config[k] for k in ("dataset_size", "batch_size", "drop_last", "dimension")
+        )
+        feasgm_verdict(n, b, drop_last=dl)  # validates N, L as the analysis layer does
+        rows = [opacus1x_batch_arithmetic(m, b, drop_last=dl) for m in (n - 1, n, n + 1)]
+        out: list[PrivacyLossDistribution | None] = []
+        for small, big in ((rows[0], rows[1]), (rows[1], rows[2])):
+            c1 = public if public is not None else small.expected_batch_size
+            c2 = public if public is not None else big.expected_batch_size
+            if c1 == 0 and c2 == 0:
+                out.append(identity_pld(DEFAULT_INTERVAL))  # NaN in both worlds, as the analysis
+                continue
+            if c1 == 0 or c2 == 0:
+                out.append(None)  # inf/NaN in one world only
+                continue
+
+            def build(
+                interval: float | None, c1: float = c1, c2: float = c2, q: float = big.sampler_rate
+            ) -> list[PrivacyLossDistribution]:
+                return [
+                    divisor_leak_pld(
+                        divisor_without=c1,
+                        divisor_with=c2,
+                        sample_rate=q,
+                        noise_multiplier=sigma,
+                        dimension=dim,
+                        steps=steps,
+                        value_discretization_interval=interval,
+                    )
+                    for sigma, _, steps in history
+                ]
+
+            out.append(_compose(build, value_discretization_interval))
+        return out
+
+    def curve_epsilon(
+        self, delta: float, *, value_discretization_interval: float | None = None
+    ) -> float:
+        """Dimension-aware epsilon(delta) of the recorded steps in the zero-other-gradients
+        configuration with d = ``dimension`` (spec, "... compute the exact privacy curve";
+        label :data:`FEASGM_MODEL`): what an audit can reach, a lower bound on the worst case.
+        Varying noise multipliers are composed exactly, segment by segment.
+
+        Raises:
+            ValueError: if N, L or d is not configured/observed.
+        """
+        dl = check_delta(delta)
+        history = self._history()
+        if not history:
+            return 0.0
+        interval = _optional(
+            "value_discretization_interval", value_discretization_interval, check_positive
+        )
+        self._check_consistency(history, self._require("dataset_size", "batch_size"))
+        plds = self._curve_plds(interval)
+        if plds is None:
+            config = self.configuration
+            ((sigma, _, steps),) = history
+            return float(
+                feasgm_epsilon(
+                    dl,
+                    dataset_size=config["dataset_size"],
+                    batch_size=config["batch_size"],
+                    noise_multiplier=sigma,
+                    steps=steps,
+                    dimension=config["dimension"],
+                    drop_last=config["drop_last"],
+                    value_discretization_interval=interval,
+                )
+            )
+        return float(max(math.inf if p is None else p.get_epsilon_for_delta(dl) for p in plds))
+
+    def curve_delta(
+        self, epsilon: float, *, value_discretization_interval: float | None = None
+    ) -> float:
+        """delta(epsilon) of the same model as :meth:`curve_epsilon`."""
+        e = check_epsilon(epsilon)
+        history = self._history()
+        if not history:
+            return 0.0
+        interval = _optional(
+            "value_discretization_interval", value_discretization_interval, check_positive
+        )
+        self._check_consistency(history, self._require("dataset_size", "batch_size"))
+        plds = self._curve_plds(interval)
+        if plds is None:
+            config = self.configuration
+            ((sigma, _, steps),) = history
+            return float(
+                feasgm_delta(
+                    e,
+                    dataset_size=config["dataset_size"],
+                    batch_size=config["batch_size"],
+                    noise_multiplier=sigma,
+                    steps=steps,
+                    dimension=config["dimension"],
+                    drop_last=config["drop_last"],
+                    value_discretization_interval=interval,
+                )
+            )
+        return float(min(1.0, max(1.0 if p is None else p.get_delta_for_epsilon(e) for p in plds)))
+
+    def curve_label(self) -> str:
+        """The model label of :meth:`curve_epsilon` for the configured d."""
+        config = self._require("dimension")
+        label = FEASGM_MODEL.format(dimension=config["dimension"])
+        public = self._public_divisor(config)
+        if public is not None:
+            label += f", here with the public divisor {public:g} (SGM's curve)"
+        return label
+
+    def describe(self, delta: float | None = None) -> str:
+        """Verdict, reason and (with ``delta``) the corrected and curve epsilons, labelled."""
+        lines = [f"FEASGMAccountant: {self.num_steps} steps in {len(self)} segment(s)."]
+        config = self.configuration
+        if config["dataset_size"] is None or config["batch_size"] is None:
+            lines.append("Not configured: call configure(dataset_size=..., batch_size=...).")
+            return "\n".join(lines)
+        v = self.verdict
+        lines.append(
+            f"Verdict ({v.rule}): {v.verdict}. N = {v.dataset_sizes}, divisors = {v.divisors}, "
+            f"sample rates = {v.sample_rates}."
+        )
+        lines.append(v.reason)
+        if delta is not None:
+            eps = self.get_epsilon(delta)
+            label = (
+                f"SGM guarantee ({config['standard']} accountant)"
+                if v.safe
+                else "no finite guarantee"
+            )
+            lines.append(f"Corrected epsilon at delta={check_delta(delta):g}: {eps:.4f} [{label}].")
+            if config["dimension"] is not None:
+                lines.append(
+                    f"Curve epsilon: {self.curve_epsilon(delta):.4f} [{self.curve_label()}]."
+                )
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        c = self.configuration
+        return (
+            f"FEASGMAccountant(segments={len(self)}, dataset_size={c['dataset_size']}, "
+            f"batch_size={c['batch_size']}, dimension={c['dimension']}, "
+            f"public_divisor={c['public_divisor']})"
+        )
+
+
+def _fmt(values: Sequence[float]) -> str:
+    return ", ".join(f"{v:.10g}" for v in values)
+
+
+def _public_verdict(
+    opacus: DivisorVerdict, divisor: float, config: Mapping[str, Any]
+) -> DivisorVerdict:
+    """The verdict when the divisor is public but the sample rate is still Opacus's 1/k."""
+    n = opacus.dataset_size
+    source = (
+        "loss_reduction='sum': the noisy sum itself is released"
+        if config["public_divisor"] is None
+        else f"the divisor {divisor:g} is a public constant (use_public_divisor / configure)"
+    )
+    same_rate = len(set(opacus.sample_rates)) == 1 and len(set(opacus.accountant_rates)) == 1
+    if same_rate:
+        verdict, reason = (
+            "safe",
+            (
+                f"safe for N = {n}: {source}, and the sampling rate 1/len(DataLoader) = "
+                f"{opacus.sample_rates[1]:.10g} is the same for N - 1, N, N + 1, so the update is a "
+                "public rescaling of SGM and the SGM guarantee holds exactly."
+            ),
+        )
+    else:
+        verdict, reason = (
+            "unsafe",
+            (
+                f"unsafe for N = {n}: {source}, but the sampling rate 1/len(DataLoader) changes "
+                f"between neighbours (N = {_fmt(opacus.dataset_sizes)}: q = "
+                f"{_fmt(opacus.sample_rates)}), and with it the number of steps per epoch "
+                f"({_fmt(opacus.steps_per_epoch or ())}). No finite worst-case guarantee exists "
+                "(epsilon = inf); pick a batch size with the same ceil(N/L) for N - 1, N, N + 1, "
+                "or fix the sample rate and the number of steps."
+            ),
+        )
+    return DivisorVerdict(
+        dataset_size=n,
+        rule="public divisor, opacus-1.x sample rate",
+        dataset_sizes=opacus.dataset_sizes,
+        divisors=(divisor, divisor, divisor),
+        sample_rates=opacus.sample_rates,
+        accountant_rates=opacus.accountant_rates,
+        steps_per_epoch=opacus.steps_per_epoch,
+        verdict=verdict,  # type: ignore[arg-type]
+        reason=reason,
+    )
+
+
+# -- ASGM ---------------------------------------------------------------------------------------
+
+
+class ASGMAccountant(_NormalisationAccountant):
+    """Division by the realised batch size (Opacus 0.x): ``PrivacyEngine(accountant="asgm")``.
+
+    ``batch-normalization.md``, "ASGM: dividing by the realised batch size": the exact
+    "batch size revealed" model (label :data:`ASGM_MODEL`), worst of both neighbours of an
+    N-record data set and both directions, composed segment by segment (varying sigma and q
+    are exact). Needs only N (:meth:`configure`). Every hooked step counts, empty batches
+    included (Opacus 1.x steps on them), as the model's empty-batch convention requires.
+    An Opacus 1.x optimizer with ``loss_reduction="mean"`` divides by ``expected_batch_size``
+    instead: the hook then warns that ``"feasgm"`` is the accountant for it.
+    """
+
+    _MECHANISM = ASGM_MECHANISM
+
+    def _observe(self, optim: DPOptimizer) -> None:
+        super()._observe(optim)
+        if self._config["loss_reduction"] == "mean":
+            self._warn_once(
+                "mean",
+                "ASGMAccountant: this DPOptimizer divides by expected_batch_size (Opacus 1.x, "
+                "FEASGM), not by the realised batch size; the ASGM number does not cover that "
+                "divisor. Use PrivacyEngine(accountant='feasgm') for this optimizer.",
+            )
+
+    def _plds(self) -> list[PrivacyLossDistribution]:
+        n = self._require("dataset_size")["dataset_size"]
+        history = self._history()
+        out = []
+        for others in (n - 1, n):
+            plds = [
+                asgm_pld(
+                    other_records=others,
+                    sample_rate=q,
+                    noise_multiplier=sigma,
+                    steps=steps,
+                    value_discretization_interval=DEFAULT_INTERVAL,
+                )
+                for sigma, q, steps in history
+            ]
+            out.append(functools.reduce(lambda a, b: a.compose(b), plds))
+        return out
+
+    def get_epsilon(self, delta: float, **kwargs: Any) -> float:
+        """ASGM epsilon of the recorded steps (an upper bound; inf when the all-sampled mass
+        exceeds delta).
+
+        Args:
+            delta: in (0, 1).
+            **kwargs: ignored (Opacus forwards ``make_private_with_epsilon``'s keywords).
+
+        Raises:
+            ValueError: if ``dataset_size`` is not configured.
+        """
+        d = check_delta(delta)
+        if not self._history():
+            return 0.0
+        return float(max(p.get_epsilon_for_delta(d) for p in self._plds()))
+
+    def get_delta(self, epsilon: float) -> float:
+        """ASGM delta(epsilon) of the recorded steps (an upper bound)."""
+        e = check_epsilon(epsilon)
+        if not self._history():
+            return 0.0
+        return float(min(1.0, max(p.get_delta_for_epsilon(e) for p in self._plds())))
+
+    def describe(self, delta: float | None = None) -> str:
+        """The model and (with ``delta``) the labelled epsilon."""
+        lines = [
+            f"ASGMAccountant: {self.num_steps} steps in {len(self)} segment(s); model: {ASGM_MODEL}."
+        ]
+        if delta is not None:
+            lines.append(
+                f"Epsilon at delta={check_delta(delta):g}: {self.get_epsilon(delta):.4f} [{ASGM_MODEL}]."
+            )
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"ASGMAccountant(segments={len(self)}, dataset_size={self._config['dataset_size']})"
+
+
+register_accountant(FEASGM_MECHANISM, FEASGMAccountant)
+register_accountant(ASGM_MECHANISM, ASGMAccountant)

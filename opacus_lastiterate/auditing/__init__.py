@@ -1,0 +1,89 @@
+"""Attacks for auditing DP-SGD when only the final model is released (the torch side).
+
+- :mod:`.canaries`: gradient canaries (Dirac A_GC-R, simulated coordinate A_GC-S, random
+  direction) with craft / insert / score, for numpy arrays and torch tensors;
+- :mod:`.insertion`: Poisson-sampled or every-k-steps canary insertion;
+- :mod:`.adversaries`: adversarial data set (other gradients zero), A_S^{h*} (worst-case
+  landscape after one insertion, Cebere et al.), malicious data set (last-iterate paper,
+  Appendix C);
+- :mod:`.arithmetic`: one DP-SGD step as configured (SGM / EASGM / ASGM);
+- :mod:`.simulator`: vectorised, seeded numpy simulation of the few-coordinate attacks,
+  plus :func:`audit_scores` (Clopper-Pearson bound and Gaussian-DP estimate);
+- :mod:`.runner`: many-run audits of real training functions (process pool or Ray,
+  resumable JSON-lines records); :mod:`.opacus_training`: a ready-made Opacus trainer.
+
+The statistics live in :mod:`opacus_lastiterate.analysis.audit`. References:
+``shared/reference/auditing.md``.
+"""
+
+from opacus_lastiterate.auditing.adversaries import (
+    AdversarialDataset,
+    MaliciousDataset,
+    WorstCaseLandscape,
+)
+from opacus_lastiterate.auditing.arithmetic import DPSGDArithmetic, Normalisation
+from opacus_lastiterate.auditing.canaries import (
+    DiracCanary,
+    DiracCanaryAdversary,
+    GradientCanary,
+    RandomDirectionAdversary,
+    RandomDirectionCanary,
+    SimulatedCoordinateAdversary,
+)
+from opacus_lastiterate.auditing.insertion import Insertion, PeriodicInsertion, PoissonInsertion
+from opacus_lastiterate.auditing.opacus_training import CanaryKind, OpacusDigitsTrainer
+from opacus_lastiterate.auditing.runner import (
+    RECORD_FORMAT,
+    AuditRunner,
+    RunRecord,
+    RunRecords,
+    ScoreFunction,
+    TrainFunction,
+    TruncatedRecordWarning,
+    audit_records,
+    read_records,
+    run_assignment,
+    run_audit,
+)
+from opacus_lastiterate.auditing.simulator import (
+    SimulatedAudit,
+    audit_scores,
+    simulate_adversarial_dataset,
+    simulate_malicious_dataset,
+    simulate_worst_case_landscape,
+)
+
+__all__ = [
+    "RECORD_FORMAT",
+    "AdversarialDataset",
+    "AuditRunner",
+    "CanaryKind",
+    "OpacusDigitsTrainer",
+    "RunRecord",
+    "RunRecords",
+    "ScoreFunction",
+    "TrainFunction",
+    "TruncatedRecordWarning",
+    "audit_records",
+    "read_records",
+    "run_assignment",
+    "run_audit",
+    "DPSGDArithmetic",
+    "DiracCanary",
+    "DiracCanaryAdversary",
+    "GradientCanary",
+    "Insertion",
+    "MaliciousDataset",
+    "Normalisation",
+    "PeriodicInsertion",
+    "PoissonInsertion",
+    "RandomDirectionAdversary",
+    "RandomDirectionCanary",
+    "SimulatedAudit",
+    "SimulatedCoordinateAdversary",
+    "WorstCaseLandscape",
+    "audit_scores",
+    "simulate_adversarial_dataset",
+    "simulate_malicious_dataset",
+    "simulate_worst_case_landscape",
+]

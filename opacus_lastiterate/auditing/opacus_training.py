@@ -1,0 +1,252 @@
+"""A ready-made training function for the many-run runner: Opacus DP-SGD on digits.
+
+:class:`OpacusDigitsTrainer` trains a small model (softmax regression or a one-hidden-layer
+MLP) on a subset of scikit-learn's bundled 8x8 digits (no download) with
+``PrivacyEngine(accountant="last_iterate")``, Poisson sampling and a fixed number of steps,
+and returns the final model only. Two canaries (``auditing.md``, "Adversaries"):
+
+* ``"gradient"`` (default): a Dirac gradient canary of norm C = ``max_grad_norm`` added to
+  the clipped gradient sum before the noise, Poisson-sampled at the training rate q (like a
+  training example). Score: ``theta_0 - theta_T`` in the canary's coordinate (the
+  initialisation is fixed by ``init_seed``, so the scorer knows ``theta_0``). By default the
+  coordinate is a first-layer weight of a pixel that is zero on every training image, so the
+  data never move it: the audit then targets the last-iterate heuristic exactly.
+* ``"input"``: a mislabelled digit (a held-out image with a wrong label) added to D.
+  Score: minus the model's cross-entropy loss on it.
+
+Both are picklable top-level objects; use ``trainer`` as ``train`` and ``trainer.score`` as
+``score`` for :class:`~opacus_lastiterate.auditing.runner.AuditRunner`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from opacus import PrivacyEngine
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import opacus_lastiterate.accountants  # noqa: F401  (registers accountant="last_iterate")
+from opacus_lastiterate.analysis._validation import (
+    check_int,
+    check_noise_multiplier,
+    check_positive,
+)
+from opacus_lastiterate.analysis.composition import standard_epsilon
+from opacus_lastiterate.analysis.heuristic import heuristic_epsilon
+
+__all__ = ["CanaryKind", "OpacusDigitsTrainer"]
+
+CanaryKind = Literal["gradient", "input"]
+_NUM_FEATURES, _NUM_CLASSES = 64, 10
+
+
+@functools.lru_cache(maxsize=1)
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    """Digits features scaled to [0, 1] (a fixed, data-independent scale) and labels."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    return (x / 16.0).astype(np.float32), y.astype(np.int64)
+
+
+@dataclass(frozen=True)
+class OpacusDigitsTrainer:
+    """DP-SGD (Opacus, last-iterate accountant) on digits, with an optional canary.
+
+    Attributes:
+        canary: ``"gradient"`` (Dirac gradient canary) or ``"input"`` (mislabelled digit).
+        steps: T, optimizer steps.
+        batch_size: expected batch size B; the sample rate is ``1 / ceil(N / B)`` as in Opacus.
+        num_examples: N, size of D (a subset of the 1797 digits chosen by ``data_seed``).
+        noise_multiplier: sigma.
+        max_grad_norm: clipping norm C (also the gradient canary's norm).
+        learning_rate: SGD step size (no momentum).
+        hidden: hidden units (0: softmax regression).
+        init_seed: seed of the fixed initialisation (the same in every run).
+        data_seed: seed of the choice of D and of the input canary.
+        canary_coordinate: flat index into the first layer's weight for the gradient canary;
+            None picks the weight of class 0 from the first pixel that is zero on all of D.
+    """
+
+    canary: CanaryKind = "gradient"
+    steps: int = 50
+    batch_size: int = 64
+    num_examples: int = 400
+    noise_multiplier: float = 1.0
+    max_grad_norm: float = 1.0
+    learning_rate: float = 0.5
+    hidden: int = 0
+    init_seed: int = 0
+    data_seed: int = 0
+    canary_coordinate: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.canary not in ("gradient", "input"):
+            raise ValueError(f"`canary` must be 'gradient' or 'input', got {self.canary!r}.")
+        check_int("steps", self.steps, minimum=1)
+        check_int("batch_size", self.batch_size, minimum=1)
+        n = check_int("num_examples", self.num_examples, minimum=1)
+        total = len(_digits()[1])
+        if n > total - 1:
+            raise ValueError(f"`num_examples` must be in [1, {total - 1}], got {n}.")
+        check_noise_multiplier(self.noise_multiplier)
+        check_positive("max_grad_norm", self.max_grad_norm)
+        check_positive("learning_rate", self.learning_rate)
+        check_int("hidden", self.hidden)
+        check_int("init_seed", self.init_seed)
+        check_int("data_seed", self.data_seed)
+        width = (self.hidden or _NUM_CLASSES) * _NUM_FEATURES
+        if self.canary_coordinate is not None:
+            c = check_int("canary_coordinate", self.canary_coordinate)
+            if c >= width:
+                raise ValueError(f"`canary_coordinate` must be in [0, {width - 1}], got {c}.")
+        # Opacus derives q and the expected batch size from len(D): they must not change when
+        # the input canary is added, or the two worlds would differ by more than one record.
+        if self.canary == "input" and self._loader_constants(n) != self._loader_constants(n + 1):
+            raise ValueError(
+                f"`num_examples` ({n}) and `batch_size` ({self.batch_size}) give D and "
+                "D' = D + canary different sample rates or expected batch sizes in Opacus; "
+                "choose num_examples not divisible by batch_size."
+            )
+
+    # ------------------------------------------------------------------ data and model
+
+    def _loader_constants(self, n: int) -> tuple[float, int]:
+        q = 1.0 / math.ceil(n / self.batch_size)
+        return q, int(n * q)
+
+    @property
+    def sample_rate(self) -> float:
+        """q = 1 / ceil(N / B), the Poisson sampling rate Opacus uses."""
+        return self._loader_constants(self.num_examples)[0]
+
+    def _split(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        x, y = _digits()
+        order = np.random.default_rng(self.data_seed).permutation(len(y))
+        train, canary = order[: self.num_examples], int(order[self.num_examples])
+        return x[train], y[train], x[canary], int((y[canary] + 1) % _NUM_CLASSES)
+
+    def canary_example(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The input canary: a held-out digit (1 x 64) and its wrong label (1,)."""
+        _, _, xc, yc = self._split()
+        return torch.from_numpy(xc[None, :].copy()), torch.tensor([yc])
+
+    def coordinate(self) -> int:
+        """Flat index into the first layer's weight that the gradient canary writes to."""
+        if self.canary_coordinate is not None:
+            return self.canary_coordinate
+        x, _, _, _ = self._split()
+        zero = np.flatnonzero(np.all(x == 0.0, axis=0))
+        return int(zero[0]) if zero.size else 0  # row 0 (class / unit 0), that pixel
+
+    def initial_model(self) -> nn.Module:
+        """The model at initialisation (the same in every run, seeded by ``init_seed``)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.init_seed)
+            if self.hidden == 0:
+                return nn.Sequential(nn.Linear(_NUM_FEATURES, _NUM_CLASSES))
+            return nn.Sequential(
+                nn.Linear(_NUM_FEATURES, self.hidden),
+                nn.ReLU(),
+                nn.Linear(self.hidden, _NUM_CLASSES),
+            )
+
+    # ------------------------------------------------------------------ train and score
+
+    def __call__(self, include_canary: bool, seed: int) -> nn.Module:
+        """Train on D (``include_canary=False``) or D'; all randomness from ``seed``."""
+        if not isinstance(include_canary, bool):
+            raise TypeError(f"`include_canary` must be a bool, got {include_canary!r}.")
+        s = check_int("seed", seed)
+        x, y, xc, yc = self._split()
+        if include_canary and self.canary == "input":
+            x, y = np.concatenate([x, xc[None, :]]), np.concatenate([y, [yc]])
+        sampling_seed, noise_seed, canary_seed = np.random.SeedSequence(s).generate_state(3)
+        sampling = torch.Generator().manual_seed(int(sampling_seed))
+        noise = torch.Generator().manual_seed(int(noise_seed))
+        canary_rng = torch.Generator().manual_seed(int(canary_seed))
+
+        model = self.initial_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=self.learning_rate)
+        dataset = TensorDataset(torch.from_numpy(x.copy()), torch.from_numpy(y.copy()))
+        loader = DataLoader(dataset, batch_size=self.batch_size, generator=sampling)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Secure RNG turned off")
+            warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook")
+            engine = PrivacyEngine(accountant="last_iterate")
+            private, optimizer, loader = engine.make_private(
+                module=model,
+                optimizer=optimizer,
+                data_loader=loader,
+                noise_multiplier=self.noise_multiplier,
+                max_grad_norm=self.max_grad_norm,
+                poisson_sampling=True,
+                noise_generator=noise,
+            )
+            if include_canary and self.canary == "gradient":
+                self._insert_gradient_canary(optimizer, model, canary_rng)
+            criterion = nn.CrossEntropyLoss()
+            taken = 0
+            while taken < self.steps:
+                for xb, yb in loader:
+                    optimizer.zero_grad()
+                    criterion(private(xb), yb).backward()
+                    optimizer.step()
+                    taken += 1
+                    if taken == self.steps:
+                        break
+            private.remove_hooks()
+        return model  # the unwrapped module, holding the final parameters
+
+    def _insert_gradient_canary(
+        self, optimizer: torch.optim.Optimizer, model: nn.Module, rng: torch.Generator
+    ) -> None:
+        """Add the Dirac canary to the clipped sum before the noise, with probability q."""
+        weight = next(model.parameters())
+        coord, q, c = self.coordinate(), self.sample_rate, float(self.max_grad_norm)
+        add_noise = optimizer.add_noise  # type: ignore[attr-defined]
+
+        def add_noise_with_canary() -> None:
+            if torch.rand((), generator=rng).item() < q:
+                weight.summed_grad.view(-1)[coord] += c  # type: ignore[attr-defined]
+            add_noise()
+
+        optimizer.add_noise = add_noise_with_canary  # type: ignore[attr-defined]
+
+    @torch.no_grad()
+    def score(self, model: nn.Module) -> float:
+        """Higher = "the canary was in": coordinate drop (gradient) or minus loss (input)."""
+        if self.canary == "gradient":
+            coord = self.coordinate()
+            start = next(self.initial_model().parameters()).reshape(-1)[coord]
+            end = next(model.parameters()).reshape(-1)[coord]
+            return float(start - end)
+        xc, yc = self.canary_example()
+        return -float(nn.functional.cross_entropy(model(xc), yc))
+
+    # ------------------------------------------------------------------ accounting
+
+    def heuristic_epsilon(self, delta: float) -> float:
+        """The last-iterate heuristic epsilon of this training (not a DP guarantee)."""
+        return heuristic_epsilon(
+            delta,
+            steps=self.steps,
+            sample_rate=self.sample_rate,
+            noise_multiplier=self.noise_multiplier,
+        )
+
+    def standard_epsilon(self, delta: float) -> float:
+        """The standard composition epsilon (all iterates released): a DP upper bound."""
+        return standard_epsilon(
+            delta,
+            steps=self.steps,
+            sample_rate=self.sample_rate,
+            noise_multiplier=self.noise_multiplier,
+        )

@@ -1,0 +1,209 @@
+"""Learning rates and SGD settings read from real torch optimisers and schedulers.
+
+The mathematics (weights from rates and momentum) is in
+:mod:`opacus_lastiterate.analysis.optimizer_weights`; this module only runs torch objects:
+
+* :func:`record_schedule` (and :func:`learning_rates_from_scheduler`) runs a
+  ``torch.optim.lr_scheduler`` for T steps on a throw-away one-parameter SGD optimiser and
+  records ``param_groups[i]["lr"]`` (and ``"momentum"``) before each step, so nothing of the
+  user's training state is touched;
+* :func:`sgd_settings` reads momentum, dampening, nesterov and weight decay from an
+  optimiser's ``param_groups`` (an Opacus ``DPOptimizer`` is looked through) and raises
+  :class:`~opacus_lastiterate.analysis.optimizer_weights.UnsupportedOptimizerError` for
+  adaptive optimisers (Adam, AdamW, Adagrad, ...), whose final model is not a weighted sum
+  of the noisy gradients;
+* :func:`sgd_weights_from_torch` combines the two into the per-step weights.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from opacus_lastiterate.analysis._validation import check_int
+from opacus_lastiterate.analysis.optimizer_weights import (
+    check_optimizer_supported,
+    sgd_weights,
+)
+
+__all__ = [
+    "RecordedSchedule",
+    "SGDSettings",
+    "learning_rates_from_scheduler",
+    "record_schedule",
+    "sgd_settings",
+    "sgd_weights_from_torch",
+]
+
+SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
+
+
+@dataclass(frozen=True)
+class SGDSettings:
+    """The hyperparameters of one ``torch.optim.SGD`` parameter group that fix the weights."""
+
+    lr: float
+    momentum: float
+    dampening: float
+    nesterov: bool
+    weight_decay: float
+
+    def weights(self, learning_rates: Sequence[float] | np.ndarray) -> np.ndarray:
+        """:func:`~opacus_lastiterate.analysis.optimizer_weights.sgd_weights` for these settings."""
+        return sgd_weights(
+            learning_rates,
+            momentum=self.momentum,
+            dampening=self.dampening,
+            nesterov=self.nesterov,
+            weight_decay=self.weight_decay,
+        )
+
+
+@dataclass(frozen=True)
+class RecordedSchedule:
+    """Learning rate and momentum in force at each of T optimiser steps."""
+
+    learning_rates: np.ndarray
+    momenta: np.ndarray
+
+
+def record_schedule(
+    make_scheduler: SchedulerFactory,
+    steps: int,
+    *,
+    lr: float = 1.0,
+    momentum: float = 0.0,
+    interval: int = 1,
+    group: int = 0,
+) -> RecordedSchedule:
+    """Run a torch scheduler for T steps on a throw-away SGD and record lr and momentum.
+
+    Args:
+        make_scheduler: called with a fresh ``torch.optim.SGD`` (one scalar parameter,
+            learning rate ``lr``, momentum ``momentum``) and returning the scheduler, e.g.
+            ``lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)``.
+        steps: T, the number of optimiser steps.
+        lr: the initial learning rate of the throw-away optimiser.
+        momentum: its initial momentum (schedulers such as ``OneCycleLR`` cycle it).
+        interval: optimiser steps per ``scheduler.step()`` (1: per step; the number of
+            batches per epoch for a per-epoch scheduler).
+        group: which parameter group to record (the factory may add groups).
+    """
+    n = check_int("steps", steps)
+    every = check_int("interval", interval, minimum=1)
+    param = torch.nn.Parameter(torch.zeros(()))
+    optimizer = torch.optim.SGD([param], lr=float(lr), momentum=float(momentum))
+    scheduler = make_scheduler(optimizer)
+    if not (0 <= group < len(optimizer.param_groups)):
+        raise ValueError(
+            f"`group` must be in [0, {len(optimizer.param_groups) - 1}], got {group!r}."
+        )
+    rates, momenta = np.empty(n), np.empty(n)
+    for t in range(n):
+        rates[t] = float(optimizer.param_groups[group]["lr"])
+        momenta[t] = float(optimizer.param_groups[group].get("momentum", 0.0))
+        optimizer.step()  # no gradient: a no-op that keeps the scheduler's call-order check quiet
+        if (t + 1) % every == 0:
+            scheduler.step()
+    return RecordedSchedule(rates, momenta)
+
+
+def learning_rates_from_scheduler(
+    make_scheduler: SchedulerFactory,
+    steps: int,
+    *,
+    lr: float = 1.0,
+    interval: int = 1,
+    group: int = 0,
+) -> np.ndarray:
+    """eta_1..eta_T under a torch scheduler (:func:`record_schedule`, learning rates only)."""
+    return record_schedule(
+        make_scheduler, steps, lr=lr, interval=interval, group=group
+    ).learning_rates
+
+
+def _unwrap(optimizer: Any) -> Any:
+    inner = getattr(optimizer, "original_optimizer", None)
+    return optimizer if inner is None else inner
+
+
+def sgd_settings(optimizer: Any, *, group: int | None = None) -> SGDSettings:
+    """Read (lr, momentum, dampening, nesterov, weight_decay) from an SGD optimiser.
+
+    Args:
+        optimizer: a ``torch.optim.SGD`` or an Opacus ``DPOptimizer`` wrapping one.
+        group: the parameter group to read. None requires all groups to agree: with
+            different settings per group the canary's direction decides which weights
+            apply, and the worst case is the largest epsilon over the groups.
+
+    Raises:
+        UnsupportedOptimizerError: for adaptive or unknown optimisers.
+        ValueError: if ``group`` is None and the groups differ.
+    """
+    inner = _unwrap(optimizer)
+    check_optimizer_supported(inner)
+    groups = inner.param_groups
+    if group is not None:
+        if not (0 <= group < len(groups)):
+            raise ValueError(f"`group` must be in [0, {len(groups) - 1}], got {group!r}.")
+        groups = [groups[group]]
+
+    def read(g: dict) -> SGDSettings:
+        if g.get("maximize", False):
+            warnings.warn(
+                "`maximize=True` flips the sign of every weight; epsilon is unchanged.",
+                stacklevel=3,
+            )
+        return SGDSettings(
+            lr=float(g["lr"]),
+            momentum=float(g.get("momentum", 0.0)),
+            dampening=float(g.get("dampening", 0.0)),
+            nesterov=bool(g.get("nesterov", False)),
+            weight_decay=float(g.get("weight_decay", 0.0)),
+        )
+
+    settings = [read(g) for g in groups]
+    first = settings[0]
+    if any(s != first for s in settings[1:]):
+        raise ValueError(
+            "`optimizer` has parameter groups with different SGD settings; pass `group=` to "
+            "choose one (the worst case is the largest epsilon over the groups)."
+        )
+    return first
+
+
+def sgd_weights_from_torch(
+    optimizer: Any,
+    steps: int,
+    *,
+    make_scheduler: SchedulerFactory | None = None,
+    interval: int = 1,
+    group: int | None = None,
+) -> np.ndarray:
+    """Per-step weights of the final model for an SGD optimiser and an optional scheduler.
+
+    The optimiser's current settings (group ``group``) give the momentum, dampening,
+    nesterov and weight decay, and its current ``lr`` the initial rate; the scheduler
+    factory, if any, is run for ``steps`` steps on a throw-away SGD with the same lr and
+    momentum (:func:`record_schedule`; a scheduler that cycles momentum, such as
+    ``OneCycleLR``, is followed), otherwise the rate is constant.
+    """
+    settings = sgd_settings(optimizer, group=group)
+    n = check_int("steps", steps)
+    if make_scheduler is None:
+        return settings.weights(np.full(n, settings.lr))
+    rec = record_schedule(
+        make_scheduler, n, lr=settings.lr, momentum=settings.momentum, interval=interval
+    )
+    return sgd_weights(
+        rec.learning_rates,
+        momentum=rec.momenta,
+        dampening=settings.dampening,
+        nesterov=settings.nesterov,
+        weight_decay=settings.weight_decay,
+    )

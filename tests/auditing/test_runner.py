@@ -1,0 +1,411 @@
+"""The many-run runner: coins, records, resume after SIGKILL, truncation, config refusal."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from opacus_lastiterate.analysis.audit import (
+    AuditResult,
+    HeldOutSplit,
+    NaiveMax,
+    audit_clopper_pearson,
+    audit_gaussian_dp,
+)
+from opacus_lastiterate.auditing.runner import (
+    AuditRunner,
+    RunRecord,
+    TrainFunction,
+    TruncatedRecordWarning,
+    audit_records,
+    read_records,
+    run_assignment,
+    run_audit,
+)
+
+DELTA = 1e-5
+
+
+# Cheap, deterministic-but-random "training": top-level so that they pickle (process pool)
+# and can be imported by the subprocess of the kill test under the same qualified names.
+def gaussian_train(include_canary: bool, seed: int) -> float:
+    """A 'model' whose value is N(0, 1) from the seed, shifted by 2 with the canary."""
+    return float(np.random.default_rng(seed).normal()) + (2.0 if include_canary else 0.0)
+
+
+def slow_gaussian_train(include_canary: bool, seed: int) -> float:
+    """:func:`gaussian_train`, slow enough to be killed mid-audit."""
+    time.sleep(0.03)
+    return gaussian_train(include_canary, seed)
+
+
+def identity_score(model: float) -> float:
+    return model
+
+
+def nan_score(model: float) -> float:
+    return float("nan")
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+def _records(path: Path) -> list[RunRecord]:
+    return list(read_records(path).records)
+
+
+@pytest.fixture
+def single_thread_torch() -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_train_protocol_is_satisfied_by_a_plain_function() -> None:
+    assert isinstance(gaussian_train, TrainFunction)
+
+
+def test_coins_are_fair_seeded_and_prefix_stable() -> None:
+    coins = np.array([run_assignment(3, i)[1] for i in range(4000)])
+    assert abs(coins.sum() - 2000) < 4 * np.sqrt(1000)  # 4 standard deviations
+    assert 0 < coins[:20].sum() < 20
+    seeds = [run_assignment(3, i)[0] for i in range(4000)]
+    assert len(set(seeds)) > 3990 and all(0 <= s < 2**31 for s in seeds)
+    assert run_assignment(3, 17) == run_assignment(3, 17) != run_assignment(4, 17)
+    short = AuditRunner(gaussian_train, identity_score, num_runs=10, seed=3, workers=0)
+    long = AuditRunner(gaussian_train, identity_score, num_runs=30, seed=3, workers=0)
+    assert short.assignments() == long.assignments()[:10]
+
+
+def test_coins_and_seeds_are_recorded_and_passed_to_train(tmp_path: Path) -> None:
+    path = tmp_path / "runs.jsonl"
+    records = AuditRunner(
+        gaussian_train, identity_score, num_runs=40, seed=5, path=path, workers=0, progress=False
+    ).run()
+    assert [r.index for r in records.records] == list(range(40))
+    for rec in records.records:
+        assert (rec.seed, rec.include_canary) == run_assignment(5, rec.index)
+        assert rec.score == gaussian_train(rec.include_canary, rec.seed)
+    assert _records(path) == list(records.records)
+    header, *lines = (json.loads(line) for line in _lines(path))
+    assert header["type"] == "header" and header["config"]["seed"] == 5
+    assert {d["include_canary"] for d in lines} == {True, False}
+
+
+def test_runner_audit_equals_the_audit_of_the_recorded_scores(tmp_path: Path) -> None:
+    path = tmp_path / "runs.jsonl"
+    result = run_audit(
+        gaussian_train, identity_score, num_runs=200, delta=DELTA, seed=1, path=path,
+        workers=0, progress=False,
+    )  # fmt: skip
+    assert isinstance(result, AuditResult) and result.kind == "bound" and result.is_bound
+    recorded = _records(path)
+    ins = [r.score for r in recorded if r.include_canary]
+    outs = [r.score for r in recorded if not r.include_canary]
+    assert len(ins) + len(outs) == 200
+    assert result == audit_clopper_pearson(ins, outs, delta=DELTA)
+    assert result.epsilon > 0.0
+    # re-audit from the file with another strategy / confidence / method, training nothing
+    split = HeldOutSplit(seed=3)
+    assert audit_records(path, delta=DELTA, confidence=0.9, threshold_strategy=split) == (
+        audit_clopper_pearson(ins, outs, delta=DELTA, confidence=0.9, threshold_strategy=split)
+    )
+    gdp = audit_records(path, delta=DELTA, method="gaussian-dp")
+    assert gdp == audit_gaussian_dp(ins, outs, delta=DELTA) and gdp.kind == "estimate"
+    naive = audit_records(path, delta=DELTA, threshold_strategy=NaiveMax())
+    assert not naive.statistically_valid
+    first = [r for r in recorded if r.index < 50]
+    assert audit_records(path, delta=DELTA, num_runs=50) == audit_clopper_pearson(
+        [r.score for r in first if r.include_canary],
+        [r.score for r in first if not r.include_canary],
+        delta=DELTA,
+    )
+
+
+def test_resume_after_sigkill_equals_an_uninterrupted_run(tmp_path: Path) -> None:
+    num_runs, seed = 40, 7
+    killed = tmp_path / "killed.jsonl"
+    child = (
+        "import importlib, json, sys\n"
+        f"sys.path[:0] = json.loads({json.dumps(json.dumps(sys.path))})\n"
+        f"mod = importlib.import_module({slow_gaussian_train.__module__!r})\n"
+        "from opacus_lastiterate.auditing.runner import AuditRunner\n"
+        f"AuditRunner(mod.slow_gaussian_train, mod.identity_score, num_runs={num_runs}, "
+        f"seed={seed}, path={str(killed)!r}, workers=0, progress=False).run()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not (killed.exists() and len(_lines(killed)) >= 1 + 5):
+            assert proc.poll() is None, "the child finished or crashed before it was killed"
+            assert time.monotonic() < deadline, "the child wrote no records"
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:  # pragma: no cover
+            proc.kill()
+            proc.wait()
+    done = len(read_records(killed))
+    assert 5 <= done < num_runs
+
+    resumed = AuditRunner(
+        slow_gaussian_train, identity_score, num_runs=num_runs, seed=seed, path=killed,
+        workers=0, progress=False,
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TruncatedRecordWarning)  # a kill mid-write is allowed
+        records = resumed.run()
+    assert resumed.last_trained == num_runs - done
+    fresh = tmp_path / "fresh.jsonl"
+    reference = AuditRunner(
+        gaussian_train, identity_score, num_runs=num_runs,
+        seed=seed, path=fresh, workers=0, progress=False,
+    ).run()  # fmt: skip
+    assert records.records == reference.records
+    assert _records(killed) == _records(fresh)  # record by record
+    assert len(_lines(killed)) == 1 + num_runs  # no duplicates
+    assert resumed.audit(delta=DELTA) == audit_records(fresh, delta=DELTA)
+    # a finished audit resumes to a no-op
+    again = AuditRunner(
+        slow_gaussian_train, identity_score, num_runs=num_runs, seed=seed, path=killed,
+        workers=0, progress=False,
+    )  # fmt: skip
+    assert again.run().records == reference.records and again.last_trained == 0
+
+
+def test_truncated_last_line_is_detected_dropped_and_rerun(tmp_path: Path) -> None:
+    path, fresh = tmp_path / "runs.jsonl", tmp_path / "fresh.jsonl"
+    kwargs = {"num_runs": 12, "seed": 2, "workers": 0, "progress": False}
+    reference = AuditRunner(gaussian_train, identity_score, path=fresh, **kwargs).run()  # type: ignore[arg-type]
+    AuditRunner(gaussian_train, identity_score, path=path, **kwargs).run()  # type: ignore[arg-type]
+    data = path.read_bytes()
+    cut = data.rstrip(b"\n").rfind(b"\n") + 1 + 25  # keep 25 bytes of the last record
+    path.write_bytes(data[:cut])
+    with pytest.warns(TruncatedRecordWarning, match="partial last line"):
+        assert len(read_records(path)) == 11
+    assert path.read_bytes() == data[:cut]  # reading alone does not repair
+    runner = AuditRunner(gaussian_train, identity_score, path=path, **kwargs)  # type: ignore[arg-type]
+    with pytest.warns(TruncatedRecordWarning, match="dropped a partial last line"):
+        records = runner.run()
+    assert runner.last_trained == 1
+    assert records.records == reference.records
+    assert path.read_bytes().endswith(b"\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TruncatedRecordWarning)
+        assert _records(path) == list(reference.records)
+
+
+def test_a_corrupted_complete_line_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "runs.jsonl"
+    AuditRunner(
+        gaussian_train, identity_score, num_runs=6, path=path, workers=0, progress=False
+    ).run()
+    lines = _lines(path)
+    lines[3] = lines[3][:10] + "#" + lines[3][11:]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match="line 4 is a corrupted run record"):
+        read_records(path)
+    path.write_text("not json\n")
+    with pytest.raises(ValueError, match="not an audit record file"):
+        read_records(path)
+
+
+def test_a_file_of_another_configuration_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "runs.jsonl"
+    AuditRunner(
+        gaussian_train, identity_score, num_runs=6, seed=0, path=path, workers=0, progress=False
+    ).run()
+    before = path.read_bytes()
+    others = [
+        {"train": gaussian_train, "seed": 1, "config": None},
+        {"train": slow_gaussian_train, "seed": 0, "config": None},
+        {"train": gaussian_train, "seed": 0, "config": {"lr": 0.1}},
+    ]
+    for other in others:
+        runner = AuditRunner(
+            other["train"], identity_score, num_runs=6, seed=other["seed"], path=path,  # type: ignore[arg-type]
+            workers=0, progress=False, config=other["config"],  # type: ignore[arg-type]
+        )  # fmt: skip
+        with pytest.raises(ValueError, match="another configuration.*refusing to resume"):
+            runner.run()
+    assert path.read_bytes() == before
+    seed_only = AuditRunner(
+        gaussian_train, identity_score, num_runs=6, seed=1, path=path, workers=0, progress=False
+    )
+    with pytest.raises(ValueError, match=r"Differences: seed: 0 -> 1\. Use another path"):
+        seed_only.run()
+    # the same configuration with more runs extends the audit
+    more = AuditRunner(
+        gaussian_train, identity_score, num_runs=9, seed=0, path=path, workers=0, progress=False
+    )
+    assert len(more.run()) == 9 and more.last_trained == 3
+
+
+def test_process_pool_gives_the_records_of_a_serial_run(tmp_path: Path) -> None:
+    serial = AuditRunner(
+        gaussian_train, identity_score, num_runs=16, seed=4, workers=0, progress=False
+    )
+    pooled = AuditRunner(
+        gaussian_train, identity_score, num_runs=16, seed=4, workers=2, progress=True,
+        path=tmp_path / "pool.jsonl",
+    )  # fmt: skip
+    assert pooled.run().records == serial.run().records
+    assert _records(tmp_path / "pool.jsonl") == list(serial.run().records)
+
+
+def test_unpicklable_functions_are_refused_for_the_pool() -> None:
+    runner = AuditRunner(lambda c, s: 0.0, identity_score, num_runs=4, workers=2, progress=False)
+    with pytest.raises(TypeError, match="`train` must be picklable.*workers=0"):
+        runner.run()
+    ok = AuditRunner(lambda c, s: float(s), identity_score, num_runs=4, workers=0, progress=False)
+    assert len(ok.run()) == 4
+
+
+def test_progress_bar_degrades_without_tqdm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    runner = AuditRunner(gaussian_train, identity_score, num_runs=4, workers=0, progress=True)
+    assert len(runner.run()) == 4
+
+
+def test_ray_backend_without_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)
+    runner = AuditRunner(gaussian_train, identity_score, num_runs=4, backend="ray", progress=False)
+    with pytest.raises(ImportError, match=r"pip install opacus-lastiterate\[ray\]"):
+        runner.run()
+
+
+def _never_called(include_canary: bool, seed: int) -> float:
+    raise AssertionError("trained although the arguments were invalid")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"num_runs": 1}, ValueError, "`num_runs` must be an integer >= 2, got 1"),
+        ({"num_runs": 2.0}, TypeError, "`num_runs` must be an integer"),
+        ({"seed": -1}, ValueError, "`seed` must be an integer >= 0, got -1"),
+        ({"workers": -2}, ValueError, "`workers` must be an integer >= 0, got -2"),
+        ({"backend": "dask"}, ValueError, "`backend` must be 'process' or 'ray', got 'dask'"),
+        ({"config": {"x": object()}}, TypeError, "`config` must contain JSON data"),
+        ({"threads_per_worker": 0}, ValueError, "`threads_per_worker` must be an integer >= 1"),
+        ({"path": 3}, TypeError, "`path` must be a path or None"),
+    ],
+)
+def test_runner_arguments_are_validated(kwargs: dict, error: type, match: str) -> None:
+    args = {"num_runs": 4, "workers": 0, "progress": False} | kwargs
+    with pytest.raises(error, match=match):
+        AuditRunner(_never_called, identity_score, **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"delta": 1.5}, ValueError, r"`delta` must be in \[0, 1\), got 1.5"),
+        ({"delta": 0.0, "method": "gaussian-dp"}, ValueError, r"`delta` must be in \(0, 1\)"),
+        ({"confidence": 1.0}, ValueError, r"`confidence` must be in \(0, 1\), got 1.0"),
+        ({"method": "bayes"}, ValueError, "`method` must be 'clopper-pearson' or 'gaussian-dp'"),
+        ({"threshold_strategy": "max"}, TypeError, "`threshold_strategy` must be a Threshold"),
+    ],
+)
+def test_audit_arguments_are_checked_before_training(kwargs: dict, error: type, match: str) -> None:
+    args = {"num_runs": 4, "delta": DELTA, "workers": 0, "progress": False} | kwargs
+    with pytest.raises(error, match=match):
+        run_audit(_never_called, identity_score, **args)  # type: ignore[arg-type]
+
+
+def test_a_non_finite_score_names_the_run() -> None:
+    runner = AuditRunner(gaussian_train, nan_score, num_runs=4, workers=0, progress=False)
+    with pytest.raises(ValueError, match="`score of run 0` must be a number, got NaN"):
+        runner.run()
+
+
+def test_one_sided_records_cannot_be_audited(tmp_path: Path) -> None:
+    seed = next(s for s in range(1000) if not any(run_assignment(s, i)[1] for i in range(3)))
+    runner = AuditRunner(
+        gaussian_train, identity_score, num_runs=3, seed=seed, workers=0, progress=False
+    )
+    with pytest.raises(ValueError, match="0 with and 3 without; train more runs"):
+        runner.audit(delta=DELTA)
+
+
+def test_opacus_digits_end_to_end(tmp_path: Path, single_thread_torch: None) -> None:
+    from opacus_lastiterate.auditing.opacus_training import OpacusDigitsTrainer
+
+    num_runs = 4
+    seed = next(
+        s for s in range(100) if len({run_assignment(s, i)[1] for i in range(num_runs)}) == 2
+    )
+    path = tmp_path / "opacus.jsonl"
+    for canary, hidden in (("gradient", 0), ("input", 4)):
+        trainer = OpacusDigitsTrainer(
+            canary=canary, steps=4, num_examples=150, batch_size=32, hidden=hidden,  # type: ignore[arg-type]
+            noise_multiplier=0.8,
+        )  # fmt: skip
+        target = path.with_suffix(f".{canary}.jsonl")
+        runner = AuditRunner(
+            trainer,
+            trainer.score,
+            num_runs=num_runs,
+            seed=seed,
+            path=target,
+            workers=0,
+            progress=False,
+        )
+        result = runner.audit(delta=DELTA)
+        assert isinstance(result, AuditResult) and result.kind == "bound"
+        assert 0.0 <= result.epsilon <= trainer.standard_epsilon(DELTA)
+        records = read_records(target)
+        assert len(records) == num_runs
+        assert records.config["train"]["fields"]["canary"] == repr(canary)
+        rec = records.records[0]  # a run repeats exactly from its seed
+        assert trainer.score(trainer(rec.include_canary, rec.seed)) == rec.score
+    assert 0.0 < trainer.heuristic_epsilon(DELTA) < trainer.standard_epsilon(DELTA)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"canary": "label"}, ValueError, "`canary` must be 'gradient' or 'input'"),
+        ({"steps": 0}, ValueError, "`steps` must be an integer >= 1, got 0"),
+        ({"num_examples": 5000}, ValueError, r"`num_examples` must be in \[1, 1796\]"),
+        ({"noise_multiplier": 0.0}, ValueError, "`noise_multiplier` must be in"),
+        ({"canary_coordinate": 640}, ValueError, r"`canary_coordinate` must be in \[0, 639\]"),
+        ({"canary": "input", "num_examples": 128, "batch_size": 64}, ValueError, "not divisible"),
+    ],
+)
+def test_opacus_trainer_arguments_are_validated(kwargs: dict, error: type, match: str) -> None:
+    from opacus_lastiterate.auditing.opacus_training import OpacusDigitsTrainer
+
+    with pytest.raises(error, match=match):
+        OpacusDigitsTrainer(**kwargs)
+
+
+@pytest.mark.slow
+def test_opacus_digits_with_a_process_pool(tmp_path: Path) -> None:
+    from opacus_lastiterate.auditing.opacus_training import OpacusDigitsTrainer
+
+    trainer = OpacusDigitsTrainer(steps=20, noise_multiplier=0.5)
+    path = tmp_path / "runs.jsonl"
+    result = run_audit(
+        trainer, trainer.score, num_runs=24, delta=DELTA, path=path, workers=2, progress=False
+    )
+    serial = AuditRunner(trainer, trainer.score, num_runs=24, workers=0, progress=False).run()
+    assert _records(path) == list(serial.records)
+    assert result == audit_records(path, delta=DELTA)
+    assert result.epsilon <= trainer.heuristic_epsilon(DELTA)
