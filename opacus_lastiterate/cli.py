@@ -49,8 +49,42 @@ def build_parser() -> argparse.ArgumentParser:
         default=1e-4,
         help="value discretisation interval of the PLD accountant for the standard epsilon",
     )
+    eps.add_argument(
+        "--lr-schedule",
+        default=None,
+        metavar="NAME|FILE",
+        help="learning-rate schedule: constant, step (StepLR, --step-size, --gamma), cosine "
+        "(CosineAnnealingLR over T), or a text file with one rate per step; with "
+        "--momentum it adds the weighted heuristic (last-iterate.md, Generalisations 2)",
+    )
+    eps.add_argument("--momentum", type=float, default=0.0, help="heavy-ball momentum (torch SGD)")
+    eps.add_argument("--dampening", type=float, default=0.0, help="momentum dampening (torch SGD)")
+    eps.add_argument("--nesterov", action="store_true", help="Nesterov momentum (torch SGD)")
+    eps.add_argument("--step-size", type=_positive_int, default=None, help="StepLR step size (default T/3)")
+    eps.add_argument("--gamma", type=float, default=0.1, help="StepLR decay factor")
+    eps.add_argument(
+        "--accuracy", type=float, default=1e-3, help="relative accuracy of the weighted heuristic"
+    )
     eps.add_argument("--json", action="store_true", help="print one JSON object")
     eps.set_defaults(handler=_run_epsilon)
+
+    cex = sub.add_parser(
+        "counterexample",
+        help="linear loss + quadratic regulariser against the heuristic (last-iterate.md)",
+        description=(
+            "The final model of DP-SGD on a linear loss with regulariser alpha m^2 / 2 "
+            "(eta = 1, d = 1) compared with the heuristic eps_T, one step eps_1 (a zeroing "
+            "regulariser) and the robust max_{t<=T} eps_t."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    cex.add_argument("--steps", type=_positive_int, required=True, help="number of steps T")
+    cex.add_argument("--sample-rate", type=float, required=True, help="Poisson sampling rate q in (0, 1]")
+    cex.add_argument("--noise-multiplier", type=float, required=True, help="noise multiplier sigma > 0")
+    cex.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
+    cex.add_argument("--alpha", type=float, default=0.5, help="regulariser coefficient in [0, 1]")
+    cex.add_argument("--json", action="store_true", help="print one JSON object")
+    cex.set_defaults(handler=_run_counterexample)
 
     norm = sub.add_parser(
         "normalisation",
@@ -80,6 +114,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+WEIGHTED_LABEL = (
+    "last-iterate heuristic with the schedule/momentum weights (final model only; exact for "
+    "linear losses up to the stated accuracy, rounded up; not a proven bound for deep networks)"
+)
+
+
+def _learning_rates(args: argparse.Namespace) -> Any:
+    """The per-step learning rates of ``--lr-schedule`` (unit base rate: only ratios matter)."""
+    import numpy as np
+
+    from opacus_lastiterate.analysis.optimizer_weights import BUILTIN_SCHEDULES, builtin_schedule
+
+    name = args.lr_schedule or "constant"
+    if name in BUILTIN_SCHEDULES:
+        options: dict[str, Any] = {}
+        if name == "step":
+            options = {"step_size": args.step_size or max(1, args.steps // 3), "gamma": args.gamma}
+        return builtin_schedule(name, 1.0, args.steps, **options)
+    try:
+        rates = np.loadtxt(name, dtype=float, ndmin=1)
+    except OSError as err:
+        raise ValueError(
+            f"`--lr-schedule` must be one of {', '.join(BUILTIN_SCHEDULES)} or a readable file "
+            f"with one learning rate per step, got {name!r} ({err})."
+        ) from None
+    if rates.size != args.steps:
+        raise ValueError(
+            f"`--lr-schedule` file must hold --steps = {args.steps} rates, got {rates.size}."
+        )
+    return rates
+
+
 def _run_epsilon(args: argparse.Namespace) -> int:
     from opacus_lastiterate.analysis.comparison import EpsilonComparison, compare_epsilons
 
@@ -90,14 +156,36 @@ def _run_epsilon(args: argparse.Namespace) -> int:
         noise_multiplier=args.noise_multiplier,
         value_discretization_interval=args.discretization,
     )
+    weighted = None
+    if args.lr_schedule is not None or args.momentum != 0.0:
+        from opacus_lastiterate.analysis.optimizer_weights import sgd_weights
+        from opacus_lastiterate.analysis.weighted_heuristic import weighted_heuristic_epsilon
+
+        weights = sgd_weights(
+            _learning_rates(args),
+            momentum=args.momentum,
+            dampening=args.dampening,
+            nesterov=args.nesterov,
+        )
+        weighted = weighted_heuristic_epsilon(
+            args.delta,
+            weights=weights,
+            sample_rates=args.sample_rate,
+            noise_multipliers=args.noise_multiplier,
+            accuracy=args.accuracy,
+        )
     if args.json:
-        payload = {
+        payload: dict[str, Any] = {
             "steps": args.steps,
             "sample_rate": args.sample_rate,
             "noise_multiplier": args.noise_multiplier,
             **result.as_dict(),
-            "labels": EpsilonComparison.LABELS,
+            "labels": dict(EpsilonComparison.LABELS),
         }
+        if weighted is not None:
+            payload["weighted_heuristic"] = weighted.epsilon
+            payload["weighted_relative_accuracy"] = weighted.relative_accuracy
+            payload["labels"]["weighted_heuristic"] = WEIGHTED_LABEL
         print(json.dumps(payload))
         return 0
     print(
@@ -106,6 +194,51 @@ def _run_epsilon(args: argparse.Namespace) -> int:
     )
     for key in ("heuristic", "robust_heuristic", "standard", "full_batch"):
         print(f"  {key:<17} eps = {getattr(result, key):10.4f}   {EpsilonComparison.LABELS[key]}")
+    if weighted is not None:
+        print(
+            f"  {'weighted':<17} eps = {weighted.epsilon:10.4f}   {WEIGHTED_LABEL}; schedule "
+            f"{args.lr_schedule or 'constant'}, momentum {args.momentum:g}, accuracy "
+            f"{weighted.relative_accuracy:.1e}"
+        )
+    return 0
+
+
+def _run_counterexample(args: argparse.Namespace) -> int:
+    from opacus_lastiterate.analysis.counterexamples import quadratic_regulariser_comparison
+
+    c = quadratic_regulariser_comparison(
+        args.delta,
+        steps=args.steps,
+        sample_rate=args.sample_rate,
+        noise_multiplier=args.noise_multiplier,
+        alpha=args.alpha,
+    )
+    rows = {
+        "quadratic": (c.quadratic.epsilon, f"linear loss + {args.alpha:g} m^2 / 2 regulariser "
+                      f"({c.quadratic.method}; exact or an upper bound)"),
+        "quadratic_lower": (c.quadratic.epsilon_lower, "lower bound of the same"),
+        "heuristic": (c.epsilon_linear, "last-iterate heuristic eps_T (alpha = 0)"),
+        "one_step": (c.epsilon_one_step, "one step eps_1 (alpha = 1, zeroing regulariser)"),
+        "robust_heuristic": (c.epsilon_robust, f"max over t <= T of eps_t (at t = {c.robust_steps})"),
+    }
+    if args.json:
+        payload = {k: v for k, (v, _) in rows.items()}
+        payload.update(
+            steps=args.steps, sample_rate=args.sample_rate, noise_multiplier=args.noise_multiplier,
+            delta=args.delta, alpha=args.alpha, ratio_to_robust=c.ratio_to_robust,
+            exceeds_heuristic=c.exceeds_heuristic, labels={k: lab for k, (_, lab) in rows.items()},
+        )
+        print(json.dumps(payload))
+        return 0
+    print(
+        f"Quadratic-regulariser counterexample, T = {args.steps}, q = {args.sample_rate:g}, "
+        f"sigma = {args.noise_multiplier:g}, delta = {args.delta:g}"
+    )
+    for key, (value, label) in rows.items():
+        print(f"  {key:<17} eps = {value:10.4f}   {label}")
+    verdict = "exceeds" if c.exceeds_heuristic else "does not exceed"
+    print(f"  the quadratic example {verdict} the heuristic; ratio to the robust value "
+          f"{c.ratio_to_robust:.4f}")
     return 0
 
 

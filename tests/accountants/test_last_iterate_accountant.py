@@ -170,7 +170,7 @@ def test_heuristic_is_below_standard_composition() -> None:
 def test_state_dict_round_trip() -> None:
     acc = _stepped(SEQUENCE)
     state = acc.state_dict()
-    assert set(state) == {"history", "mechanism"}
+    assert set(state) == {"history", "mechanism", "optimizer_trace", "optimizer_trace_disabled"}
     assert state["mechanism"] == "last_iterate"
     assert state["history"] == acc.history
     state["history"].append((5.0, 0.5, 5))  # a copy, not the accountant's list
@@ -188,7 +188,13 @@ def test_state_dict_fills_a_given_destination() -> None:
     acc = _stepped([(1.0, 0.1)])
     dest: OrderedDict[str, Any] = OrderedDict(other=1)
     assert acc.state_dict(dest) is dest
-    assert dest == {"other": 1, "history": [(1.0, 0.1, 1)], "mechanism": "last_iterate"}
+    assert dest == {
+        "other": 1,
+        "history": [(1.0, 0.1, 1)],
+        "mechanism": "last_iterate",
+        "optimizer_trace": [],
+        "optimizer_trace_disabled": False,
+    }
 
 
 def test_state_dict_survives_pickle_and_list_entries_are_accepted() -> None:

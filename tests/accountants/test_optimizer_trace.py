@@ -1,0 +1,151 @@
+"""LastIterateAccountant with learning-rate schedules and momentum read from the optimizer."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from opacus import PrivacyEngine
+from torch import nn
+from torch.utils.data import DataLoader
+
+from opacus_lastiterate.accountants import LastIterateAccountant
+from opacus_lastiterate.accountants.last_iterate import (
+    NonMonotoneHeuristicWarning,
+    OptimizerTraceWarning,
+)
+from opacus_lastiterate.analysis.heuristic import heuristic_epsilon, heuristic_epsilon_for_history
+
+DELTA = 1e-5
+SIGMA = 1.0
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Full backward hook is firing:UserWarning",
+    "ignore::opacus_lastiterate.accountants.last_iterate.NonMonotoneHeuristicWarning",
+)
+
+
+def _engine(digits_dataset, make_optimizer, steps, scheduler=None):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 10))
+    optimizer = make_optimizer(model.parameters())
+    loader = DataLoader(digits_dataset, batch_size=64)
+    engine = PrivacyEngine(accountant="last_iterate")
+    model, optimizer, loader = engine.make_private(
+        module=model, optimizer=optimizer, data_loader=loader,
+        noise_multiplier=SIGMA, max_grad_norm=1.0,
+    )
+    sched = scheduler(optimizer) if scheduler else None
+    taken = 0
+    criterion = nn.CrossEntropyLoss()
+    while taken < steps:
+        for x, y in loader:
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+            if sched is not None:
+                sched.step()
+            taken += 1
+            if taken == steps:
+                break
+    return engine, 1 / len(loader)
+
+
+def _momentum_weights(lrs, beta):
+    """Independent forward simulation of torch SGD momentum: each step's gradient g_t
+    contributes lr_s * beta^(s-t) to every later update s >= t."""
+    T = len(lrs)
+    return np.array([sum(lrs[s] * beta ** (s - t) for s in range(t, T)) for t in range(T)])
+
+
+def test_plain_sgd_at_constant_rate_uses_the_exact_formula(digits_dataset):
+    engine, q = _engine(digits_dataset, lambda p: torch.optim.SGD(p, lr=0.1), 5)
+    acc = engine.accountant
+    assert acc.optimizer_trace == [(0.1, 0.0, 0.0, False, 0.0, 5)]
+    assert engine.get_epsilon(DELTA) == heuristic_epsilon(
+        DELTA, steps=5, sample_rate=q, noise_multiplier=SIGMA
+    )
+    assert "Constant-rate formula" in acc.describe()
+
+
+def test_momentum_changes_the_weights_and_epsilon(digits_dataset):
+    from opacus_lastiterate.analysis.weighted_heuristic import weighted_heuristic_epsilon
+
+    steps, beta = 8, 0.9
+    engine, q = _engine(digits_dataset, lambda p: torch.optim.SGD(p, lr=0.1, momentum=beta), steps)
+    acc = engine.accountant
+    assert acc.optimizer_trace == [(0.1, beta, 0.0, False, 0.0, steps)]
+    expected = weighted_heuristic_epsilon(
+        DELTA, weights=_momentum_weights([0.1] * steps, beta), sample_rates=q,
+        noise_multipliers=SIGMA, accuracy=acc.weight_accuracy,
+    )
+    eps = engine.get_epsilon(DELTA)
+    assert eps == pytest.approx(expected.epsilon, rel=2 * acc.weight_accuracy)
+    assert eps >= expected.lower_bound
+    assert eps != heuristic_epsilon(DELTA, steps=steps, sample_rate=q, noise_multiplier=SIGMA)
+    assert "weighted heuristic" in acc.describe()
+
+
+def test_step_schedule_is_read_before_each_update(digits_dataset):
+    from opacus_lastiterate.analysis.weighted_heuristic import weighted_heuristic_epsilon
+
+    engine, q = _engine(
+        digits_dataset, lambda p: torch.optim.SGD(p, lr=0.4), 6,
+        scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=3, gamma=0.25),
+    )
+    acc = engine.accountant
+    assert acc.optimizer_trace == [(0.4, 0.0, 0.0, False, 0.0, 3), (0.1, 0.0, 0.0, False, 0.0, 3)]
+    expected = weighted_heuristic_epsilon(
+        DELTA, weights=[0.4] * 3 + [0.1] * 3, sample_rates=q, noise_multipliers=SIGMA,
+        accuracy=acc.weight_accuracy,
+    )
+    assert engine.get_epsilon(DELTA) == pytest.approx(expected.epsilon, rel=1e-12)
+
+
+def test_adam_falls_back_to_the_constant_rate_formula_with_a_warning(digits_dataset):
+    with pytest.warns(OptimizerTraceWarning, match="Adam"):
+        engine, q = _engine(digits_dataset, lambda p: torch.optim.Adam(p, lr=0.01), 3)
+    acc = engine.accountant
+    assert acc.optimizer_trace == []
+    assert engine.get_epsilon(DELTA) == heuristic_epsilon_for_history(acc.history, DELTA)
+    assert "could not be used" in acc.describe()
+
+
+def test_trace_survives_state_dict_and_corrupt_traces_are_rejected(digits_dataset):
+    engine, _ = _engine(digits_dataset, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5), 4)
+    state = engine.accountant.state_dict()
+    fresh = LastIterateAccountant()
+    fresh.load_state_dict(state)
+    assert fresh.optimizer_trace == engine.accountant.optimizer_trace
+    assert fresh.get_epsilon(DELTA) == engine.accountant.get_epsilon(DELTA)
+
+    bad = dict(state, optimizer_trace=[(0.1, 1.5, 0.0, False, 0.0, 4)])
+    before = (fresh.history, fresh.optimizer_trace)
+    with pytest.raises(ValueError, match=r"optimizer_trace'\]\[0\]\.momentum"):
+        fresh.load_state_dict(bad)
+    assert (fresh.history, fresh.optimizer_trace) == before
+
+
+def test_non_monotone_region_warns_once_per_doubling():
+    acc = LastIterateAccountant()
+    for _ in range(3):  # sigma small and q small: eps_1 > eps_3
+        acc.step(noise_multiplier=0.5, sample_rate=0.01)
+    with pytest.warns(NonMonotoneHeuristicWarning, match="last 1 steps"):
+        eps = acc.get_epsilon(DELTA)
+    assert acc.get_epsilon(DELTA, robust=True) > eps
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NonMonotoneHeuristicWarning)
+        acc.step(noise_multiplier=0.5, sample_rate=0.01)  # 4 < 2 * 3: not checked again
+        acc.get_epsilon(DELTA)
+        acc.get_epsilon(DELTA, check_monotone=False)
+
+
+def test_monotone_region_does_not_warn():
+    acc = LastIterateAccountant()
+    for _ in range(50):
+        acc.step(noise_multiplier=1.0, sample_rate=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NonMonotoneHeuristicWarning)
+        acc.get_epsilon(1e-6)

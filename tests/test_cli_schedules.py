@@ -1,0 +1,74 @@
+"""CLI: --lr-schedule / --momentum on `epsilon`, and the `counterexample` subcommand."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from opacus_lastiterate.analysis.heuristic import heuristic_epsilon
+from opacus_lastiterate.analysis.weighted_heuristic import weighted_heuristic_epsilon
+from opacus_lastiterate.cli import main
+
+BASE = ["--sample-rate", "0.05", "--noise-multiplier", "1.0", "--delta", "1e-6"]
+
+
+def _json(capsys, argv):
+    assert main(argv + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_constant_schedule_without_momentum_is_the_plain_heuristic(capsys):
+    out = _json(capsys, ["epsilon", "--steps", "40", *BASE, "--lr-schedule", "constant"])
+    assert out["weighted_heuristic"] == pytest.approx(out["heuristic"], rel=1e-9)
+    assert "schedule/momentum weights" in out["labels"]["weighted_heuristic"]
+
+
+def test_momentum_uses_the_momentum_weights(capsys):
+    T, beta = 30, 0.9
+    out = _json(capsys, ["epsilon", "--steps", str(T), *BASE, "--momentum", str(beta)])
+    # Weight of step t (1-based) at constant rate: (1 - beta^(T-t+1)) / (1 - beta).
+    w = np.array([(1 - beta ** (T - t + 1)) / (1 - beta) for t in range(1, T + 1)])
+    ref = weighted_heuristic_epsilon(1e-6, weights=w, sample_rates=0.05, noise_multipliers=1.0)
+    assert out["weighted_heuristic"] == pytest.approx(ref.epsilon, rel=1e-9)
+    assert out["weighted_heuristic"] != pytest.approx(out["heuristic"], rel=1e-3)
+
+
+def test_schedule_file(capsys, tmp_path):
+    rates = np.r_[np.full(10, 0.5), np.full(10, 0.05)]
+    path = tmp_path / "lr.txt"
+    np.savetxt(path, rates)
+    out = _json(capsys, ["epsilon", "--steps", "20", *BASE, "--lr-schedule", str(path)])
+    ref = weighted_heuristic_epsilon(1e-6, weights=rates, sample_rates=0.05, noise_multipliers=1.0)
+    assert out["weighted_heuristic"] == pytest.approx(ref.epsilon, rel=1e-9)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["epsilon", "--steps", "21", *BASE, "--lr-schedule", str(path)])
+    assert exit_info.value.code == 2
+    assert "--lr-schedule" in capsys.readouterr().err
+
+
+def test_unknown_schedule_is_a_clear_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["epsilon", "--steps", "5", *BASE, "--lr-schedule", "no-such-schedule"])
+    assert exit_info.value.code == 2
+    assert "constant, step, cosine" in capsys.readouterr().err
+
+
+def test_counterexample_reproduces_the_paper(capsys):
+    out = _json(capsys, ["counterexample", "--steps", "3", "--sample-rate", "0.1",
+                         "--noise-multiplier", "1", "--delta", "1e-6", "--alpha", "0.5"])
+    assert round(out["heuristic"], 3) == 2.222
+    assert round(out["one_step"], 3) == 2.182
+    assert out["quadratic"] > 2.274 and out["exceeds_heuristic"] is True
+    assert out["robust_heuristic"] == pytest.approx(
+        heuristic_epsilon(1e-6, steps=3, sample_rate=0.1, noise_multiplier=1.0, robust=True)
+    )
+    assert out["ratio_to_robust"] == pytest.approx(out["quadratic"] / out["robust_heuristic"])
+
+
+def test_counterexample_table(capsys):
+    assert main(["counterexample", "--steps", "3", "--sample-rate", "0.1",
+                 "--noise-multiplier", "1", "--delta", "1e-6"]) == 0
+    text = capsys.readouterr().out
+    assert "exceeds the heuristic" in text and "zeroing regulariser" in text
