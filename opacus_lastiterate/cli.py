@@ -1,8 +1,10 @@
 """Command-line interface: ``opacus-lastiterate`` (or ``python -m opacus_lastiterate``).
 
 Subcommands:
-    epsilon        heuristic, robust heuristic, standard and full-batch epsilon of a configuration
-    normalisation  Opacus 1.x divisor verdict: SGM, FEASGM (corrected, curve) and ASGM epsilons
+    epsilon         heuristic, robust heuristic, standard and full-batch epsilon (plus the
+                    schedule/momentum-weighted heuristic with --lr-schedule / --momentum)
+    counterexample  the quadratic-regulariser counterexample beside the heuristic
+    normalisation   Opacus 1.x divisor verdict: SGM, FEASGM (corrected, curve) and ASGM epsilons
 """
 
 from __future__ import annotations
@@ -27,6 +29,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _add_dp_sgd_arguments(parser: argparse.ArgumentParser) -> None:
+    """--steps, --sample-rate, --noise-multiplier, --delta: one DP-SGD configuration."""
+    parser.add_argument("--steps", type=_positive_int, required=True, help="number of steps T")
+    parser.add_argument(
+        "--sample-rate", type=float, required=True, help="Poisson sampling rate q in (0, 1]"
+    )
+    parser.add_argument(
+        "--noise-multiplier", type=float, required=True, help="noise multiplier sigma > 0"
+    )
+    parser.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="opacus-lastiterate",
@@ -39,10 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="epsilon of T steps of DP-SGD: heuristic, robust heuristic, standard, full batch",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    eps.add_argument("--steps", type=_positive_int, required=True, help="number of steps T")
-    eps.add_argument("--sample-rate", type=float, required=True, help="Poisson sampling rate q in (0, 1]")
-    eps.add_argument("--noise-multiplier", type=float, required=True, help="noise multiplier sigma > 0")
-    eps.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
+    _add_dp_sgd_arguments(eps)
     eps.add_argument(
         "--discretization",
         type=float,
@@ -78,10 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    cex.add_argument("--steps", type=_positive_int, required=True, help="number of steps T")
-    cex.add_argument("--sample-rate", type=float, required=True, help="Poisson sampling rate q in (0, 1]")
-    cex.add_argument("--noise-multiplier", type=float, required=True, help="noise multiplier sigma > 0")
-    cex.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
+    _add_dp_sgd_arguments(cex)
     cex.add_argument("--alpha", type=float, default=0.5, help="regulariser coefficient in [0, 1]")
     cex.add_argument("--json", action="store_true", help="print one JSON object")
     cex.set_defaults(handler=_run_counterexample)
