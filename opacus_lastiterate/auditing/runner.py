@@ -37,6 +37,7 @@ import math
 import multiprocessing
 import os
 import pickle
+import re
 import sys
 import tempfile
 import warnings
@@ -190,9 +191,30 @@ def _qualified_name(obj: Any) -> str:
     )
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _state_digest(fn: Any) -> str | None:
+    """SHA-256 of what a name does not show: a function's code, defaults and closure values,
+    or a plain instance's attributes (reprs with memory addresses removed, so that the same
+    configuration hashes alike in a later session)."""
+    parts: list[str] = []
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        parts += [code.co_code.hex(), repr(code.co_consts), repr(getattr(fn, "__defaults__", None))]
+        parts += [repr(c.cell_contents) for c in (getattr(fn, "__closure__", None) or ())]
+    elif hasattr(fn, "__dict__") and not inspect.isclass(fn):
+        parts.append(repr(sorted(vars(fn).items())))
+    if not parts:
+        return None
+    return hashlib.sha256(_ADDRESS.sub("", "\0".join(parts)).encode()).hexdigest()
+
+
 def _callable_identity(fn: Any) -> Any:
     """JSON-able description of a callable: its qualified name, plus the fields of a
-    dataclass instance, the bound instance of a method, or a partial's arguments."""
+    dataclass instance, the bound instance of a method, a partial's arguments, or a digest of
+    a function's code and closure / a plain instance's attributes (so that ``make(0.0)`` and
+    ``make(50.0)`` closures, or ``Trainer(0)`` and ``Trainer(50)``, are told apart)."""
     if isinstance(fn, functools.partial):
         return {
             "partial": _callable_identity(fn.func),
@@ -201,11 +223,15 @@ def _callable_identity(fn: Any) -> Any:
         }
     if inspect.ismethod(fn):
         return {"method": _qualified_name(fn.__func__), "self": _callable_identity(fn.__self__)}
-    if inspect.isfunction(fn) or inspect.isbuiltin(fn) or inspect.isclass(fn):
+    if inspect.isbuiltin(fn) or inspect.isclass(fn):
         return _qualified_name(fn)
+    if inspect.isfunction(fn):
+        return {"function": _qualified_name(fn), "state": _state_digest(fn)}
     ident: dict[str, Any] = {"instance": _qualified_name(type(fn))}
     if dataclasses.is_dataclass(fn):
         ident["fields"] = {f.name: repr(getattr(fn, f.name)) for f in dataclasses.fields(fn)}
+    else:
+        ident["state"] = _state_digest(fn)
     return ident
 
 

@@ -256,6 +256,32 @@ def test_a_file_of_another_configuration_is_refused(tmp_path: Path) -> None:
     assert len(more.run()) == 9 and more.last_trained == 3
 
 
+def _shifted_train(shift: float):
+    def train(include_canary: bool, seed: int) -> float:
+        return gaussian_train(include_canary, seed) + shift
+
+    return train
+
+
+class _ShiftedTrainer:
+    def __init__(self, shift: float) -> None:
+        self.shift = shift
+
+    def __call__(self, include_canary: bool, seed: int) -> float:
+        return gaussian_train(include_canary, seed) + self.shift
+
+
+@pytest.mark.parametrize("make", [_shifted_train, _ShiftedTrainer])
+def test_closures_and_instances_with_other_state_are_refused(tmp_path: Path, make) -> None:
+    path = tmp_path / "runs.jsonl"
+    AuditRunner(make(0.0), identity_score, num_runs=4, path=path, workers=0, progress=False).run()
+    same = AuditRunner(make(0.0), identity_score, num_runs=5, path=path, workers=0, progress=False)
+    assert len(same.run()) == 5 and same.last_trained == 1  # same state: resumes
+    other = AuditRunner(make(50.0), identity_score, num_runs=6, path=path, workers=0, progress=False)
+    with pytest.raises(ValueError, match="another configuration"):
+        other.run()
+
+
 def test_process_pool_gives_the_records_of_a_serial_run(tmp_path: Path) -> None:
     serial = AuditRunner(
         gaussian_train, identity_score, num_runs=16, seed=4, workers=0, progress=False

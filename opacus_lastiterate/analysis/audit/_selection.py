@@ -194,8 +194,26 @@ def _best(
 
 
 def _split(
-    ins: Array, outs: Array, fraction: float, rng: np.random.Generator
+    ins: Array, outs: Array, fraction: float, rng: np.random.Generator, *, pooled: bool = False
 ) -> tuple[Array, Array, Array, Array]:
+    """Selection / evaluation split. ``pooled`` (one-run audits) permutes all canaries
+    together regardless of label, so that the held-out canaries' inclusion stays a set of
+    independent fair coins, as the one-run theorem requires; otherwise each side is split."""
+    if pooled:
+        scores = np.concatenate([ins, outs])
+        is_in = np.r_[np.ones(ins.size, bool), np.zeros(outs.size, bool)]
+        if scores.size < 2:
+            raise ValueError(f"a split strategy needs at least 2 canaries, got {scores.size}.")
+        k = min(max(round(fraction * scores.size), 1), scores.size - 1)
+        perm = rng.permutation(scores.size)
+        sel, ev = perm[:k], perm[k:]
+        return (
+            np.sort(scores[sel][is_in[sel]]),
+            np.sort(scores[sel][~is_in[sel]]),
+            np.sort(scores[ev][is_in[ev]]),
+            np.sort(scores[ev][~is_in[ev]]),
+        )
+
     def one(x: Array, name: str) -> tuple[Array, Array]:
         if x.size < 2:
             raise ValueError(f"a split strategy needs at least 2 {name}, got {x.size}.")
@@ -216,7 +234,8 @@ def _choose_on_split(
     rng: np.random.Generator,
     significance: float,
 ) -> tuple[float, float, Array, Array]:
-    ins_sel, outs_sel, ins_eval, outs_eval = _split(ins, outs, fraction, rng)
+    pooled = isinstance(stat, OneRunStatistic)
+    ins_sel, outs_sel, ins_eval, outs_eval = _split(ins, outs, fraction, rng, pooled=pooled)
     _, t = _best(stat, ins_sel, outs_sel, significance, _observed(ins_sel, outs_sel))
     return stat.at(ins_eval, outs_eval, significance, t), t, ins_eval, outs_eval
 

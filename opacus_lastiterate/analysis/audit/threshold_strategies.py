@@ -126,6 +126,9 @@ class Bonferroni(ThresholdStrategy):
 class HeldOutSplit(ThresholdStrategy):
     """Choose the threshold on a random ``selection_fraction`` of each side, bound on the rest.
 
+    In one-run audits the split is drawn over all canaries regardless of label, so that the
+    held-out canaries' inclusion remains independent fair coins.
+
     Attributes:
         selection_fraction: fraction of the in-scores and of the out-scores used to choose.
         seed: seed of the split (None: fresh entropy, not reproducible).

@@ -261,3 +261,30 @@ def test_score_validation() -> None:
         audit_clopper_pearson(np.zeros((2, 2)), [0.0], delta=0.0)
     with pytest.raises(ValueError, match="a split strategy needs at least 2 in-scores"):
         audit_clopper_pearson([1.0], [0.0, 1.0], delta=0.0, threshold_strategy=HeldOutSplit())
+
+
+def test_one_run_split_ignores_labels_so_held_out_inclusion_stays_random() -> None:
+    """Splitting each side separately would fix the held-out in-count at (1 - f) n_in; the
+    one-run theorem needs the held-out labels to be independent coins, so the split is pooled
+    and the held-out in-count varies from seed to seed (hypergeometrically)."""
+    import numpy as np
+
+    from opacus_lastiterate.analysis.audit._selection import (
+        OneRunStatistic,
+        RateStatistic,
+        _choose_on_split,
+    )
+
+    ins, outs = np.arange(100.0) + 0.5, np.arange(100.0)
+    one_run_counts, rate_counts = set(), set()
+    for seed in range(20):
+        _, _, ins_eval, _ = _choose_on_split(
+            OneRunStatistic(0.0), ins, outs, 0.5, np.random.default_rng(seed), 0.05
+        )
+        one_run_counts.add(ins_eval.size)
+        _, _, ins_eval, _ = _choose_on_split(
+            RateStatistic(lambda a, b: a), ins, outs, 0.5, np.random.default_rng(seed), 0.05
+        )
+        rate_counts.add(ins_eval.size)
+    assert rate_counts == {50}
+    assert len(one_run_counts) > 3
