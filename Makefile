@@ -2,6 +2,7 @@
 #   make demo        train a small DP-SGD model with the last-iterate accountant (per-step
 #                    epsilon log), then a many-run canary audit of such training
 #   make test        the default test suite (what CI runs first)
+#   make lint        ruff and mypy
 #   make test-slow   statistical / reproduction tests (marked `slow`)
 #   make test-compat the Opacus integration tests on Opacus 1.5.4 (no accountant registry)
 #   make examples    every example script in its quick mode
@@ -12,7 +13,7 @@ VENV_COMPAT ?= .venv-opacus15
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-slow test-compat examples bench clean
+.PHONY: venv demo test lint test-slow test-compat examples bench clean
 
 venv:
 	PYTHON=$(PYTHON) scripts/bootstrap.sh $(VENV) dev
@@ -23,6 +24,10 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy opacus_lastiterate
 
 test-slow: venv
 	$(PY) -m pytest -n 2 -m slow $(PYTEST_ARGS)

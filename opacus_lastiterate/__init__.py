@@ -43,7 +43,7 @@ try:  # the analysis layer works without torch/opacus; the accountants need both
 except ImportError:  # pragma: no cover - opacus is a declared dependency
     pass
 else:
-    from opacus_lastiterate.accountants import (  # noqa: E402  (registers the accountants)
+    from opacus_lastiterate.accountants import (
         ASGMAccountant,
         FEASGMAccountant,
         HeuristicCalibrationWarning,

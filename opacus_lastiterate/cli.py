@@ -230,7 +230,7 @@ def _run_counterexample(args: argparse.Namespace) -> int:
         "robust_heuristic": (c.epsilon_robust, f"max over t <= T of eps_t (at t = {c.robust_steps})"),
     }
     if args.json:
-        payload = {k: v for k, (v, _) in rows.items()}
+        payload: dict[str, Any] = {k: v for k, (v, _) in rows.items()}
         payload.update(
             steps=args.steps, sample_rate=args.sample_rate, noise_multiplier=args.noise_multiplier,
             delta=args.delta, alpha=args.alpha, ratio_to_robust=c.ratio_to_robust,

@@ -21,18 +21,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 from opacus.accountants import IAccountant
 
-import numpy as np
-
 from opacus_lastiterate.analysis import heuristic as _heuristic
-from opacus_lastiterate.analysis.counterexamples import heuristic_monotonicity_for_history
-from opacus_lastiterate.analysis.optimizer_weights import sgd_weights
-from opacus_lastiterate.analysis.weighted_heuristic import (
-    WeightedHeuristicResult,
-    weighted_heuristic_delta,
-    weighted_heuristic_epsilon,
-)
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_epsilon,
@@ -41,7 +33,14 @@ from opacus_lastiterate.analysis._validation import (
     check_sample_rate,
     check_steps,
 )
+from opacus_lastiterate.analysis.counterexamples import heuristic_monotonicity_for_history
 from opacus_lastiterate.analysis.history import as_segments
+from opacus_lastiterate.analysis.optimizer_weights import sgd_weights
+from opacus_lastiterate.analysis.weighted_heuristic import (
+    WeightedHeuristicResult,
+    weighted_heuristic_delta,
+    weighted_heuristic_epsilon,
+)
 
 __all__ = [
     "MECHANISM",

@@ -11,14 +11,14 @@ import math
 import numbers
 
 __all__ = [
-    "check_real",
-    "check_positive",
-    "check_in_interval",
-    "check_int",
     "check_delta",
     "check_epsilon",
-    "check_sample_rate",
+    "check_in_interval",
+    "check_int",
     "check_noise_multiplier",
+    "check_positive",
+    "check_real",
+    "check_sample_rate",
     "check_steps",
 ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 from opacus_lastiterate.analysis._validation import check_delta
 from opacus_lastiterate.analysis.composition import (
@@ -28,7 +29,7 @@ class EpsilonComparison:
     full_batch: float
     standard_discretization: float = DEFAULT_DISCRETIZATION
 
-    LABELS = {
+    LABELS: ClassVar[dict[str, str]] = {
         "heuristic": "last-iterate heuristic (final model only; exact for linear losses, "
         "not a proven bound for deep networks)",
         "robust_heuristic": "robust heuristic: max over the last t <= T steps",

@@ -22,10 +22,10 @@ from opacus_lastiterate.analysis.history import HistoryLike, TrainingSegment, as
 
 __all__ = [
     "DEFAULT_DISCRETIZATION",
-    "standard_epsilon",
-    "standard_epsilon_for_history",
     "full_batch_epsilon",
     "full_batch_epsilon_for_history",
+    "standard_epsilon",
+    "standard_epsilon_for_history",
 ]
 
 DEFAULT_DISCRETIZATION = 1e-4

@@ -53,21 +53,21 @@ from opacus_lastiterate.analysis.weighted_heuristic import (
 )
 
 __all__ = [
+    "EXACT_MAX_STEPS",
     "PAPER_FLOOR",
     "PAPER_RATIO",
-    "EXACT_MAX_STEPS",
-    "QuadraticResult",
-    "QuadraticComparison",
     "MonotonicityCheck",
-    "quadratic_regulariser_weights",
-    "quadratic_regulariser_pair",
-    "quadratic_regulariser_epsilon",
-    "quadratic_regulariser_comparison",
-    "zeroing_regulariser_epsilon",
-    "robust_heuristic_epsilon",
+    "QuadraticComparison",
+    "QuadraticResult",
     "heuristic_monotonicity",
     "heuristic_monotonicity_for_history",
     "one_step_noise_multiplier",
+    "quadratic_regulariser_comparison",
+    "quadratic_regulariser_epsilon",
+    "quadratic_regulariser_pair",
+    "quadratic_regulariser_weights",
+    "robust_heuristic_epsilon",
+    "zeroing_regulariser_epsilon",
 ]
 
 PAPER_FLOOR = 0.0005  # support values below this are rounded up to it (paper, Section 4.2)

@@ -84,7 +84,7 @@ class ShiftedGaussianMixture:
         dropped_mass: probability mass of P left out of ``shifts`` (added to delta).
     """
 
-    __slots__ = ("_x", "_lw", "_s", "_a", "_b", "_m", "_loss_floor", "_log_w0")
+    __slots__ = ("_a", "_b", "_log_w0", "_loss_floor", "_lw", "_m", "_s", "_x")
 
     def __init__(
         self,

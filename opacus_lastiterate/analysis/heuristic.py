@@ -36,8 +36,8 @@ from opacus_lastiterate.analysis.history import (
 
 __all__ = [
     "heuristic_delta",
-    "heuristic_epsilon",
     "heuristic_delta_for_history",
+    "heuristic_epsilon",
     "heuristic_epsilon_for_history",
     "heuristic_pair",
 ]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Union
 
 from opacus_lastiterate.analysis._validation import (
     check_noise_multiplier,
@@ -16,7 +15,7 @@ from opacus_lastiterate.analysis._validation import (
     check_steps,
 )
 
-__all__ = ["TrainingSegment", "HistoryLike", "as_segments", "total_steps", "suffix"]
+__all__ = ["HistoryLike", "TrainingSegment", "as_segments", "suffix", "total_steps"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +33,7 @@ class TrainingSegment:
         object.__setattr__(self, "steps", check_steps(self.steps))
 
 
-HistoryLike = Union[Sequence[TrainingSegment], Sequence[Sequence[float]], Iterable[object]]
+HistoryLike = Sequence[TrainingSegment] | Sequence[Sequence[float]] | Iterable[object]
 
 
 def as_segments(history: HistoryLike, name: str = "history") -> tuple[TrainingSegment, ...]:
@@ -53,6 +52,9 @@ def as_segments(history: HistoryLike, name: str = "history") -> tuple[TrainingSe
         if isinstance(entry, TrainingSegment):
             out.append(entry)
             continue
+        sigma: object
+        q: object
+        steps: object
         try:
             sigma, q, steps = entry  # type: ignore[misc]
         except (TypeError, ValueError):

@@ -52,17 +52,17 @@ from opacus_lastiterate.analysis._validation import (
 )
 
 __all__ = [
-    "UnsupportedOptimizerError",
-    "SUPPORTED_OPTIMIZERS",
     "ADAPTIVE_OPTIMIZERS",
-    "check_optimizer_supported",
-    "sgd_weights",
-    "momentum_weights_closed_form",
-    "constant_schedule",
-    "step_schedule",
-    "cosine_schedule",
     "BUILTIN_SCHEDULES",
+    "SUPPORTED_OPTIMIZERS",
+    "UnsupportedOptimizerError",
     "builtin_schedule",
+    "check_optimizer_supported",
+    "constant_schedule",
+    "cosine_schedule",
+    "momentum_weights_closed_form",
+    "sgd_weights",
+    "step_schedule",
 ]
 
 SUPPORTED_OPTIMIZERS: tuple[str, ...] = ("sgd",)

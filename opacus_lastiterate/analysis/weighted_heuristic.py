@@ -68,10 +68,10 @@ from opacus_lastiterate.analysis.heuristic import (
 )
 
 __all__ = [
-    "WeightedHeuristicResult",
     "WeightedAccuracyWarning",
-    "weighted_heuristic_epsilon",
+    "WeightedHeuristicResult",
     "weighted_heuristic_delta",
+    "weighted_heuristic_epsilon",
     "weighted_heuristic_pair",
     "weighted_sum_distribution",
 ]

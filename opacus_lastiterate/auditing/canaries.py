@@ -57,8 +57,8 @@ def _presence(present: Any, ref: Any) -> Any:
     if _is_torch(present) or _is_torch(ref):
         import torch
 
-        p = torch.as_tensor(present, device=ref.device).to(ref.dtype)
-        return p.reshape(tuple(p.shape) + (1,))
+        t = torch.as_tensor(present, device=ref.device).to(ref.dtype)
+        return t.reshape(tuple(t.shape) + (1,))
     p = np.asarray(present)
     if p.dtype != bool:
         raise TypeError(f"`present` must be a bool or a bool array, got dtype {p.dtype}.")

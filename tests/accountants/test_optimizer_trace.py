@@ -106,7 +106,7 @@ def test_step_schedule_is_read_before_each_update(digits_dataset):
 
 def test_adam_falls_back_to_the_constant_rate_formula_with_a_warning(digits_dataset):
     with pytest.warns(OptimizerTraceWarning, match="Adam"):
-        engine, q = _engine(digits_dataset, lambda p: torch.optim.Adam(p, lr=0.01), 3)
+        engine, _ = _engine(digits_dataset, lambda p: torch.optim.Adam(p, lr=0.01), 3)
     acc = engine.accountant
     assert acc.optimizer_trace == []
     assert engine.get_epsilon(DELTA) == heuristic_epsilon_for_history(acc.history, DELTA)

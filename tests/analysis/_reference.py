@@ -9,6 +9,7 @@ Nothing is shared with the package's code path except numpy/scipy primitives.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -39,7 +40,7 @@ class QuadratureHeuristic:
         edges = np.linspace(a, b, max(2, int((b - a) / self.s) + 2))
         return sum(
             integrate.quad(f, u, v, epsabs=0.0, epsrel=1e-12, limit=200)[0]
-            for u, v in zip(edges[:-1], edges[1:])
+            for u, v in itertools.pairwise(edges)
         )
 
     def _crossing(self, c: float) -> float | None:

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import stats
 
 from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_epsilon
 from opacus_lastiterate.analysis.heuristic import (
