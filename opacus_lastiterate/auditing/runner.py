@@ -607,7 +607,9 @@ class AuditRunner:
 
     The configuration hash covers the master seed, the identities of ``train`` and ``score``
     (qualified names; a dataclass instance's fields; a partial's arguments) and ``config``;
-    ``num_runs`` is not part of it, so a finished audit can be extended to more runs.
+    ``num_runs`` is not part of it, so a finished audit can be extended to more runs. Fix
+    the number of runs before looking at any result: extending an audit because its bound
+    looked too small (optional stopping) invalidates the stated confidence.
     """
 
     def __init__(
