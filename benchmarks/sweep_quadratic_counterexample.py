@@ -66,7 +66,7 @@ def sweep(steps: list[int], accuracy: float) -> None:
                         method=method,
                         accuracy=accuracy,
                     ).epsilon
-                    for method in ("auto", "grid")
+                    for method in ("exact" if T <= 16 else "paper", "grid")
                 )
                 for name, value in (("paper", paper), ("grid", grid)):
                     ratio = value / running

@@ -138,7 +138,8 @@ def _learning_rates(args: argparse.Namespace) -> Any:
     if name in BUILTIN_SCHEDULES:
         options: dict[str, Any] = {}
         if name == "step":
-            options = {"step_size": args.step_size or max(1, args.steps // 3), "gamma": args.gamma}
+            size = args.step_size if args.step_size is not None else max(1, args.steps // 3)
+            options = {"step_size": size, "gamma": args.gamma}
         return builtin_schedule(name, 1.0, args.steps, **options)
     try:
         rates = np.loadtxt(name, dtype=float, ndmin=1)
@@ -165,7 +166,12 @@ def _run_epsilon(args: argparse.Namespace) -> int:
         value_discretization_interval=args.discretization,
     )
     weighted = None
-    if args.lr_schedule is not None or args.momentum != 0.0:
+    if (
+        args.lr_schedule is not None
+        or args.momentum != 0.0
+        or args.dampening != 0.0
+        or args.nesterov
+    ):
         from opacus_lastiterate.analysis.optimizer_weights import sgd_weights
         from opacus_lastiterate.analysis.weighted_heuristic import weighted_heuristic_epsilon
 

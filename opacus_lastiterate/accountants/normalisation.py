@@ -70,7 +70,9 @@ __all__ = [
 
 ASGM_MECHANISM = "asgm"
 FEASGM_MECHANISM = "feasgm"
-STANDARD_ACCOUNTANTS = ("pld", "rdp", "prv", "gdp")
+# Upper bounds only: Opacus's "gdp" (a central-limit approximation that can under-estimate)
+# is deliberately not offered for a number we call a guarantee.
+STANDARD_ACCOUNTANTS = ("pld", "rdp", "prv")
 """Standard SGM accountants for a safe FEASGM verdict: "pld" is
 :func:`~opacus_lastiterate.analysis.composition.standard_epsilon_for_history`, the others
 are Opacus's accountants of that name."""
@@ -281,11 +283,11 @@ class _NormalisationAccountant(IAccountant):
         q = check_sample_rate(sample_rate)
 
         def hook_fn(optim: DPOptimizer) -> None:
+            # Validate the step first, so that a rejected step changes nothing at all.
+            sigma = check_noise_multiplier(optim.noise_multiplier)
+            rate = check_sample_rate(q * optim.accumulated_iterations)
             self._observe(optim)
-            self.step(
-                noise_multiplier=optim.noise_multiplier,
-                sample_rate=q * optim.accumulated_iterations,
-            )
+            self.step(noise_multiplier=sigma, sample_rate=rate)
 
         return hook_fn
 
@@ -360,9 +362,9 @@ class _NormalisationAccountant(IAccountant):
 def _standard_epsilon(history: History, delta: float, standard: str) -> float:
     if standard == "pld":
         return float(standard_epsilon_for_history(history, delta))
-    from opacus.accountants import GaussianAccountant, PRVAccountant, RDPAccountant
+    from opacus.accountants import PRVAccountant, RDPAccountant
 
-    cls = {"rdp": RDPAccountant, "prv": PRVAccountant, "gdp": GaussianAccountant}[standard]
+    cls = {"rdp": RDPAccountant, "prv": PRVAccountant}[standard]
     acc = cls()
     acc.history = list(history)
     return float(acc.get_epsilon(delta))

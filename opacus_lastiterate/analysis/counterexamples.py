@@ -74,7 +74,6 @@ PAPER_FLOOR = 0.0005  # support values below this are rounded up to it (paper, S
 PAPER_RATIO = 1.05  # then every value is rounded up to the next integer power of 1.05
 EXACT_MAX_STEPS = 20  # largest T for which the 2^T support is enumerated
 _AUTO_EXACT_STEPS = 16  # method="auto" enumerates up to here
-_ON_GRID = 1e-12
 
 
 # -- quadratic regulariser -------------------------------------------------------------------
@@ -122,21 +121,21 @@ def _paper_pair(
     """
     h = PAPER_FLOOR / weights.size
     x = weights / h
-    if rounding == "up":
-        units = np.ceil(x * (1.0 - _ON_GRID)).astype(np.int64)
+    if rounding == "up":  # strict: "up" never moves a value down
+        units = np.ceil(x).astype(np.int64)
     else:
-        units = np.floor(x * (1.0 + _ON_GRID)).astype(np.int64)
+        units = np.floor(x).astype(np.int64)
     offset, pmf, dropped = weighted_sum_distribution(units, q)
     values = h * (offset + np.arange(pmf.size))
     positive = values > 0
     level = np.zeros(values.size, dtype=np.int64)  # level 0 is the value 0
     log_ratio = math.log(PAPER_RATIO)
     if rounding == "up":
-        exponent = np.ceil(np.log(np.maximum(values[positive], PAPER_FLOOR)) / log_ratio - _ON_GRID)
+        exponent = np.ceil(np.log(np.maximum(values[positive], PAPER_FLOOR)) / log_ratio)
     else:
-        big = values >= PAPER_FLOOR * (1.0 - _ON_GRID)
+        big = values >= PAPER_FLOOR
         positive = big
-        exponent = np.floor(np.log(values[big]) / log_ratio + _ON_GRID)
+        exponent = np.floor(np.log(values[big]) / log_ratio)
     if exponent.size == 0:
         return None
     e_min = int(exponent.min())
@@ -225,7 +224,8 @@ def quadratic_regulariser_epsilon(
             values below 0.0005 up to 0.0005, then up to the next power of 1.05; returns that
             upper bound and the mirror-image lower bound); ``"grid"`` (the weighted heuristic
             with certified relative ``accuracy``); ``"auto"``: alpha in {0, 1} by the exact
-            binomial path, else exact for T <= 16 and paper beyond.
+            binomial path, else exact for T <= 16 and grid beyond (the paper's rounding
+            keeps an additive 0.0005 / T grid whose size grows quadratically in T).
         accuracy: for ``"grid"`` only.
     """
     d, n, q, sigma, a = _check(delta, steps, sample_rate, noise_multiplier, alpha)
@@ -243,7 +243,7 @@ def quadratic_regulariser_epsilon(
                 d, steps=n if a == 0.0 else 1, sample_rate=q, noise_multiplier=sigma
             )
             return result(eps, eps, "linear" if a == 0.0 else "one-step")
-        method = "exact" if n <= _AUTO_EXACT_STEPS else "paper"
+        method = "exact" if n <= _AUTO_EXACT_STEPS else "grid"
     if method == "grid":
         r = weighted_heuristic_epsilon(
             d,

@@ -280,9 +280,10 @@ def weighted_sum_distribution(
 
 def _units(u: np.ndarray, resolution: int, rounding: str) -> np.ndarray:
     x = u * resolution
+    # Strict rounding (no tolerance), so that "up" never moves a weight down.
     if rounding == "up":
-        return np.ceil(x * (1.0 - _ON_GRID)).astype(np.int64)
-    return np.floor(x * (1.0 + _ON_GRID)).astype(np.int64)
+        return np.ceil(x).astype(np.int64)
+    return np.floor(x).astype(np.int64)
 
 
 def _grid_pair(

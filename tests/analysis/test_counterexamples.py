@@ -135,13 +135,13 @@ def test_paper_rounding_keeps_powers_of_the_ratio():
     )
 
 
-def test_auto_uses_the_paper_rounding_for_large_T_and_it_is_consistent_with_the_grid():
+def test_auto_uses_the_grid_for_large_T_and_it_is_consistent_with_the_paper_rounding():
     kw = dict(steps=40, sample_rate=0.1, noise_multiplier=1.0, alpha=0.5)
-    auto = quadratic_regulariser_epsilon(1e-6, **kw)
-    assert auto.method == "paper"
-    grid = quadratic_regulariser_epsilon(1e-6, method="grid", **kw)
+    grid = quadratic_regulariser_epsilon(1e-6, **kw)
+    assert grid.method == "grid"
+    paper = quadratic_regulariser_epsilon(1e-6, method="paper", **kw)
     # both bracket the same exact value
-    assert auto.epsilon_lower <= grid.epsilon and grid.epsilon_lower <= auto.epsilon
+    assert paper.epsilon_lower <= grid.epsilon and grid.epsilon_lower <= paper.epsilon
     # the weights beyond 2^-16 move the exact value by far less than the grid accuracy
     t16 = quadratic_regulariser_epsilon(1e-6, method="exact", **(kw | dict(steps=16))).epsilon
     assert grid.epsilon_lower * (1 - 1e-4) <= t16 <= grid.epsilon * (1 + 1e-4)
