@@ -432,6 +432,8 @@ class LastIterateAccountant(IAccountant):
                 (``last-iterate.md``, "Robust variant"); this uses the constant-rate formula.
             check_monotone: warn (:class:`NonMonotoneHeuristicWarning`) when eps_T is below
                 max_{t<=T} eps_t; checked per delta and again each time the steps double.
+                The check uses the constant-rate formula, so it is skipped when recorded
+                schedule/momentum weights are in use.
             **kwargs: ignored; accepted because Opacus forwards the keyword arguments of
                 ``make_private_with_epsilon`` here.
 
