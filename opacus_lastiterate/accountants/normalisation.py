@@ -519,6 +519,38 @@ class FEASGMAccountant(_NormalisationAccountant):
             out.append(_compose(build, value_discretization_interval))
         return out
 
+    def _curve(self, value: float, kind: str, interval_arg: float | None) -> float:
+        """epsilon(delta) (``kind="epsilon"``) or delta(epsilon) of the curve model."""
+        history = self._history()
+        if not history:
+            return 0.0
+        interval = _optional("value_discretization_interval", interval_arg, check_positive)
+        self._check_consistency(history, self._require("dataset_size", "batch_size"))
+        plds = self._curve_plds(interval)
+        if plds is None:  # one constant segment: the analysis function does it all
+            config = self.configuration
+            ((sigma, _, steps),) = history
+            function = feasgm_epsilon if kind == "epsilon" else feasgm_delta
+            return float(
+                function(
+                    value,
+                    dataset_size=config["dataset_size"],
+                    batch_size=config["batch_size"],
+                    noise_multiplier=sigma,
+                    steps=steps,
+                    dimension=config["dimension"],
+                    drop_last=config["drop_last"],
+                    value_discretization_interval=interval,
+                )
+            )
+        if kind == "epsilon":
+            return float(
+                max(math.inf if p is None else p.get_epsilon_for_delta(value) for p in plds)
+            )
+        return float(
+            min(1.0, max(1.0 if p is None else p.get_delta_for_epsilon(value) for p in plds))
+        )
+
     def curve_epsilon(
         self, delta: float, *, value_discretization_interval: float | None = None
     ) -> float:
@@ -530,61 +562,13 @@ class FEASGMAccountant(_NormalisationAccountant):
         Raises:
             ValueError: if N, L or d is not configured/observed.
         """
-        dl = check_delta(delta)
-        history = self._history()
-        if not history:
-            return 0.0
-        interval = _optional(
-            "value_discretization_interval", value_discretization_interval, check_positive
-        )
-        self._check_consistency(history, self._require("dataset_size", "batch_size"))
-        plds = self._curve_plds(interval)
-        if plds is None:
-            config = self.configuration
-            ((sigma, _, steps),) = history
-            return float(
-                feasgm_epsilon(
-                    dl,
-                    dataset_size=config["dataset_size"],
-                    batch_size=config["batch_size"],
-                    noise_multiplier=sigma,
-                    steps=steps,
-                    dimension=config["dimension"],
-                    drop_last=config["drop_last"],
-                    value_discretization_interval=interval,
-                )
-            )
-        return float(max(math.inf if p is None else p.get_epsilon_for_delta(dl) for p in plds))
+        return self._curve(check_delta(delta), "epsilon", value_discretization_interval)
 
     def curve_delta(
         self, epsilon: float, *, value_discretization_interval: float | None = None
     ) -> float:
         """delta(epsilon) of the same model as :meth:`curve_epsilon`."""
-        e = check_epsilon(epsilon)
-        history = self._history()
-        if not history:
-            return 0.0
-        interval = _optional(
-            "value_discretization_interval", value_discretization_interval, check_positive
-        )
-        self._check_consistency(history, self._require("dataset_size", "batch_size"))
-        plds = self._curve_plds(interval)
-        if plds is None:
-            config = self.configuration
-            ((sigma, _, steps),) = history
-            return float(
-                feasgm_delta(
-                    e,
-                    dataset_size=config["dataset_size"],
-                    batch_size=config["batch_size"],
-                    noise_multiplier=sigma,
-                    steps=steps,
-                    dimension=config["dimension"],
-                    drop_last=config["drop_last"],
-                    value_discretization_interval=interval,
-                )
-            )
-        return float(min(1.0, max(1.0 if p is None else p.get_delta_for_epsilon(e) for p in plds)))
+        return self._curve(check_epsilon(epsilon), "delta", value_discretization_interval)
 
     def curve_label(self) -> str:
         """The model label of :meth:`curve_epsilon` for the configured d."""
