@@ -9,8 +9,9 @@
 - :mod:`.arithmetic`: one DP-SGD step as configured (SGM / EASGM / ASGM);
 - :mod:`.simulator`: vectorised, seeded numpy simulation of the few-coordinate attacks,
   plus :func:`audit_scores` (Clopper-Pearson bound and Gaussian-DP estimate);
-- :mod:`.runner`: many-run audits of real training functions (process pool or Ray,
-  resumable JSON-lines records); :mod:`.opacus_training`: a ready-made Opacus trainer.
+- :mod:`.runner`: many-run audits of real training functions (process pool or Ray);
+  :mod:`.run_records`: their resumable JSON-lines record files; :mod:`.opacus_training`: a
+  ready-made Opacus trainer.
 
 The statistics live in :mod:`opacus_lastiterate.analysis.audit`. References:
 ``shared/reference/auditing.md``.
