@@ -204,6 +204,10 @@ class LastIterateAccountant(IAccountant):
         """Total number of optimizer steps recorded (the sum of the segments' num_steps)."""
         return sum(steps for _, _, steps in _validate_history(self._history))
 
+    def _steps(self) -> int:
+        """num_steps without re-validating: for callers that already ran _checked_history."""
+        return sum(h[2] for h in self._history)
+
     @classmethod
     def mechanism(cls) -> str:
         """The name under which this accountant is registered: ``"last_iterate"``."""
@@ -279,7 +283,7 @@ class LastIterateAccountant(IAccountant):
         (varying learning rate, momentum or weight decay) and cover every recorded step."""
         if self._trace_disabled or not self._trace:
             return False
-        if sum(e[5] for e in self._trace) != sum(h[2] for h in self._history):
+        if sum(e[5] for e in self._trace) != self._steps():
             return False
         lrs = {e[0] for e in self._trace}
         return len(lrs) > 1 or any(e[1] != 0.0 or e[4] != 0.0 for e in self._trace)
@@ -311,7 +315,7 @@ class LastIterateAccountant(IAccountant):
                 "no optimizer settings that change the weights were recorded for every step; "
                 "get_epsilon uses the constant-rate formula."
             )
-        key = (self.num_steps, d)
+        key = (self._steps(), d)
         if self._weighted_cache is None or self._weighted_cache[0] != key:
             self._weighted_cache = (key, weighted_heuristic_epsilon(d, **self._weighted_inputs()))
         return self._weighted_cache[1]
@@ -319,7 +323,7 @@ class LastIterateAccountant(IAccountant):
     def _warn_if_non_monotone(self, history: History, delta: float) -> None:
         """Warn when eps_T < max_{t<=T} eps_t. The check is a robust search, so it runs for
         each new delta and again whenever the number of steps has doubled since."""
-        n = self.num_steps
+        n = self._steps()
         last = self._monotone_checked.get(delta)
         if last is not None and n < 2 * last:
             return

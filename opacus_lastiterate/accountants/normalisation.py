@@ -57,7 +57,11 @@ from opacus_lastiterate.analysis.normalisation import (
     feasgm_verdict,
     opacus1x_batch_arithmetic,
 )
-from opacus_lastiterate.analysis.normalisation.discretisation import identity_pld
+from opacus_lastiterate.analysis.normalisation.discretisation import (
+    identity_pld,
+    worst_delta,
+    worst_epsilon,
+)
 
 __all__ = [
     "ASGM_MECHANISM",
@@ -543,13 +547,7 @@ class FEASGMAccountant(_NormalisationAccountant):
                     value_discretization_interval=interval,
                 )
             )
-        if kind == "epsilon":
-            return float(
-                max(math.inf if p is None else p.get_epsilon_for_delta(value) for p in plds)
-            )
-        return float(
-            min(1.0, max(1.0 if p is None else p.get_delta_for_epsilon(value) for p in plds))
-        )
+        return worst_epsilon(plds, value) if kind == "epsilon" else worst_delta(plds, value)
 
     def curve_epsilon(
         self, delta: float, *, value_discretization_interval: float | None = None
@@ -723,14 +721,14 @@ class ASGMAccountant(_NormalisationAccountant):
         d = check_delta(delta)
         if not self._history():
             return 0.0
-        return float(max(p.get_epsilon_for_delta(d) for p in self._plds()))
+        return worst_epsilon(self._plds(), d)
 
     def get_delta(self, epsilon: float) -> float:
         """ASGM delta(epsilon) of the recorded steps (an upper bound)."""
         e = check_epsilon(epsilon)
         if not self._history():
             return 0.0
-        return float(min(1.0, max(p.get_delta_for_epsilon(e) for p in self._plds())))
+        return worst_delta(self._plds(), e)
 
     def describe(self, delta: float | None = None) -> str:
         """The model and (with ``delta``) the labelled epsilon."""

@@ -63,6 +63,8 @@ from opacus_lastiterate.analysis.normalisation.discretisation import (
     check_interval,
     identity_pld,
     pld_from_tails,
+    worst_delta,
+    worst_epsilon,
 )
 
 __all__ = [
@@ -304,7 +306,7 @@ def asgm_epsilon(
             discretisation=discretisation,
         ),
     )
-    return float(max(p.get_epsilon_for_delta(d) for p in plds))
+    return worst_epsilon(plds, d)
 
 
 def asgm_delta(
@@ -330,4 +332,4 @@ def asgm_delta(
             discretisation=discretisation,
         ),
     )
-    return float(min(1.0, max(p.get_delta_for_epsilon(e) for p in plds)))
+    return worst_delta(plds, e)

@@ -31,7 +31,7 @@ so each loss moves up by less than one interval.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -51,6 +51,8 @@ __all__ = [
     "discretise",
     "identity_pld",
     "pld_from_tails",
+    "worst_delta",
+    "worst_epsilon",
 ]
 
 Discretisation = Literal["connect_dots", "round_up"]
@@ -228,3 +230,13 @@ def identity_pld(interval: float) -> PrivacyLossDistribution:
 def check_interval(value: object) -> float:
     """``value_discretization_interval`` in (0, inf)."""
     return check_in_interval("value_discretization_interval", value, 0.0, math.inf)
+
+
+def worst_epsilon(plds: Iterable[PrivacyLossDistribution | None], delta: float) -> float:
+    """max over the PLDs of epsilon(delta); None stands for a pair with no finite epsilon."""
+    return float(max(math.inf if p is None else p.get_epsilon_for_delta(delta) for p in plds))
+
+
+def worst_delta(plds: Iterable[PrivacyLossDistribution | None], epsilon: float) -> float:
+    """max over the PLDs of delta(epsilon), at most 1; None stands for delta = 1."""
+    return float(min(1.0, max(1.0 if p is None else p.get_delta_for_epsilon(epsilon) for p in plds)))

@@ -54,6 +54,8 @@ from opacus_lastiterate.analysis.normalisation.discretisation import (
     check_interval,
     identity_pld,
     pld_from_tails,
+    worst_delta,
+    worst_epsilon,
 )
 from opacus_lastiterate.analysis.normalisation.opacus_arithmetic import (
     opacus1x_batch_arithmetic,
@@ -353,7 +355,7 @@ def feasgm_delta(
             discretisation=discretisation,
         ),
     )
-    return float(min(1.0, max(1.0 if p is None else p.get_delta_for_epsilon(e) for p in plds)))
+    return worst_delta(plds, e)
 
 
 def feasgm_epsilon(
@@ -382,4 +384,4 @@ def feasgm_epsilon(
             discretisation=discretisation,
         ),
     )
-    return float(max(math.inf if p is None else p.get_epsilon_for_delta(dl) for p in plds))
+    return worst_epsilon(plds, dl)
