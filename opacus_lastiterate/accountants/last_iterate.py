@@ -1,6 +1,7 @@
 """An Opacus accountant that reports the last-iterate heuristic epsilon of the final model.
 
-The number is the heuristic of Steinke et al. (ICLR 2025), reference note ``last-iterate.md``:
+The number is the heuristic of Steinke et al., "The Last Iterate Advantage" (ICLR 2025,
+arXiv 2410.06186; ``docs/last_iterate.md``):
 for a history of segments (sigma_i, q_i, T_i) at a constant learning rate,
 
     P = sum_i Binomial(T_i, q_i) + N(0, sum_i T_i sigma_i^2),   Q = N(0, sum_i T_i sigma_i^2),
@@ -15,32 +16,28 @@ keeps Opacus's bookkeeping.
 
 from __future__ import annotations
 
-import inspect
-import warnings
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
-from opacus.accountants import IAccountant
 
+from opacus_lastiterate.accountants.base import RunAccountant
 from opacus_lastiterate.analysis import heuristic as _heuristic
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_epsilon,
     check_in_interval,
-    check_noise_multiplier,
-    check_sample_rate,
     check_steps,
 )
-from opacus_lastiterate.analysis.counterexamples import heuristic_monotonicity_for_history
-from opacus_lastiterate.analysis.history import as_segments
-from opacus_lastiterate.analysis.optimizer_weights import sgd_weights
-from opacus_lastiterate.analysis.weighted_heuristic import (
-    WeightedHeuristicResult,
-    weighted_heuristic_delta,
-    weighted_heuristic_epsilon,
+from opacus_lastiterate.analysis.heuristic import (
+    LastIterateHeuristic,
+    RobustLastIterateHeuristic,
 )
+from opacus_lastiterate.analysis.incremental import IncrementalHeuristic
+from opacus_lastiterate.analysis.optimizer_weights import sgd_weights
+from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment
+from opacus_lastiterate.analysis.weighted_heuristic import WeightedHeuristicResult
 
 __all__ = [
     "MECHANISM",
@@ -52,7 +49,34 @@ __all__ = [
 
 MECHANISM = "last_iterate"
 
-History = list[tuple[float, float, int]]
+
+def warn(message: str, category: type[Warning]) -> None:
+    """Placeholder until the shared warning helper lands: warn at the caller's caller."""
+    import warnings
+
+    warnings.warn(message, category, stacklevel=3)
+
+
+class _Sweep:
+    """The t at which the non-monotonicity check evaluates eps_t below the first step at
+    which epsilon was asked: every t <= 1024, then a geometric grid of ratio 1.01."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._next = 1
+        self.best, self.best_steps = -math.inf, 0
+
+    def advance(self, count: int) -> Iterator[int]:
+        for _ in range(count):
+            t = self._next
+            if t >= self.limit:
+                return
+            self._next = t + 1 if t < 1024 else max(t + 1, round(t * 1.01))
+            yield t
+
+    def record(self, steps: int, value: float) -> None:
+        if value > self.best:
+            self.best, self.best_steps = value, steps
 
 _CAVEAT = (
     "last-iterate heuristic (Steinke et al., ICLR 2025) for the final model only; "
@@ -113,56 +137,20 @@ def _validate_trace(trace: object, name: str) -> list[TraceEntry]:
     return out
 
 
-def _validate_history(history: object, name: str = "history") -> History:
-    """Return ``history`` as a new list of ``(float, float, int)``; raise on any bad entry.
-
-    Each entry must be a triple ``(noise_multiplier, sample_rate, num_steps)`` with
-    noise_multiplier in (0, inf), sample_rate in (0, 1] and num_steps an integer >= 1
-    (checked by :func:`opacus_lastiterate.analysis.history.as_segments`).
-    """
-    if not isinstance(history, (list, tuple)):
-        raise TypeError(
-            f"`{name}` must be a list of (noise_multiplier, sample_rate, num_steps) triples, "
-            f"got {history!r} of type {type(history).__name__}."
-        )
-    for i, entry in enumerate(history):
-        if not isinstance(entry, (list, tuple)) or len(entry) != 3:
-            raise TypeError(
-                f"`{name}[{i}]` must be a (noise_multiplier, sample_rate, num_steps) triple, "
-                f"got {entry!r}."
-            )
-    segments = as_segments(history, name)
-    for i, seg in enumerate(segments):
-        if seg.steps < 1:
-            raise ValueError(f"`{name}[{i}].steps` must be an integer >= 1, got {seg.steps}.")
-    return [(s.noise_multiplier, s.sample_rate, s.steps) for s in segments]
-
-
-def _mechanism_name(value: object) -> object:
-    """The mechanism name stored in a state dict.
-
-    Opacus < 1.6 stored the bound classmethod ``cls.mechanism`` instead of its result (fixed
-    in Opacus PR #778); such a value is resolved to its name, anything else is returned as is.
-    """
-    if (
-        inspect.ismethod(value)
-        and isinstance(value.__self__, type)
-        and issubclass(value.__self__, IAccountant)
-    ):
-        return value()
-    return value
-
-
-class LastIterateAccountant(IAccountant):
+class LastIterateAccountant(RunAccountant):
     """Opacus accountant for the last-iterate heuristic epsilon of the final model.
 
-    Use it by name once :mod:`opacus_lastiterate.accountants` is imported
+    Use it by name once :mod:`opacus_lastiterate` is imported
     (``PrivacyEngine(accountant="last_iterate")``), or assign an instance to
     ``engine.accountant`` before ``make_private``.
 
+    Per-step accounting is incremental (:class:`~opacus_lastiterate.analysis.incremental.
+    IncrementalHeuristic`): asking for epsilon after every step costs a warm-started root
+    find, not a computation from scratch.
+
     Attributes:
         history: ``(noise_multiplier, sample_rate, num_steps)`` segments, oldest first,
-            run-length merged like Opacus's ``RDPAccountant``.
+            run-length merged like Opacus's ``RDPAccountant`` (a copy; assign to replace).
 
     Note:
         ``len(accountant)`` is the number of history *segments*, as in every Opacus
@@ -170,85 +158,42 @@ class LastIterateAccountant(IAccountant):
         use :attr:`num_steps` for the number of steps.
     """
 
+    _MECHANISM = MECHANISM
+
     def __init__(self) -> None:
         """Create an accountant with an empty history (Opacus's registry calls ``cls()``)."""
-        self._history: History = []
-        self._externally_assigned = False
+        self._engine = IncrementalHeuristic()
         self._calibration_warned = False
         self._trace: list[TraceEntry] = []
         self._trace_disabled = False
         self._weighted_cache: tuple[tuple[int, float], WeightedHeuristicResult] | None = None
-        self._monotone_checked: dict[float, int] = {}
+        self._monotone_warned: set[float] = set()
+        self._sweeps: dict[float, _Sweep] = {}
         self.weight_accuracy = 1e-3
         """Requested relative accuracy of the schedule/momentum-weighted epsilon."""
-        super().__init__()  # IAccountant assigns ``self.history = []`` through the setter
-        self._externally_assigned = False
+        super().__init__()
 
-    # -- state ------------------------------------------------------------------------------
+    # -- bookkeeping hooks (see RunAccountant) ----------------------------------------------
 
-    @property
-    def history(self) -> History:
-        """The recorded segments (the list itself, as in Opacus; see :meth:`get_epsilon`)."""
-        return self._history
+    def _after_step(self, noise_multiplier: float, sample_rate: float) -> None:
+        self._engine.append(noise_multiplier, sample_rate)
 
-    @history.setter
-    def history(self, value: History) -> None:
-        # Opacus's get_noise_multiplier writes ``accountant.history = [(sigma, q, steps)]``
-        # and then calls get_epsilon: remember that the history did not come from training.
-        self._history = _validate_history(value)
-        self._externally_assigned = True
+    def _after_reset(self) -> None:
+        self._engine = IncrementalHeuristic.from_run(self.run)
         self._trace = []  # a history written from outside has no optimizer settings
-
-    @property
-    def num_steps(self) -> int:
-        """Total number of optimizer steps recorded (the sum of the segments' num_steps)."""
-        return sum(steps for _, _, steps in _validate_history(self._history))
+        self._weighted_cache = None
+        self._sweeps = {}
+        self._monotone_warned = set()
 
     def _steps(self) -> int:
-        """num_steps without re-validating: for callers that already ran _checked_history."""
-        return sum(h[2] for h in self._history)
-
-    @classmethod
-    def mechanism(cls) -> str:
-        """The name under which this accountant is registered: ``"last_iterate"``."""
-        return MECHANISM
-
-    def __len__(self) -> int:
-        """Number of history segments, as Opacus defines it (not steps: see :attr:`num_steps`)."""
-        return len(self._history)
-
-    def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
-        """Record one step; extend the last segment if (sigma, q) are unchanged.
-
-        Args:
-            noise_multiplier: noise standard deviation over clipping norm, in (0, inf).
-            sample_rate: Poisson sampling rate, in (0, 1].
-
-        Raises:
-            TypeError, ValueError: on an invalid argument; the history is then unchanged.
-        """
-        sigma = check_noise_multiplier(noise_multiplier)
-        q = check_sample_rate(sample_rate)
-        if self._history and self._history[-1][0] == sigma and self._history[-1][1] == q:
-            self._history[-1] = (sigma, q, self._history[-1][2] + 1)
-        else:
-            self._history.append((sigma, q, 1))
+        return self._num_steps
 
     # -- optimizer settings (learning-rate schedules, momentum) -----------------------------
 
-    def get_optimizer_hook_fn(self, sample_rate: float) -> Callable[[Any], None]:
-        """Opacus's hook (records (sigma, q) per step) plus the optimizer's SGD settings.
-
-        Opacus calls the hook in ``DPOptimizer.pre_step``, before the update, so the learning
-        rate read is the one that step uses. Reading ``param_groups`` costs a few dict lookups.
-        """
-        record_step = super().get_optimizer_hook_fn(sample_rate)
-
-        def hook_fn(optim: Any) -> None:
-            record_step(optim)
-            self._record_optimizer(optim)
-
-        return hook_fn
+    def _observe(self, optim: Any) -> None:
+        """Read the SGD settings of this step (Opacus calls the hook in ``pre_step``, before
+        the update, so the learning rate read is the one this step uses)."""
+        self._record_optimizer(optim)
 
     def _record_optimizer(self, optim: Any) -> None:
         if self._trace_disabled:
@@ -259,11 +204,10 @@ class LastIterateAccountant(IAccountant):
             st = sgd_settings(optim)
         except ValueError as err:  # UnsupportedOptimizerError or differing parameter groups
             self._trace_disabled, self._trace = True, []
-            warnings.warn(
+            warn(
                 f"{err} The last-iterate accountant falls back to the constant-rate formula, "
                 "which does not describe this optimizer.",
                 OptimizerTraceWarning,
-                stacklevel=2,
             )
             return
         key = (st.lr, st.momentum, st.dampening, st.nesterov, st.weight_decay)
@@ -288,10 +232,9 @@ class LastIterateAccountant(IAccountant):
         lrs = {e[0] for e in self._trace}
         return len(lrs) > 1 or any(e[1] != 0.0 or e[4] != 0.0 for e in self._trace)
 
-    def _weighted_inputs(self) -> dict[str, Any]:
-        """Per-step weights (``sgd_weights`` of the recorded settings), q_t and sigma_t."""
+    def _weighted_run(self) -> DPSGDRun:
+        """The recorded run with the per-step weights of the recorded SGD settings."""
         counts = [e[5] for e in self._trace]
-        steps = [h[2] for h in self._history]
         weights = sgd_weights(
             np.repeat([e[0] for e in self._trace], counts),
             momentum=np.repeat([e[1] for e in self._trace], counts),
@@ -299,12 +242,8 @@ class LastIterateAccountant(IAccountant):
             nesterov=any(e[3] for e in self._trace),
             weight_decay=np.repeat([e[4] for e in self._trace], counts),
         )
-        return dict(
-            weights=weights,
-            sample_rates=np.repeat([h[1] for h in self._history], steps),
-            noise_multipliers=np.repeat([h[0] for h in self._history], steps),
-            accuracy=self.weight_accuracy,
-        )
+        weights.setflags(write=False)
+        return DPSGDRun._trusted(self.run.segments, weights)
 
     def weighted_result(self, delta: float) -> WeightedHeuristicResult:
         """The schedule/momentum-weighted heuristic with its achieved accuracy (cached for
@@ -317,71 +256,51 @@ class LastIterateAccountant(IAccountant):
             )
         key = (self._steps(), d)
         if self._weighted_cache is None or self._weighted_cache[0] != key:
-            self._weighted_cache = (key, weighted_heuristic_epsilon(d, **self._weighted_inputs()))
+            model = LastIterateHeuristic(self._weighted_run(), accuracy=self.weight_accuracy)
+            self._weighted_cache = (key, model._weighted("epsilon", d))
         return self._weighted_cache[1]
 
-    def _warn_if_non_monotone(self, history: History, delta: float) -> None:
-        """Warn when eps_T < max_{t<=T} eps_t. The check is a robust search, so it runs for
-        each new delta and again whenever the number of steps has doubled since."""
-        n = self._steps()
-        last = self._monotone_checked.get(delta)
-        if last is not None and n < 2 * last:
+    def _warn_if_non_monotone(self, delta: float, eps: float) -> None:
+        """Warn when eps_T < max_{t<=T} eps_t over suffixes inside the current segment.
+
+        For a run with one (sigma, q) (the common case) every suffix is such a suffix: the
+        values computed at earlier steps are the suffix values, and a sweep evaluates at most
+        two more t per call (every t <= 1024, then a 1% geometric grid) below the first step
+        at which epsilon was asked for. Histories with several segments are checked in full
+        by ``get_epsilon(delta, robust=True)`` and :meth:`describe`.
+        """
+        if delta in self._monotone_warned or len(self._segments) != 1:
             return
-        self._monotone_checked[delta] = n
-        check = heuristic_monotonicity_for_history(history, delta)
-        if check.non_monotone:
-            warnings.warn(
-                f"The last-iterate heuristic is not monotone here: eps_T = "
-                f"{check.epsilon_at_steps:.4f} after T = {n} steps, but the last "
-                f"{check.argmax_steps} steps alone give {check.max_epsilon:.4f}. A regulariser "
-                "that zeroes the model would expose the larger value; report "
-                "get_epsilon(delta, robust=True) beside it.",
+        seg = self._segments[0]
+        sweep = self._sweeps.get(delta)
+        if sweep is None:
+            sweep = self._sweeps[delta] = _Sweep(limit=self._num_steps)
+        best_t, best = 0, -math.inf
+        for t in sweep.advance(2):
+            value = _heuristic._epsilon((TrainingSegment._trusted(seg.noise_multiplier, seg.sample_rate, t),), delta)
+            sweep.record(t, value)
+        peak = self._engine.suffix_peak(delta)
+        if peak is not None:
+            best_t, best = peak.steps, peak.epsilon
+        if sweep.best > best:
+            best_t, best = sweep.best_steps, sweep.best
+        if eps < best * (1.0 - 1e-9):
+            self._monotone_warned.add(delta)
+            warn(
+                f"The last-iterate heuristic is not monotone here: eps_T = {eps:.4f} after "
+                f"T = {self._num_steps} steps, but the last {best_t} steps alone give "
+                f"{best:.4f}. A regulariser that zeroes the model would expose the larger "
+                "value; report get_epsilon(delta, robust=True) beside it.",
                 NonMonotoneHeuristicWarning,
-                stacklevel=3,
             )
 
-    def state_dict(self, destination: Any = None) -> Any:
-        """Opacus-compatible state: ``{"history": [...], "mechanism": "last_iterate"}``.
+    def _extra_state(self) -> dict[str, Any]:
+        return {
+            "optimizer_trace": list(self._trace),
+            "optimizer_trace_disabled": self._trace_disabled,
+        }
 
-        Args:
-            destination: mapping to fill; a new ``OrderedDict`` if None.
-        """
-        if destination is None:
-            destination = OrderedDict()
-        destination["history"] = list(self._history)
-        destination["mechanism"] = self.mechanism()
-        destination["optimizer_trace"] = list(self._trace)
-        destination["optimizer_trace_disabled"] = self._trace_disabled
-        return destination
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load a state from :meth:`state_dict`, after validating all of it.
-
-        Args:
-            state_dict: mapping with keys ``"history"`` and ``"mechanism"``.
-
-        Raises:
-            TypeError, ValueError: if the state is missing, of another mechanism, or has an
-                invalid history entry; the accountant is then unchanged.
-        """
-        if not isinstance(state_dict, Mapping):
-            raise TypeError(
-                f"`state_dict` must be a mapping with keys 'history' and 'mechanism', "
-                f"got {type(state_dict).__name__}."
-            )
-        for key in ("history", "mechanism"):
-            if key not in state_dict:
-                raise ValueError(
-                    f"`state_dict` must have the key {key!r}, "
-                    f"got keys {sorted(map(str, state_dict))}."
-                )
-        mechanism = _mechanism_name(state_dict["mechanism"])
-        if mechanism != self.mechanism():
-            raise ValueError(
-                f"`state_dict['mechanism']` must be {self.mechanism()!r}, got {mechanism!r}: "
-                "the state of another accountant cannot be loaded into LastIterateAccountant."
-            )
-        history = _validate_history(state_dict["history"], "state_dict['history']")
+    def _check_extra_state(self, state_dict: Mapping[str, Any]) -> Any:
         trace = _validate_trace(
             state_dict.get("optimizer_trace", []), "state_dict['optimizer_trace']"
         )
@@ -390,19 +309,18 @@ class LastIterateAccountant(IAccountant):
             raise TypeError(
                 f"`state_dict['optimizer_trace_disabled']` must be a bool, got {disabled!r}."
             )
-        self._history = history
-        self._trace, self._trace_disabled = trace, disabled
-        self._weighted_cache = None
-        self._externally_assigned = False
+        return trace, disabled
+
+    def _load_extra_state(self, checked: Any) -> None:
+        self._trace, self._trace_disabled = checked
         self._calibration_warned = False
 
     # -- privacy ----------------------------------------------------------------------------
 
-    def _checked_history(self) -> History:
-        history = _validate_history(self._history)  # Opacus may have written it directly
+    def _warn_if_calibrating(self) -> None:
         if self._externally_assigned and not self._calibration_warned:
             self._calibration_warned = True
-            warnings.warn(
+            warn(
                 "LastIterateAccountant.history was assigned directly, as Opacus's "
                 "get_noise_multiplier (make_private_with_epsilon) does to calibrate the noise: "
                 "the noise multiplier is being chosen to meet a target on the last-iterate "
@@ -411,9 +329,7 @@ class LastIterateAccountant(IAccountant):
                 "and it covers the final model only. (Use load_state_dict to restore a saved "
                 "history without this warning.)",
                 HeuristicCalibrationWarning,
-                stacklevel=3,  # the caller of get_epsilon / get_delta
             )
-        return history
 
     def get_epsilon(
         self,
@@ -423,21 +339,20 @@ class LastIterateAccountant(IAccountant):
         check_monotone: bool = True,
         **kwargs: Any,
     ) -> float:
-        """Heuristic epsilon of the final model at ``delta`` (``last-iterate.md``, "Theorem").
+        """Heuristic epsilon of the final model at ``delta`` (``docs/last_iterate.md``).
 
         With optimizer settings recorded by the hook for every step (varying learning rate,
-        momentum or weight decay), this is the weighted heuristic of ``last-iterate.md``,
-        "Generalisations" item 2, rounded up to within :attr:`weight_accuracy`; otherwise the
-        constant-rate formula.
+        momentum or weight decay), this is the weighted heuristic, rounded up to within
+        :attr:`weight_accuracy`; otherwise the constant-rate formula, answered incrementally.
+        A recorded step without noise makes it inf (:class:`ZeroNoiseWarning`).
 
         Args:
             delta: target delta, in (0, 1).
-            robust: if True, return max over the last t <= T steps of the heuristic epsilon
-                (``last-iterate.md``, "Robust variant"); this uses the constant-rate formula.
+            robust: if True, return the certified max over the last t <= T steps of the
+                heuristic epsilon ("Robust variant"); this uses the constant-rate formula.
             check_monotone: warn (:class:`NonMonotoneHeuristicWarning`) when eps_T is below
-                max_{t<=T} eps_t; checked per delta and again each time the steps double.
-                The check uses the constant-rate formula, so it is skipped when recorded
-                schedule/momentum weights are in use.
+                the epsilon of a shorter suffix (see :meth:`_warn_if_non_monotone`); skipped
+                when recorded schedule/momentum weights are in use.
             **kwargs: ignored; accepted because Opacus forwards the keyword arguments of
                 ``make_private_with_epsilon`` here.
 
@@ -449,31 +364,34 @@ class LastIterateAccountant(IAccountant):
         for name, flag in (("robust", robust), ("check_monotone", check_monotone)):
             if not isinstance(flag, bool):
                 raise TypeError(f"`{name}` must be a bool, got {flag!r}.")
-        history = self._checked_history()
-        if not history:
+        self._warn_if_calibrating()
+        if self._num_steps == 0:
             return 0.0
-        if self._weights_in_use() and not robust:
+        if robust:
+            return float(RobustLastIterateHeuristic(self.run).epsilon(d))
+        if self._weights_in_use():
             return float(self.weighted_result(d).epsilon)
-        if check_monotone and not robust and not self._externally_assigned:
-            self._warn_if_non_monotone(history, d)
-        return float(_heuristic.heuristic_epsilon_for_history(history, d, robust=robust))
+        eps = self._engine.epsilon(d)
+        if check_monotone and not self._externally_assigned:
+            self._warn_if_non_monotone(d, eps)
+        return float(eps)
 
     def get_delta(self, epsilon: float) -> float:
-        """Heuristic delta(epsilon) of the final model (``last-iterate.md``, "Theorem").
+        """Heuristic delta(epsilon) of the final model.
 
         Args:
             epsilon: in [0, inf).
 
         Returns:
-            The heuristic delta; 0.0 for an empty history.
+            The heuristic delta; 0.0 for an empty history, 1.0 when no step had noise.
         """
         eps = check_epsilon(epsilon)
-        history = self._checked_history()
-        if not history:
+        self._warn_if_calibrating()
+        if self._num_steps == 0:
             return 0.0
         if self._weights_in_use():
-            return float(weighted_heuristic_delta(eps, **self._weighted_inputs()).delta)
-        return float(_heuristic.heuristic_delta_for_history(history, eps))
+            return float(LastIterateHeuristic(self._weighted_run(), accuracy=self.weight_accuracy).delta(eps))
+        return float(self._engine.delta(eps))
 
     # -- display ----------------------------------------------------------------------------
 
@@ -496,14 +414,17 @@ class LastIterateAccountant(IAccountant):
                 + ")."
             )
         if delta is not None:
-            eps = self.get_epsilon(delta)
-            lines.append(f"Heuristic epsilon at delta={check_delta(delta):g}: {eps:.4f}.")
+            d = check_delta(delta)
+            eps = self.get_epsilon(d)
+            lines.append(f"Heuristic epsilon at delta={d:g}: {eps:.4f}.")
+            if not self._weights_in_use() and self._num_steps:
+                robust = self.get_epsilon(d, robust=True)
+                lines.append(
+                    f"Robust heuristic epsilon (max over the last t <= T steps): {robust:.4f}"
+                    + (" (above the plain value: report it)." if robust > eps * (1 + 1e-9) else ".")
+                )
         lines.append(f"This is the {_CAVEAT}.")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        try:
-            steps: object = self.num_steps
-        except (TypeError, ValueError):
-            steps = "invalid history"
-        return f"LastIterateAccountant(num_steps={steps}, segments={len(self)}; {_CAVEAT})"
+        return f"LastIterateAccountant(num_steps={self.num_steps}, segments={len(self)}; {_CAVEAT})"

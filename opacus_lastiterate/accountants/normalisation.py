@@ -24,15 +24,13 @@ import functools
 import math
 import numbers
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
-from opacus.accountants import IAccountant
 from opacus.optimizers import DPOptimizer
 
-from opacus_lastiterate.accountants.last_iterate import _mechanism_name, _validate_history
+from opacus_lastiterate.accountants.base import RunAccountant
 from opacus_lastiterate.accountants.public_divisor import public_divisor_of
 from opacus_lastiterate.accountants.registration import register_accountant
 from opacus_lastiterate.analysis._validation import (
@@ -40,9 +38,7 @@ from opacus_lastiterate.analysis._validation import (
     check_epsilon,
     check_in_interval,
     check_int,
-    check_noise_multiplier,
     check_positive,
-    check_sample_rate,
 )
 from opacus_lastiterate.analysis.composition import standard_epsilon_for_history
 from opacus_lastiterate.analysis.normalisation import (
@@ -50,18 +46,19 @@ from opacus_lastiterate.analysis.normalisation import (
     DEFAULT_INTERVAL,
     FEASGM_MODEL,
     DivisorVerdict,
-    asgm_pld,
     divisor_leak_pld,
     feasgm_delta,
     feasgm_epsilon,
     feasgm_verdict,
     opacus1x_batch_arithmetic,
 )
+from opacus_lastiterate.analysis.normalisation.asgm import ASGM
 from opacus_lastiterate.analysis.normalisation.discretisation import (
     identity_pld,
     worst_delta,
     worst_epsilon,
 )
+from opacus_lastiterate.analysis.run import DPSGDRun, Normalisation
 
 __all__ = [
     "ASGM_MECHANISM",
@@ -174,40 +171,16 @@ def _from_loader(loader: object) -> dict[str, Any]:
 # -- shared base --------------------------------------------------------------------------------
 
 
-class _NormalisationAccountant(IAccountant):
-    """History, configuration, optimizer hook and state shared by both accountants."""
-
-    _MECHANISM = ""
+class _NormalisationAccountant(RunAccountant):
+    """Configuration and optimizer observation shared by both accountants (history, steps
+    and state come from :class:`~opacus_lastiterate.accountants.base.RunAccountant`)."""
 
     def __init__(self) -> None:
         """An empty accountant (Opacus's registry calls ``cls()``); see :meth:`configure`."""
-        super().__init__()  # history = []
+        super().__init__()
         self._config: dict[str, Any] = dict(_CONFIG_DEFAULTS)
         self._observed_dimension: int | None = None
         self._warned: set[str] = set()
-
-    @classmethod
-    def mechanism(cls) -> str:
-        """The registered name."""
-        return cls._MECHANISM
-
-    def __len__(self) -> int:
-        """Number of history segments, as in every Opacus accountant."""
-        return len(self.history)
-
-    @property
-    def num_steps(self) -> int:
-        """Total number of recorded steps."""
-        return sum(t for _, _, t in _validate_history(self.history))
-
-    def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
-        """Record one step; extend the last segment if (sigma, q) are unchanged."""
-        sigma = check_noise_multiplier(noise_multiplier)
-        q = check_sample_rate(sample_rate)
-        if self.history and self.history[-1][0] == sigma and self.history[-1][1] == q:
-            self.history[-1] = (sigma, q, self.history[-1][2] + 1)
-        else:
-            self.history.append((sigma, q, 1))
 
     # configuration
 
@@ -278,22 +251,7 @@ class _NormalisationAccountant(IAccountant):
             )
         return config
 
-    # optimizer hook
-
-    def get_optimizer_hook_fn(self, sample_rate: float) -> Callable[[DPOptimizer], None]:
-        """The step hook ``make_private`` attaches: records (sigma, q * accumulated_iterations)
-        like Opacus's, and reads d, ``expected_batch_size``, ``loss_reduction`` and any public
-        divisor from the optimizer."""
-        q = check_sample_rate(sample_rate)
-
-        def hook_fn(optim: DPOptimizer) -> None:
-            # Validate the step first, so that a rejected step changes nothing at all.
-            sigma = check_noise_multiplier(optim.noise_multiplier)
-            rate = check_sample_rate(q * optim.accumulated_iterations)
-            self._observe(optim)
-            self.step(noise_multiplier=sigma, sample_rate=rate)
-
-        return hook_fn
+    # optimizer hook (RunAccountant.get_optimizer_hook_fn validates, then calls _observe)
 
     def _observe(self, optim: DPOptimizer) -> None:
         self._observed_dimension = int(sum(p.numel() for p in optim.params if p.requires_grad))
@@ -316,48 +274,27 @@ class _NormalisationAccountant(IAccountant):
 
     # state
 
-    def state_dict(self, destination: Any = None) -> Any:
-        """Opacus-compatible state plus the configuration:
-        ``{"history", "mechanism", "configuration"}``."""
-        if destination is None:
-            destination = OrderedDict()
-        destination["history"] = list(_validate_history(self.history))
-        destination["mechanism"] = self.mechanism()
-        destination["configuration"] = self.configuration
-        return destination
+    def _extra_state(self) -> dict[str, Any]:
+        return {"configuration": self.configuration}
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load a state from :meth:`state_dict`; all of it is validated first, and on any
-        error (TypeError, ValueError) the accountant is unchanged. A state without
-        ``"configuration"`` keeps the current configuration."""
-        if not isinstance(state_dict, Mapping):
-            raise TypeError(f"`state_dict` must be a mapping, got {type(state_dict).__name__}.")
-        for key in ("history", "mechanism"):
-            if key not in state_dict:
-                raise ValueError(
-                    f"`state_dict` must have the key {key!r}, got keys {sorted(map(str, state_dict))}."
-                )
-        mechanism = _mechanism_name(state_dict["mechanism"])
-        if mechanism != self.mechanism():
-            raise ValueError(
-                f"`state_dict['mechanism']` must be {self.mechanism()!r}, got {mechanism!r}."
+    def _check_extra_state(self, state_dict: Mapping[str, Any]) -> Any:
+        """A state without ``"configuration"`` keeps the current configuration."""
+        if "configuration" not in state_dict:
+            return self._config
+        given = state_dict["configuration"]
+        if not isinstance(given, Mapping):
+            raise TypeError(
+                f"`state_dict['configuration']` must be a mapping, got {type(given).__name__}."
             )
-        history = _validate_history(state_dict["history"], "state_dict['history']")
-        config = self._config
-        if "configuration" in state_dict:
-            given = state_dict["configuration"]
-            if not isinstance(given, Mapping):
-                raise TypeError(
-                    f"`state_dict['configuration']` must be a mapping, got {type(given).__name__}."
-                )
-            config = _check_config(given, prefix="state_dict['configuration'].")
-        self.history = history
-        self._config = dict(config)
+        return _check_config(given, prefix="state_dict['configuration'].")
+
+    def _load_extra_state(self, checked: Any) -> None:
+        self._config = dict(checked)
         self._observed_dimension = None
         self._warned = set()
 
     def _history(self) -> History:
-        return _validate_history(self.history)  # Opacus may have assigned it directly
+        return self.history
 
 
 # -- FEASGM -------------------------------------------------------------------------------------
@@ -472,6 +409,8 @@ class FEASGMAccountant(_NormalisationAccountant):
         history = self._history()
         if not history:
             return 0.0
+        if self.run.has_zero_noise:
+            return math.inf
         config = self._require("dataset_size", "batch_size")
         self._check_consistency(history, config)
         if not self.verdict.safe:
@@ -528,6 +467,8 @@ class FEASGMAccountant(_NormalisationAccountant):
         history = self._history()
         if not history:
             return 0.0
+        if self.run.has_zero_noise:
+            return math.inf if kind == "epsilon" else 1.0
         interval = _optional("value_discretization_interval", interval_arg, check_positive)
         self._check_consistency(history, self._require("dataset_size", "batch_size"))
         plds = self._curve_plds(interval)
@@ -678,6 +619,7 @@ class ASGMAccountant(_NormalisationAccountant):
     """
 
     _MECHANISM = ASGM_MECHANISM
+    _model: tuple[DPSGDRun, int, ASGM] | None = None
 
     def _observe(self, optim: DPOptimizer) -> None:
         super()._observe(optim)
@@ -689,27 +631,18 @@ class ASGMAccountant(_NormalisationAccountant):
                 "divisor. Use PrivacyEngine(accountant='feasgm') for this optimizer.",
             )
 
-    def _plds(self) -> list[PrivacyLossDistribution]:
+    def model(self) -> ASGM:
+        """The ASGM privacy model of the recorded run (built once per step)."""
         n = self._require("dataset_size")["dataset_size"]
-        history = self._history()
-        out = []
-        for others in (n - 1, n):
-            plds = [
-                asgm_pld(
-                    other_records=others,
-                    sample_rate=q,
-                    noise_multiplier=sigma,
-                    steps=steps,
-                    value_discretization_interval=DEFAULT_INTERVAL,
-                )
-                for sigma, q, steps in history
-            ]
-            out.append(functools.reduce(lambda a, b: a.compose(b), plds))
-        return out
+        base = self.run  # a new object after every change of the history
+        if self._model is None or self._model[0] is not base or self._model[1] != n:
+            run = DPSGDRun._trusted(base.segments, None, Normalisation("realised", dataset_size=n))
+            self._model = (base, n, ASGM(run, value_discretization_interval=DEFAULT_INTERVAL))
+        return self._model[2]
 
     def get_epsilon(self, delta: float, **kwargs: Any) -> float:
         """ASGM epsilon of the recorded steps (an upper bound; inf when the all-sampled mass
-        exceeds delta).
+        exceeds delta, or when a step had no noise).
 
         Args:
             delta: in (0, 1).
@@ -719,16 +652,16 @@ class ASGMAccountant(_NormalisationAccountant):
             ValueError: if ``dataset_size`` is not configured.
         """
         d = check_delta(delta)
-        if not self._history():
+        if not self._num_steps:
             return 0.0
-        return worst_epsilon(self._plds(), d)
+        return self.model().epsilon(d)
 
     def get_delta(self, epsilon: float) -> float:
         """ASGM delta(epsilon) of the recorded steps (an upper bound)."""
         e = check_epsilon(epsilon)
-        if not self._history():
+        if not self._num_steps:
             return 0.0
-        return worst_delta(self._plds(), e)
+        return self.model().delta(e)
 
     def describe(self, delta: float | None = None) -> str:
         """The model and (with ``delta``) the labelled epsilon."""

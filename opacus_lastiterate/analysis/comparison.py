@@ -5,14 +5,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
-from opacus_lastiterate.analysis._validation import check_delta
+from opacus_lastiterate.analysis._validation import check_delta, check_noise_multiplier
 from opacus_lastiterate.analysis.composition import (
     DEFAULT_DISCRETIZATION,
-    full_batch_epsilon_for_history,
-    standard_epsilon_for_history,
+    FullBatchGaussian,
+    StandardComposition,
 )
-from opacus_lastiterate.analysis.heuristic import heuristic_epsilon_for_history
-from opacus_lastiterate.analysis.history import HistoryLike, TrainingSegment, as_segments
+from opacus_lastiterate.analysis.heuristic import (
+    LastIterateHeuristic,
+    RobustLastIterateHeuristic,
+)
+from opacus_lastiterate.analysis.run import DPSGDRun, RunLike, as_run
 
 __all__ = ["EpsilonComparison", "compare_epsilons", "compare_epsilons_for_history"]
 
@@ -43,23 +46,24 @@ class EpsilonComparison:
 
 
 def compare_epsilons_for_history(
-    history: HistoryLike,
+    history: RunLike,
     delta: float,
     *,
     value_discretization_interval: float = DEFAULT_DISCRETIZATION,
 ) -> EpsilonComparison:
-    """Heuristic, robust heuristic, standard and full-batch epsilon of one history."""
-    segments = as_segments(history)
+    """Heuristic, robust heuristic, standard and full-batch epsilon of one run (a
+    :class:`~.run.DPSGDRun` or an Opacus-style history), validated once."""
+    run = as_run(history, "history")
     d = check_delta(delta)
     return EpsilonComparison(
         delta=d,
-        steps=sum(s.steps for s in segments),
-        heuristic=heuristic_epsilon_for_history(segments, d),
-        robust_heuristic=heuristic_epsilon_for_history(segments, d, robust=True),
-        standard=standard_epsilon_for_history(
-            segments, d, value_discretization_interval=value_discretization_interval
-        ),
-        full_batch=full_batch_epsilon_for_history(segments, d),
+        steps=run.num_steps,
+        heuristic=LastIterateHeuristic(run).epsilon(d),
+        robust_heuristic=RobustLastIterateHeuristic(run).epsilon(d),
+        standard=StandardComposition(
+            run, value_discretization_interval=value_discretization_interval
+        ).epsilon(d),
+        full_batch=FullBatchGaussian(run).epsilon(d),
         standard_discretization=value_discretization_interval,
     )
 
@@ -72,9 +76,10 @@ def compare_epsilons(
     noise_multiplier: float,
     value_discretization_interval: float = DEFAULT_DISCRETIZATION,
 ) -> EpsilonComparison:
-    """:func:`compare_epsilons_for_history` for T steps at constant (q, sigma)."""
+    """:func:`compare_epsilons_for_history` for T steps at constant (q, sigma > 0)."""
+    sigma = check_noise_multiplier(noise_multiplier)
     return compare_epsilons_for_history(
-        (TrainingSegment(noise_multiplier, sample_rate, steps),),
+        DPSGDRun.constant(steps=steps, sample_rate=sample_rate, noise_multiplier=sigma),
         delta,
         value_discretization_interval=value_discretization_interval,
     )

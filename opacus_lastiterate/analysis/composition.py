@@ -15,13 +15,22 @@ import math
 
 import dp_accounting
 from dp_accounting import dp_event
+from scipy import special
 
-from opacus_lastiterate.analysis._validation import check_delta, check_positive
-from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_epsilon
+from opacus_lastiterate.analysis._validation import (
+    check_delta,
+    check_epsilon,
+    check_in_interval,
+    check_positive,
+)
+from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_delta, gaussian_epsilon
 from opacus_lastiterate.analysis.history import HistoryLike, TrainingSegment, as_segments
+from opacus_lastiterate.analysis.run import RunLike, as_run
 
 __all__ = [
     "DEFAULT_DISCRETIZATION",
+    "FullBatchGaussian",
+    "StandardComposition",
     "full_batch_epsilon",
     "full_batch_epsilon_for_history",
     "standard_epsilon",
@@ -97,3 +106,96 @@ def full_batch_epsilon(
     return full_batch_epsilon_for_history(
         (TrainingSegment(noise_multiplier, sample_rate, steps),), delta
     )
+
+
+# -- privacy models ------------------------------------------------------------------------
+
+
+class StandardComposition:
+    """Every intermediate model released: the Poisson-subsampled Gaussian mechanism composed
+    over the run with dp_accounting's PLD accountant (pessimistic, an upper bound). A step
+    without noise releases its gradient sum exactly: epsilon = inf, delta = 1. Per-step
+    weights do not matter here (each step is released)."""
+
+    kind = "upper_bound"
+    label = "standard composition (all iterates released): dp_accounting PLD, upper bound"
+
+    def __init__(
+        self, run: RunLike, *, value_discretization_interval: float = DEFAULT_DISCRETIZATION
+    ) -> None:
+        self.run = as_run(run)
+        self.interval = check_positive(
+            "value_discretization_interval", value_discretization_interval
+        )
+        self._pld = None
+
+    def _composed(self):  # -> dp_accounting PrivacyLossDistribution (built once)
+        if self._pld is None:
+            accountant = dp_accounting.pld.PLDAccountant(
+                dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+                value_discretization_interval=self.interval,
+            )
+            self._pld = accountant.compose(_dp_sgd_event(self.run.segments))
+        return self._pld
+
+    def epsilon(self, delta: float) -> float:
+        """Composition epsilon at ``delta`` in (0, 1)."""
+        d = check_delta(delta)
+        if self.run.num_steps == 0:
+            return 0.0
+        if self.run.has_zero_noise:
+            return math.inf
+        return float(self._composed().get_epsilon(d))
+
+    def delta(self, epsilon: float) -> float:
+        """Composition delta(epsilon) for epsilon >= 0."""
+        e = check_epsilon(epsilon)
+        if self.run.num_steps == 0:
+            return 0.0
+        if self.run.has_zero_noise:
+            return 1.0
+        return float(self._composed().get_delta(e))
+
+    def __repr__(self) -> str:
+        return f"StandardComposition(steps={self.run.num_steps}, interval={self.interval:g})"
+
+
+class FullBatchGaussian:
+    """Full-batch DP-GD with the same expected step and noise: mu-GDP with
+    mu^2 = sum_t (q_t / sigma_t)^2, in closed form (exact for that mechanism)."""
+
+    kind = "exact"
+    label = "full-batch DP-GD with the same expected step and noise (closed form)"
+
+    def __init__(self, run: RunLike) -> None:
+        self.run = as_run(run)
+        if self.run.has_zero_noise:
+            self.mu = math.inf
+        else:
+            self.mu = math.sqrt(
+                sum(s.steps * (s.sample_rate / s.noise_multiplier) ** 2 for s in self.run.segments)
+            )
+
+    def epsilon(self, delta: float) -> float:
+        """epsilon of mu-GDP at ``delta``."""
+        d = check_delta(delta)
+        if self.mu == 0.0:
+            return 0.0
+        return math.inf if math.isinf(self.mu) else gaussian_epsilon(d, mu=self.mu)
+
+    def delta(self, epsilon: float) -> float:
+        """delta(epsilon) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)."""
+        e = check_epsilon(epsilon)
+        if self.mu == 0.0:
+            return 0.0
+        return 1.0 if math.isinf(self.mu) else gaussian_delta(e, mu=self.mu)
+
+    def beta(self, alpha: float) -> float:
+        """Trade-off curve of mu-GDP: Phi(Phi^{-1}(1 - alpha) - mu)."""
+        a = check_in_interval("alpha", alpha, 0.0, 1.0, low_open=False, high_open=False)
+        if math.isinf(self.mu):
+            return 0.0 if a > 0 else 1.0
+        return float(special.ndtr(-special.ndtri(a) - self.mu)) if 0 < a < 1 else 1.0 - a
+
+    def __repr__(self) -> str:
+        return f"FullBatchGaussian(mu={self.mu:.6g})"

@@ -45,12 +45,18 @@ def _lse(v: np.ndarray) -> float:
 
 
 def _decreasing_root(
-    fun: Callable[[float], tuple[float, float]], lo: float, hi: float, xtol: float
+    fun: Callable[[float], tuple[float, float]],
+    lo: float,
+    hi: float,
+    xtol: float,
+    start: float | None = None,
 ) -> float:
     """Root of a decreasing function on [lo, hi] (fun(lo) > 0 > fun(hi)) by Newton steps
-    safeguarded with bisection; ``fun`` returns (value, derivative). Newton starts at ``hi``:
-    for the concave log-deltas below it then approaches the root monotonically."""
-    y = hi
+    safeguarded with bisection; ``fun`` returns (value, derivative). Newton starts at ``hi``
+    (or at ``start``, a warm start inside the bracket): for the concave log-deltas below it
+    then approaches the root monotonically (from the left, the first step overshoots to the
+    right of the root, and the rest is monotone)."""
+    y = start if start is not None and lo < start < hi else hi
     for _ in range(200):
         f, df = fun(y)
         if f > 0:
@@ -59,6 +65,8 @@ def _decreasing_root(
             hi = y
         step = f / df if df < 0 and math.isfinite(df) else math.nan
         new = y - step
+        if abs(step) <= xtol:  # converged (checked first: a step below one ulp lands on hi)
+            return new
         if not (lo < new < hi):  # Newton left the bracket (or had no slope): bisect
             new = 0.5 * (lo + hi)
         if abs(new - y) <= xtol or hi - lo <= xtol:
@@ -124,18 +132,24 @@ class ShiftedGaussianMixture:
         tot = float(e.sum())
         return m + math.log(tot), float(e.dot(self._a)) / tot
 
-    def _loss_inverse(self, value: float) -> float:
-        """The y with L(y) = value (requires value > lim_{y->-inf} L)."""
+    def _loss_inverse(self, value: float, start: float | None = None) -> float:
+        """The y with L(y) = value (requires value > lim_{y->-inf} L); ``start``: a warm start."""
         pos = self._a > 0
         # L(y) >= a_k y + b_k for every k, so L(y_hi) >= value at y_hi below.
         y = float(np.min((value - self._b[pos]) / self._a[pos]))
+        if start is not None and math.isfinite(start) and start < y:
+            y = start  # Newton from the left overshoots past the root, then is monotone
         # Newton from the right on a convex increasing function converges monotonically.
+        previous = math.inf
         for _ in range(200):
             loss, slope = self._loss_and_slope(y)
             step = (loss - value) / slope
             y -= step
-            if abs(step) <= _XTOL * (1.0 + abs(y)):
+            # converged, or the steps stopped shrinking: rounding noise of L (a warm start
+            # can land there at once, where the cold start's monotone path stops by itself)
+            if abs(step) <= _XTOL * (1.0 + abs(y)) or abs(step) >= previous > 0:
                 break
+            previous = abs(step)
         return y
 
     # -- log tail probabilities ----------------------------------------------------------------
@@ -173,16 +187,35 @@ class ShiftedGaussianMixture:
 
     def epsilon(self, delta: float) -> float:
         """eps(delta) = min{eps >= 0 : delta(eps) <= delta} = max(eps_PQ, eps_QP)."""
-        y0 = self._loss_inverse(0.0)  # L(y0) = 0: both optimal sets start here at eps = 0
-        return max(self._epsilon_pq(delta, y0), self._epsilon_qp(delta, y0))
+        return self.epsilon_warm(delta, None)[0]
 
-    def _epsilon_pq(self, delta: float, y0: float) -> float:
+    def epsilon_warm(
+        self, delta: float, hints: tuple[float, float, float] | None
+    ) -> tuple[float, tuple[float, float, float]]:
+        """:meth:`epsilon` started from the thresholds ``hints`` = (y0, y_PQ, y_QP) of a nearby
+        pair (the previous step of a run); returns the epsilon and this pair's thresholds.
+        Warm starts change the number of Newton steps only, not the tolerance of the root."""
+        h0, hpq, hqp = hints if hints is not None else (None, None, None)
+        y0 = self._loss_inverse(0.0, h0)  # L(y0) = 0: both optimal sets start here at eps = 0
+        eps_pq, ypq = self._epsilon_pq(delta, y0, hpq)
+        if 0.0 < eps_pq < math.inf and -eps_pq > self._loss_floor:
+            # delta_QP is decreasing in eps: if delta_QP(eps_PQ) <= delta then
+            # eps_QP <= eps_PQ, and one evaluation replaces the second root find.
+            y_at = self._loss_inverse(-eps_pq, hqp)
+            if self._log_delta_qp(y_at)[0] <= math.log(delta):
+                return eps_pq, (y0, ypq, y_at)
+        eps_qp, yqp = self._epsilon_qp(delta, y0, hqp)
+        return max(eps_pq, eps_qp), (y0, ypq, yqp)
+
+    def _epsilon_pq(
+        self, delta: float, y0: float, start: float | None = None
+    ) -> tuple[float, float]:
         target = delta - self._m
         if target <= 0:
-            return math.inf
+            return math.inf, math.inf
         log_target = math.log(target)
         if self._log_delta_pq(y0)[0] <= log_target:
-            return 0.0
+            return 0.0, y0
         # delta_PQ(y) <= Pr[N(x_max, s^2) >= y] <= target / 4 at y_hi.
         y_hi = max(y0, float(self._x.max()) - self._s * float(special.ndtri(target / 4.0)))
 
@@ -190,13 +223,15 @@ class ShiftedGaussianMixture:
             log_delta, slope = self._log_delta_pq(y)
             return max(log_delta, _LOG_FLOOR) - log_target, slope
 
-        y = _decreasing_root(f, y0, y_hi, _XTOL * (1.0 + abs(y_hi)))
-        return max(0.0, self.privacy_loss(y))
+        y = _decreasing_root(f, y0, y_hi, _XTOL * (1.0 + abs(y_hi)), start)
+        return max(0.0, self.privacy_loss(y)), y
 
-    def _epsilon_qp(self, delta: float, y0: float) -> float:
+    def _epsilon_qp(
+        self, delta: float, y0: float, start: float | None = None
+    ) -> tuple[float, float]:
         log_target = math.log(delta)
         if self._log_delta_qp(y0)[0] <= log_target:
-            return 0.0
+            return 0.0, y0
         # delta_QP(y) <= Pr[N(0, s^2) <= y] = delta / 4 at y_lo.
         y_lo = min(y0, self._s * float(special.ndtri(delta / 4.0)))
 
@@ -204,5 +239,19 @@ class ShiftedGaussianMixture:
             log_delta, slope = self._log_delta_qp(-y)
             return max(log_delta, _LOG_FLOOR) - log_target, -slope
 
-        y = -_decreasing_root(g, -y0, -y_lo, _XTOL * (1.0 + abs(y_lo)))
-        return max(0.0, -self.privacy_loss(y))
+        neg_start = None if start is None else -start
+        y = -_decreasing_root(g, -y0, -y_lo, _XTOL * (1.0 + abs(y_lo)), neg_start)
+        return max(0.0, -self.privacy_loss(y)), y
+
+    def beta(self, alpha: float) -> float:
+        """Trade-off T(P, Q)(alpha): the smallest false-negative rate Pr_P[say Q] of a test
+        whose false-positive rate Pr_Q[say P] is ``alpha`` (Neyman-Pearson: say P when y >= tau,
+        tau = s Phi^{-1}(1 - alpha), since L is increasing). The truncated mass is counted as
+        detected, so the value is a lower bound (the safe side for privacy)."""
+        if alpha <= 0.0:
+            return float(1.0 - self._m) if self._x.size else 1.0
+        if alpha >= 1.0:
+            return 0.0
+        tau = -self._s * float(special.ndtri(alpha))
+        log_beta = _lse(self._lw + special.log_ndtr((tau - self._x) / self._s))
+        return min(1.0, math.exp(log_beta))

@@ -23,18 +23,26 @@ from functools import lru_cache
 
 import numpy as np
 
-from opacus_lastiterate.analysis._validation import check_delta, check_epsilon
+from opacus_lastiterate.analysis._validation import (
+    check_delta,
+    check_epsilon,
+    check_in_interval,
+    check_noise_multiplier,
+)
 from opacus_lastiterate.analysis.canary_count import poisson_binomial_count
 from opacus_lastiterate.analysis.gaussian_mixture import ShiftedGaussianMixture
-from opacus_lastiterate.analysis.history import (
+from opacus_lastiterate.analysis.history import suffix, total_steps
+from opacus_lastiterate.analysis.run import (
     HistoryLike,
+    RunLike,
     TrainingSegment,
+    as_run,
     as_segments,
-    suffix,
-    total_steps,
 )
 
 __all__ = [
+    "LastIterateHeuristic",
+    "RobustLastIterateHeuristic",
     "heuristic_delta",
     "heuristic_delta_for_history",
     "heuristic_epsilon",
@@ -68,12 +76,22 @@ def heuristic_pair(history: HistoryLike) -> ShiftedGaussianMixture | None:
 
 
 def _segment(steps: object, sample_rate: object, noise_multiplier: object) -> tuple[TrainingSegment, ...]:
-    return (TrainingSegment(noise_multiplier, sample_rate, steps),)  # type: ignore[arg-type]
+    sigma = check_noise_multiplier(noise_multiplier)  # the free functions want sigma > 0
+    return (TrainingSegment(sigma, sample_rate, steps),)  # type: ignore[arg-type]
 
 
 def _epsilon(segments: tuple[TrainingSegment, ...], delta: float) -> float:
+    if _noiseless(segments):
+        return math.inf
     pair = _pair(segments)
     return 0.0 if pair is None else pair.epsilon(delta)
+
+
+def _noiseless(segments: tuple[TrainingSegment, ...]) -> bool:
+    """Steps were taken, none with noise: the canary's count is seen exactly."""
+    return any(s.steps for s in segments) and not any(
+        s.steps and s.noise_multiplier > 0 for s in segments
+    )
 
 
 def suffix_epsilons(segments: tuple[TrainingSegment, ...], delta: float) -> dict[int, float]:
@@ -142,6 +160,8 @@ def heuristic_delta_for_history(history: HistoryLike, epsilon: float) -> float:
     exact value of the pair; the truncated tail mass is added)."""
     segments = as_segments(history)
     eps = check_epsilon(epsilon)
+    if _noiseless(segments):
+        return 1.0
     pair = _pair(segments)
     return 0.0 if pair is None else pair.delta(eps)
 
@@ -165,3 +185,120 @@ def heuristic_delta(
 ) -> float:
     """Heuristic delta(eps) for T = ``steps`` steps at constant (q, sigma)."""
     return heuristic_delta_for_history(_segment(steps, sample_rate, noise_multiplier), epsilon)
+
+
+# -- privacy models ------------------------------------------------------------------------
+
+
+class LastIterateHeuristic:
+    """The last-iterate heuristic of a run: ``epsilon(delta)``, ``delta(epsilon)``,
+    ``beta(alpha)`` (``docs/last_iterate.md``).
+
+    Without per-step weights this is the exact pair of the module docstring (Poisson-binomial
+    count for several sample rates, noise variance sum_i T_i sigma_i^2). With weights
+    (``run.weights``: learning-rate schedules, momentum) it is the weighted pair of
+    :mod:`.weighted_heuristic`, rounded up to within ``accuracy`` relative. A run whose
+    steps have no noise at all gives epsilon = inf and delta = 1 (a valid upper bound).
+
+    A heuristic: exact for linear losses, not a proven DP guarantee for deep networks; it
+    describes the final model only.
+    """
+
+    kind = "heuristic"
+    label = (
+        "last-iterate heuristic (final model only; exact for linear losses, "
+        "not a proven bound for deep networks)"
+    )
+
+    def __init__(self, run: RunLike, *, accuracy: float = 1e-3) -> None:
+        self.run = as_run(run)
+        self.accuracy = check_in_interval("accuracy", accuracy, 0.0, 1.0)
+
+    def _weighted(self, quantity: str, argument: float):  # -> WeightedHeuristicResult
+        from opacus_lastiterate.analysis.weighted_heuristic import solve_trusted
+
+        sigma, q = self.run.per_step()
+        w = self.run.weights
+        assert w is not None
+        keep = w > 0
+        return solve_trusted(quantity, argument, w[keep], q[keep], sigma[keep], self.accuracy)
+
+    def epsilon(self, delta: float) -> float:
+        """Heuristic epsilon at ``delta`` in (0, 1); never below the exact value of the pair."""
+        d = check_delta(delta)
+        if self.run.weights is not None:
+            return float(self._weighted("epsilon", d).value)
+        return _epsilon(self.run.segments, d)
+
+    def delta(self, epsilon: float) -> float:
+        """Heuristic delta(epsilon) for epsilon >= 0 (an upper bound on the exact value)."""
+        e = check_epsilon(epsilon)
+        if self.run.weights is not None:
+            return float(self._weighted("delta", e).value)
+        if _noiseless(self.run.segments):
+            return 1.0
+        pair = _pair(self.run.segments)
+        return 0.0 if pair is None else pair.delta(e)
+
+    def beta(self, alpha: float) -> float:
+        """Trade-off curve T(P, Q)(alpha): the smallest false-negative rate of a test that says
+        "canary present" with false-positive rate ``alpha`` in [0, 1] (a lower bound; the
+        constant-rate pair only)."""
+        a = check_in_interval("alpha", alpha, 0.0, 1.0, low_open=False, high_open=False)
+        if self.run.weights is not None:
+            raise NotImplementedError(
+                "beta(alpha) is computed for runs without per-step weights only."
+            )
+        if _noiseless(self.run.segments):
+            return 0.0 if a > 0 else 1.0
+        pair = _pair(self.run.segments)
+        return 1.0 - a if pair is None else pair.beta(a)
+
+    def __repr__(self) -> str:
+        return f"LastIterateHeuristic(steps={self.run.num_steps}, segments={len(self.run.segments)})"
+
+
+class RobustLastIterateHeuristic:
+    """max over t <= T of the heuristic of the last t steps (``docs/last_iterate.md``,
+    "Robust variant"): what a regulariser that zeroes the model would expose. Runs without
+    per-step weights only."""
+
+    kind = "heuristic"
+    label = "robust last-iterate heuristic: max over the last t <= T steps"
+
+    def __init__(self, run: RunLike) -> None:
+        self.run = as_run(run)
+        if self.run.weights is not None:
+            raise ValueError(
+                "`run` must have no per-step weights: the robust maximum is computed for the "
+                "constant-rate formula."
+            )
+
+    def epsilon(self, delta: float) -> float:
+        """max_t eps_t(delta), an upper bound on the exact maximum."""
+        d = check_delta(delta)
+        if _noiseless(self.run.segments[-1:]):
+            return math.inf
+        return _robust_epsilon(self.run.segments, d)
+
+    def delta(self, epsilon: float) -> float:
+        """max_t delta_t(epsilon): the smallest delta whose robust epsilon is <= ``epsilon``,
+        by bisection on log delta (to 1e-6 relative, rounded up)."""
+        e = check_epsilon(epsilon)
+        if self.run.num_steps == 0:
+            return 0.0
+        if self.epsilon(1.0 - 1e-15) > e:
+            return 1.0
+        lo, hi = math.log(1e-300), math.log(1.0 - 1e-15)  # eps(lo) > e >= eps(hi)
+        if self.epsilon(math.exp(lo)) <= e:
+            return math.exp(lo)
+        while hi - lo > 1e-6:
+            mid = 0.5 * (lo + hi)
+            if self.epsilon(math.exp(mid)) <= e:
+                hi = mid
+            else:
+                lo = mid
+        return math.exp(hi)
+
+    def __repr__(self) -> str:
+        return f"RobustLastIterateHeuristic(steps={self.run.num_steps})"

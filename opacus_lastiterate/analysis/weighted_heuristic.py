@@ -356,6 +356,19 @@ def _solve(
 ) -> WeightedHeuristicResult:
     acc = check_in_interval("accuracy", accuracy, 0.0, 1.0)
     w, q, sigma = _steps(weights, sample_rates, noise_multipliers)
+    return solve_trusted(quantity, argument, w, q, sigma, acc)
+
+
+def solve_trusted(
+    quantity: str,
+    argument: float,
+    w: np.ndarray,
+    q: np.ndarray,
+    sigma: np.ndarray,
+    acc: float,
+) -> WeightedHeuristicResult:
+    """The weighted heuristic for validated per-step arrays (weights > 0 only; sigma >= 0).
+    Internal entry point of :class:`~.heuristic.LastIterateHeuristic`."""
 
     def result(value, lower, rel, exact, resolution, size, dropped) -> WeightedHeuristicResult:
         return WeightedHeuristicResult(
@@ -375,6 +388,9 @@ def _solve(
     if w.size == 0:
         return result(0.0, 0.0, 0.0, True, 0, 1, 0.0)
     u = w / w.max()
+    if not np.any(sigma > 0):  # no noise at all: the canary is seen exactly
+        value = math.inf if quantity == "epsilon" else 1.0
+        return result(value, value, 0.0, True, 0, 1, 0.0)
     if float(u.min()) >= 1.0 - _ON_GRID:
         # Constant weights: shifts rounded up to the largest weight (exact when all are equal),
         # noise of step t scaled by u_t, i.e. the constant-rate history path.

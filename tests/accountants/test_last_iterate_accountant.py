@@ -64,7 +64,6 @@ def test_sample_rate_one_is_valid() -> None:
 
 BAD_STEP_ARGUMENTS = [
     ("noise_multiplier", float("nan"), ValueError),
-    ("noise_multiplier", 0.0, ValueError),
     ("noise_multiplier", -1.0, ValueError),
     ("noise_multiplier", float("inf"), ValueError),
     ("noise_multiplier", True, TypeError),
@@ -143,19 +142,26 @@ def test_epsilon_and_delta_equal_the_analysis_functions_on_the_same_history() ->
     )
 
 
-def test_get_epsilon_passes_history_delta_and_robust_through(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    calls: list[tuple[Any, ...]] = []
-
-    def fake(history: Any, delta: float, *, robust: bool = False) -> float:
-        calls.append((list(history), delta, robust))
-        return 4.25
-
-    monkeypatch.setattr(heuristic, "heuristic_epsilon_for_history", fake)
+def test_robust_epsilon_is_the_max_over_every_suffix() -> None:
+    # brute force: every suffix of a two-segment history, each evaluated from scratch
     acc = _stepped([(1.0, 0.1)] * 2 + [(2.0, 0.2)])
-    assert acc.get_epsilon(1e-6, robust=True) == 4.25
-    assert calls == [([(1.0, 0.1, 2), (2.0, 0.2, 1)], 1e-6, True)]
+    suffixes = [[(2.0, 0.2, 1)], [(1.0, 0.1, 1), (2.0, 0.2, 1)], [(1.0, 0.1, 2), (2.0, 0.2, 1)]]
+    brute = max(heuristic.heuristic_epsilon_for_history(h, 1e-6) for h in suffixes)
+    assert brute <= acc.get_epsilon(1e-6, robust=True) <= brute * (1 + 1e-6)
+
+
+def test_zero_noise_step_is_recorded_and_reported_as_inf() -> None:
+    acc = _stepped([(1.0, 0.1)])
+    with pytest.warns(UserWarning, match="noise_multiplier=0"):
+        acc.step(noise_multiplier=0.0, sample_rate=0.1)
+    assert acc.history == [(1.0, 0.1, 1), (0.0, 0.1, 1)]
+    # the other step's noise still hides the count in the final model (linear losses) ...
+    assert math.isfinite(acc.get_epsilon(1e-5))
+    # ... but the last step alone is released without noise
+    assert acc.get_epsilon(1e-5, robust=True) == math.inf
+    only = _stepped([(1.0, 0.1)])
+    only.history = [(0.0, 0.1, 3)]
+    assert only.get_epsilon(1e-5) == math.inf and only.get_delta(5.0) == 1.0
 
 
 def test_heuristic_is_below_standard_composition() -> None:
@@ -268,11 +274,11 @@ def test_corrupt_state_is_rejected_without_changing_state(
     state: object, error: type[Exception], fragment: str
 ) -> None:
     acc = _stepped([(2.0, 0.2)] * 2)
-    before = copy.deepcopy(acc.__dict__)
+    before, eps = copy.deepcopy(acc.state_dict()), acc.get_epsilon(1e-5)
     with pytest.raises(error) as info:
         acc.load_state_dict(state)  # type: ignore[arg-type]
     assert fragment in str(info.value)
-    assert acc.__dict__ == before
+    assert acc.state_dict() == before and acc.get_epsilon(1e-5) == eps
 
 
 # -- direct assignment of ``history`` (what Opacus's get_noise_multiplier does) -------------
@@ -306,11 +312,11 @@ def test_invalid_assigned_history_raises_and_leaves_state() -> None:
     assert acc.history == [(1.0, 0.1, 2)]
 
 
-def test_get_epsilon_validates_a_directly_mutated_history() -> None:
+def test_history_is_a_copy_that_cannot_corrupt_the_accountant() -> None:
     acc = _stepped([(1.0, 0.1)] * 2)
+    eps = acc.get_epsilon(1e-5)
     acc.history.append((float("nan"), 0.1, 1))
-    with pytest.raises(ValueError, match=r"`history\[1\].noise_multiplier`"):
-        acc.get_epsilon(1e-5)
+    assert acc.history == [(1.0, 0.1, 2)] and acc.get_epsilon(1e-5) == eps
 
 
 # -- display, copying -----------------------------------------------------------------------
@@ -324,8 +330,6 @@ def test_describe_and_repr_say_it_is_a_heuristic_for_the_final_model() -> None:
         assert "not a proven DP bound" in text
     assert "3 steps in 1 segment" in acc.describe()
     assert f"{acc.get_epsilon(1e-5):.4f}" in acc.describe(1e-5)
-    acc.history.append("junk")  # type: ignore[arg-type]
-    assert "invalid history" in repr(acc)
 
 
 def test_deepcopy_and_pickle_keep_history() -> None:

@@ -66,8 +66,10 @@ from opacus_lastiterate.analysis.normalisation.discretisation import (
     worst_delta,
     worst_epsilon,
 )
+from opacus_lastiterate.analysis.run import RunLike, as_run
 
 __all__ = [
+    "ASGM",
     "ASGM_MODEL",
     "EMPTY_BATCH_BEHAVIOUR",
     "asgm_delta",
@@ -333,3 +335,75 @@ def asgm_delta(
         ),
     )
     return worst_delta(plds, e)
+
+
+class ASGM:
+    """Division by the realised batch size (Opacus 0.x) for a run: the exact "batch size
+    revealed" model (:data:`ASGM_MODEL`), worst of both neighbours of the N-record data set
+    (``run.normalisation.dataset_size``) and both directions, composed segment by segment.
+    An upper bound on that model; a step without noise gives epsilon = inf, delta = 1."""
+
+    kind = "upper_bound"
+    label = ASGM_MODEL
+
+    def __init__(
+        self,
+        run: RunLike,
+        *,
+        value_discretization_interval: float = DEFAULT_INTERVAL,
+        discretisation: Discretisation = "connect_dots",
+    ) -> None:
+        self.run = as_run(run)
+        norm = self.run.normalisation
+        if norm is None or norm.dataset_size is None:
+            raise ValueError(
+                "`run.normalisation.dataset_size` must be given for the ASGM model: "
+                "DPSGDRun.from_history(..., normalisation=Normalisation('realised', dataset_size=N))."
+            )
+        self.dataset_size = norm.dataset_size
+        self.interval = check_interval(value_discretization_interval)
+        self.discretisation = check_discretisation(discretisation)
+        self._plds: list[PrivacyLossDistribution] | None = None
+
+    def _composed(self) -> list[PrivacyLossDistribution]:
+        if self._plds is None:
+            out = []
+            for others in (self.dataset_size - 1, self.dataset_size):
+                plds = [
+                    asgm_pld(
+                        other_records=others,
+                        sample_rate=s.sample_rate,
+                        noise_multiplier=s.noise_multiplier,
+                        steps=s.steps,
+                        value_discretization_interval=self.interval,
+                        discretisation=self.discretisation,
+                    )
+                    for s in self.run.segments
+                ]
+                composed = plds[0]
+                for pld in plds[1:]:
+                    composed = composed.compose(pld)
+                out.append(composed)
+            self._plds = out
+        return self._plds
+
+    def epsilon(self, delta: float) -> float:
+        """ASGM epsilon(delta) (inf when the all-sampled mass exceeds delta)."""
+        d = check_delta(delta)
+        if self.run.num_steps == 0:
+            return 0.0
+        if self.run.has_zero_noise:
+            return math.inf
+        return worst_epsilon(self._composed(), d)
+
+    def delta(self, epsilon: float) -> float:
+        """ASGM delta(epsilon), an upper bound."""
+        e = check_epsilon(epsilon)
+        if self.run.num_steps == 0:
+            return 0.0
+        if self.run.has_zero_noise:
+            return 1.0
+        return worst_delta(self._composed(), e)
+
+    def __repr__(self) -> str:
+        return f"ASGM(steps={self.run.num_steps}, dataset_size={self.dataset_size})"

@@ -1,0 +1,249 @@
+"""What every accountant of this package shares: one history, validated where it enters.
+
+:class:`RunAccountant` implements Opacus's ``IAccountant`` bookkeeping once:
+
+* ``history``: ``[(noise_multiplier, sample_rate, steps), ...]``, run-length merged like
+  Opacus's own accountants. Reading it returns a copy; assigning it (as Opacus's
+  ``get_noise_multiplier`` does) validates the whole list first.
+* ``step``: validates (sigma, q) and records them. A noise multiplier of 0 is accepted, as
+  Opacus accepts it: the step is recorded, a :class:`ZeroNoiseWarning` is emitted once, and
+  the accountants report what it implies (epsilon = inf where a step is released without
+  noise). Accounting never aborts a training step that Opacus itself accepts.
+* ``state_dict``/``load_state_dict``: Opacus's keys plus each accountant's own; a state is
+  validated completely before anything changes.
+* :attr:`run`: the history as a :class:`~opacus_lastiterate.analysis.run.DPSGDRun`, built
+  once per change, which the analysis layer trusts without re-validating.
+
+Subclasses set ``_MECHANISM`` and may override the ``_after_step``, ``_after_reset``,
+``_observe``, ``_extra_state`` and ``_check_extra_state``/``_load_extra_state`` hooks.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from opacus.accountants import IAccountant
+
+from opacus_lastiterate.analysis._validation import check_in_interval, check_sample_rate
+from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment, as_segments
+
+__all__ = ["History", "RunAccountant", "ZeroNoiseWarning"]
+
+History = list[tuple[float, float, int]]
+
+
+class ZeroNoiseWarning(UserWarning):
+    """A step with noise multiplier 0 was recorded: the epsilon reported is inf."""
+
+
+def check_step_noise(value: object, name: str = "noise_multiplier") -> float:
+    """A step's noise multiplier: a real number in [0, inf) (Opacus accepts 0)."""
+    return check_in_interval(name, value, 0.0, math.inf, low_open=False)
+
+
+def _mechanism_name(value: object) -> object:
+    """The mechanism name stored in a state dict.
+
+    Opacus < 1.6 stored the bound classmethod ``cls.mechanism`` instead of its result (fixed
+    in Opacus PR #778); such a value is resolved to its name, anything else is returned as is.
+    """
+    if (
+        inspect.ismethod(value)
+        and isinstance(value.__self__, type)
+        and issubclass(value.__self__, IAccountant)
+    ):
+        return value()
+    return value
+
+
+def validate_history(history: object, name: str = "history") -> tuple[TrainingSegment, ...]:
+    """A list/tuple of ``(noise_multiplier, sample_rate, num_steps)`` triples with sigma in
+    [0, inf), q in (0, 1] and num_steps an integer >= 1; raises naming the bad entry."""
+    if not isinstance(history, (list, tuple)):
+        raise TypeError(
+            f"`{name}` must be a list of (noise_multiplier, sample_rate, num_steps) triples, "
+            f"got {history!r} of type {type(history).__name__}."
+        )
+    segments = as_segments(history, name)
+    for i, seg in enumerate(segments):
+        if seg.steps < 1:
+            raise ValueError(f"`{name}[{i}].steps` must be an integer >= 1, got {seg.steps}.")
+    return segments
+
+
+class RunAccountant(IAccountant):
+    """Opacus accountant bookkeeping shared by this package's accountants (module docs)."""
+
+    _MECHANISM: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        """An empty accountant (Opacus's registry calls ``cls()``)."""
+        self._segments: list[TrainingSegment] = []
+        self._num_steps = 0
+        self._run: DPSGDRun | None = None
+        self._zero_noise_warned = False
+        self._externally_assigned = False
+        # IAccountant.__init__ would assign ``self.history = []``; nothing to validate here.
+
+    # -- history ------------------------------------------------------------------------------
+
+    @property
+    def history(self) -> History:
+        """A copy of the recorded segments ``[(noise_multiplier, sample_rate, steps), ...]``."""
+        return [(s.noise_multiplier, s.sample_rate, s.steps) for s in self._segments]
+
+    @history.setter
+    def history(self, value: History) -> None:
+        # Opacus's get_noise_multiplier writes ``accountant.history = [(sigma, q, steps)]``.
+        segments = validate_history(value)
+        self._set_segments(segments)
+        self._externally_assigned = True
+
+    def _set_segments(self, segments: tuple[TrainingSegment, ...]) -> None:
+        self._segments = list(segments)
+        self._num_steps = sum(s.steps for s in segments)
+        self._run = None
+        self._after_reset()
+
+    @property
+    def num_steps(self) -> int:
+        """Total number of optimizer steps recorded (the sum of the segments' steps)."""
+        return self._num_steps
+
+    def __len__(self) -> int:
+        """Number of history segments, as Opacus defines it (see :attr:`num_steps`)."""
+        return len(self._segments)
+
+    @property
+    def run(self) -> DPSGDRun:
+        """The recorded history as a :class:`DPSGDRun` (built once per change)."""
+        if self._run is None:
+            self._run = DPSGDRun._trusted(tuple(self._segments))
+        return self._run
+
+    @classmethod
+    def mechanism(cls) -> str:
+        """The name under which this accountant is registered with Opacus."""
+        return cls._MECHANISM
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
+        """Record one step; extend the last segment if (sigma, q) are unchanged.
+
+        Args:
+            noise_multiplier: noise standard deviation over clipping norm, in [0, inf); 0 is
+                recorded (epsilon becomes inf) with a :class:`ZeroNoiseWarning`.
+            sample_rate: Poisson sampling rate, in (0, 1].
+
+        Raises:
+            TypeError, ValueError: on an invalid argument; nothing is then recorded.
+        """
+        self._record(check_step_noise(noise_multiplier), check_sample_rate(sample_rate))
+
+    def _record(self, sigma: float, q: float) -> None:
+        """Record a validated step."""
+        if sigma == 0.0 and not self._zero_noise_warned:
+            self._zero_noise_warned = True
+            warnings.warn(
+                f"{type(self).__name__}: a step with noise_multiplier=0 was recorded; "
+                "the gradients of that step are released without noise, so the reported "
+                "epsilon is inf.",
+                ZeroNoiseWarning,
+                stacklevel=4,
+            )
+        segs = self._segments
+        if segs and segs[-1].noise_multiplier == sigma and segs[-1].sample_rate == q:
+            segs[-1] = TrainingSegment._trusted(sigma, q, segs[-1].steps + 1)
+        else:
+            segs.append(TrainingSegment._trusted(sigma, q, 1))
+        self._num_steps += 1
+        self._run = None
+        self._after_step(sigma, q)
+
+    def get_optimizer_hook_fn(self, sample_rate: float) -> Callable[[Any], None]:
+        """The hook ``make_private`` attaches to the DPOptimizer: records
+        (sigma, q * accumulated_iterations) as Opacus's accountants do, after
+        :meth:`_observe` has read what the accountant needs from the optimizer. The step is
+        validated before anything is recorded or observed."""
+        q = check_sample_rate(sample_rate)
+
+        def hook_fn(optim: Any) -> None:
+            sigma = check_step_noise(optim.noise_multiplier, "optimizer.noise_multiplier")
+            rate = check_sample_rate(
+                q * optim.accumulated_iterations, "sample_rate * accumulated_iterations"
+            )
+            self._observe(optim)
+            self._record(sigma, rate)
+
+        return hook_fn
+
+    # -- subclass hooks ---------------------------------------------------------------------
+
+    def _after_step(self, noise_multiplier: float, sample_rate: float) -> None:
+        """Called after a validated step was recorded."""
+
+    def _after_reset(self) -> None:
+        """Called after the history was replaced (assignment or load_state_dict)."""
+
+    def _observe(self, optim: Any) -> None:
+        """Read what the accountant needs from the optimizer before a step is recorded."""
+
+    def _extra_state(self) -> dict[str, Any]:
+        """Accountant-specific entries of :meth:`state_dict`."""
+        return {}
+
+    def _check_extra_state(self, state_dict: Mapping[str, Any]) -> Any:
+        """Validate the accountant-specific entries; return what _load_extra_state takes."""
+        return None
+
+    def _load_extra_state(self, checked: Any) -> None:
+        """Apply what :meth:`_check_extra_state` validated (must not fail)."""
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def state_dict(self, destination: Any = None) -> Any:
+        """Opacus-compatible state ``{"history": [...], "mechanism": name, ...}``."""
+        if destination is None:
+            destination = OrderedDict()
+        destination["history"] = self.history
+        destination["mechanism"] = self.mechanism()
+        destination.update(self._extra_state())
+        return destination
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load a state from :meth:`state_dict`, after validating all of it.
+
+        Raises:
+            TypeError, ValueError: if the state is not a mapping, lacks ``"history"`` or
+                ``"mechanism"``, is of another mechanism, or has an invalid entry; the
+                accountant is then unchanged.
+        """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(
+                f"`state_dict` must be a mapping with keys 'history' and 'mechanism', "
+                f"got {type(state_dict).__name__}."
+            )
+        for key in ("history", "mechanism"):
+            if key not in state_dict:
+                raise ValueError(
+                    f"`state_dict` must have the key {key!r}, "
+                    f"got keys {sorted(map(str, state_dict))}."
+                )
+        mechanism = _mechanism_name(state_dict["mechanism"])
+        if mechanism != self.mechanism():
+            raise ValueError(
+                f"`state_dict['mechanism']` must be {self.mechanism()!r}, got {mechanism!r}: "
+                f"the state of another accountant cannot be loaded into {type(self).__name__}."
+            )
+        segments = validate_history(state_dict["history"], "state_dict['history']")
+        extra = self._check_extra_state(state_dict)
+        self._set_segments(segments)
+        self._externally_assigned = False
+        self._zero_noise_warned = False
+        self._load_extra_state(extra)

@@ -1,0 +1,300 @@
+"""One description of a DP-SGD run: :class:`DPSGDRun`.
+
+A run is what every privacy model of this package reads (``docs/run_description.md``):
+
+* ``segments``: ``(noise_multiplier, sample_rate, steps)`` runs of identical steps, oldest
+  first, as Opacus accountants store them (``accountant.history``, run-length compressed).
+  Units are multiples of the clipping norm C. A noise multiplier of 0 is allowed (Opacus
+  accepts it); every model then says what it implies (usually epsilon = inf).
+* ``weights`` (optional): the weight w_t with which step t's noisy gradient enters the final
+  model (learning-rate schedules, momentum; :mod:`.optimizer_weights`). ``None`` means plain
+  SGD at a constant learning rate, where every step has the same weight.
+* ``normalisation`` (optional): what the batch-size-normalised mechanisms need and Opacus
+  never passes to an accountant (:class:`Normalisation`).
+
+A run is validated once, where it enters (:meth:`DPSGDRun.from_history`, the constructor,
+:meth:`DPSGDRun.constant`); everything that receives a :class:`DPSGDRun` trusts it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Literal
+
+import numpy as np
+
+from opacus_lastiterate.analysis._validation import (
+    check_in_interval,
+    check_int,
+    check_sample_rate,
+    check_steps,
+)
+
+__all__ = [
+    "DIVISOR_RULES",
+    "DPSGDRun",
+    "HistoryLike",
+    "Normalisation",
+    "RunLike",
+    "TrainingSegment",
+    "as_run",
+    "as_segments",
+]
+
+DivisorRule = Literal["sum", "public", "floored_expected", "realised"]
+DIVISOR_RULES: tuple[str, ...] = ("sum", "public", "floored_expected", "realised")
+"""What the noisy gradient sum is divided by: nothing (``"sum"``, SGM), a public constant
+(``"public"``), Opacus 1.x's floor of a dataset-size-dependent expected batch size
+(``"floored_expected"``, FEASGM) or the realised batch size (``"realised"``, ASGM)."""
+
+
+def _check_sigma(value: object, name: str) -> float:
+    return check_in_interval(name, value, 0.0, math.inf, low_open=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingSegment:
+    """``steps`` consecutive DP-SGD steps with Poisson rate ``sample_rate`` in (0, 1] and
+    noise standard deviation ``noise_multiplier`` >= 0 (in units of the clipping norm)."""
+
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "noise_multiplier", _check_sigma(self.noise_multiplier, "noise_multiplier")
+        )
+        object.__setattr__(self, "sample_rate", check_sample_rate(self.sample_rate))
+        object.__setattr__(self, "steps", check_steps(self.steps))
+
+    @classmethod
+    def _trusted(cls, noise_multiplier: float, sample_rate: float, steps: int) -> TrainingSegment:
+        """A segment from values already validated (no checks: internal use only)."""
+        seg = object.__new__(cls)
+        object.__setattr__(seg, "noise_multiplier", noise_multiplier)
+        object.__setattr__(seg, "sample_rate", sample_rate)
+        object.__setattr__(seg, "steps", steps)
+        return seg
+
+
+@dataclass(frozen=True, slots=True)
+class Normalisation:
+    """What a normalised mechanism needs beyond the segments (``docs/normalisation.md``).
+
+    Attributes:
+        rule: one of :data:`DIVISOR_RULES`.
+        dataset_size: N = len(dataset), an integer >= 1 (needed by every rule but "sum").
+        batch_size: L, the DataLoader batch size given to ``make_private`` (FEASGM).
+        drop_last: that DataLoader's ``drop_last`` (FEASGM).
+        dimension: d, the number of trainable parameters (FEASGM's curve).
+        public_divisor: the public constant divided by (rule "public").
+    """
+
+    rule: DivisorRule
+    dataset_size: int | None = None
+    batch_size: int | None = None
+    drop_last: bool = False
+    dimension: int | None = None
+    public_divisor: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.rule not in DIVISOR_RULES:
+            raise ValueError(f"`rule` must be one of {DIVISOR_RULES}, got {self.rule!r}.")
+        for name in ("dataset_size", "batch_size", "dimension"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, check_int(name, value, minimum=1))
+        if not isinstance(self.drop_last, bool):
+            raise TypeError(f"`drop_last` must be a bool, got {self.drop_last!r}.")
+        if self.public_divisor is not None:
+            object.__setattr__(
+                self,
+                "public_divisor",
+                check_in_interval("public_divisor", self.public_divisor, 0.0, math.inf),
+            )
+        if self.rule == "public" and self.public_divisor is None:
+            raise ValueError("`public_divisor` must be given when `rule` is 'public'.")
+        if self.rule in ("floored_expected", "realised") and self.dataset_size is None:
+            raise ValueError(f"`dataset_size` must be given when `rule` is {self.rule!r}.")
+
+
+HistoryLike = Sequence[TrainingSegment] | Sequence[Sequence[float]] | Iterable[object]
+
+
+def as_segments(history: HistoryLike, name: str = "history") -> tuple[TrainingSegment, ...]:
+    """Validate a history and return it as a tuple of :class:`TrainingSegment`.
+
+    Accepts segments or Opacus-style triples ``(noise_multiplier, sample_rate, steps)``;
+    raises ``TypeError``/``ValueError`` naming the offending entry, e.g. ``history[2].steps``.
+    """
+    if isinstance(history, (str, bytes)) or not isinstance(history, Iterable):
+        raise TypeError(
+            f"`{name}` must be a sequence of (noise_multiplier, sample_rate, steps), "
+            f"got {history!r}."
+        )
+    out = []
+    for i, entry in enumerate(history):
+        if isinstance(entry, TrainingSegment):
+            out.append(entry)
+            continue
+        if isinstance(entry, (str, bytes)) or not isinstance(entry, Iterable):
+            raise TypeError(
+                f"`{name}[{i}]` must be a (noise_multiplier, sample_rate, steps) triple, "
+                f"got {entry!r}."
+            )
+        values = tuple(entry)
+        if len(values) != 3:
+            raise TypeError(
+                f"`{name}[{i}]` must be a (noise_multiplier, sample_rate, steps) triple, "
+                f"got {entry!r}."
+            )
+        sigma, q, steps = values
+        out.append(
+            TrainingSegment._trusted(
+                _check_sigma(sigma, f"{name}[{i}].noise_multiplier"),
+                check_sample_rate(q, f"{name}[{i}].sample_rate"),
+                check_steps(steps, f"{name}[{i}].steps"),
+            )
+        )
+    return tuple(out)
+
+
+def _check_weights(weights: object, steps: int) -> np.ndarray:
+    try:
+        w = np.array(weights, dtype=float, copy=True)
+    except (TypeError, ValueError):
+        raise TypeError(f"`weights` must be a sequence of real numbers, got {weights!r}.") from None
+    if w.ndim != 1 or w.size != steps:
+        raise ValueError(
+            f"`weights` must have one entry per step ({steps}), got shape {w.shape}."
+        )
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        bad = int(np.flatnonzero(~(np.isfinite(w) & (w >= 0)))[0])
+        raise ValueError(f"`weights[{bad}]` must be finite and >= 0, got {w[bad]!r}.")
+    w.setflags(write=False)
+    return w
+
+
+@dataclass(frozen=True, eq=False)
+class DPSGDRun:
+    """A DP-SGD run, validated once (module docstring). Build it with
+    :meth:`from_history` or :meth:`constant`; analysis objects accept it as is.
+
+    Attributes:
+        segments: the ``(noise_multiplier, sample_rate, steps)`` segments, oldest first.
+        weights: per-step weights w_t >= 0 of the noisy gradients in the final model (read-only
+            array, one per step), or ``None`` for plain SGD at a constant learning rate.
+        normalisation: divisor rule and dataset facts, or ``None`` for the noisy sum (SGM).
+    """
+
+    segments: tuple[TrainingSegment, ...]
+    weights: np.ndarray | None = None
+    normalisation: Normalisation | None = None
+    _validated: bool = field(default=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self._validated:
+            return
+        segments = as_segments(self.segments, "segments")
+        object.__setattr__(self, "segments", segments)
+        if self.weights is not None:
+            total = sum(s.steps for s in segments)
+            object.__setattr__(self, "weights", _check_weights(self.weights, total))
+        if self.normalisation is not None and not isinstance(self.normalisation, Normalisation):
+            raise TypeError(
+                f"`normalisation` must be a Normalisation or None, got {self.normalisation!r}."
+            )
+        object.__setattr__(self, "_validated", True)
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def from_history(
+        cls,
+        history: HistoryLike,
+        *,
+        weights: Sequence[float] | np.ndarray | None = None,
+        normalisation: Normalisation | None = None,
+    ) -> DPSGDRun:
+        """The run of an Opacus-style history ``[(noise_multiplier, sample_rate, steps), ...]``
+        (or :class:`TrainingSegment` s); segments with 0 steps are dropped."""
+        segments = tuple(s for s in as_segments(history) if s.steps > 0)
+        return cls(segments, weights, normalisation)
+
+    @classmethod
+    def constant(
+        cls, *, steps: int, sample_rate: float, noise_multiplier: float
+    ) -> DPSGDRun:
+        """T = ``steps`` steps at constant (q, sigma)."""
+        seg = TrainingSegment(noise_multiplier, sample_rate, steps)  # errors name the argument
+        return cls._trusted((seg,) if seg.steps else ())
+
+    @classmethod
+    def _trusted(
+        cls,
+        segments: tuple[TrainingSegment, ...],
+        weights: np.ndarray | None = None,
+        normalisation: Normalisation | None = None,
+    ) -> DPSGDRun:
+        """A run from parts that are already valid (internal: no checks, no copies)."""
+        return cls(segments, weights, normalisation, _validated=True)
+
+    # -- derived quantities (computed once) -----------------------------------------------
+
+    @cached_property
+    def num_steps(self) -> int:
+        """T, the total number of steps."""
+        return sum(s.steps for s in self.segments)
+
+    @cached_property
+    def has_zero_noise(self) -> bool:
+        """Whether some step has noise multiplier 0."""
+        return any(s.noise_multiplier == 0.0 for s in self.segments)
+
+    @cached_property
+    def is_constant(self) -> bool:
+        """One (sigma, q) for every step and no per-step weights."""
+        return self.weights is None and len({(s.noise_multiplier, s.sample_rate) for s in self.segments}) <= 1
+
+    def as_history(self) -> list[tuple[float, float, int]]:
+        """The Opacus form ``[(noise_multiplier, sample_rate, steps), ...]``."""
+        return [(s.noise_multiplier, s.sample_rate, s.steps) for s in self.segments]
+
+    def per_step(self) -> tuple[np.ndarray, np.ndarray]:
+        """(noise multipliers, sample rates), one entry per step."""
+        counts = [s.steps for s in self.segments]
+        return (
+            np.repeat([s.noise_multiplier for s in self.segments], counts).astype(float),
+            np.repeat([s.sample_rate for s in self.segments], counts).astype(float),
+        )
+
+    def suffix(self, steps: int) -> DPSGDRun:
+        """The last ``steps`` steps (what a regulariser that zeroes the model keeps)."""
+        out: list[TrainingSegment] = []
+        remaining = steps
+        for seg in reversed(self.segments):
+            if remaining <= 0:
+                break
+            take = min(seg.steps, remaining)
+            out.append(TrainingSegment._trusted(seg.noise_multiplier, seg.sample_rate, take))
+            remaining -= take
+        weights = None if self.weights is None else self.weights[self.num_steps - steps :]
+        return DPSGDRun._trusted(tuple(reversed(out)), weights, self.normalisation)
+
+    def with_weights(self, weights: Sequence[float] | np.ndarray | None) -> DPSGDRun:
+        """The same run with per-step weights (validated)."""
+        return DPSGDRun(self.segments, weights, self.normalisation, _validated=False)
+
+
+RunLike = DPSGDRun | HistoryLike
+
+
+def as_run(run: RunLike, name: str = "run") -> DPSGDRun:
+    """A :class:`DPSGDRun` as is, or a history validated into one (the boundary)."""
+    if isinstance(run, DPSGDRun):
+        return run
+    return DPSGDRun.from_history(as_segments(run, name))
