@@ -16,7 +16,6 @@ keeps Opacus's bookkeeping.
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 from opacus.accountants import IAccountant
 
+from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis import heuristic as _heuristic
 from opacus_lastiterate.analysis._validation import (
     check_delta,
@@ -40,6 +40,11 @@ from opacus_lastiterate.analysis.weighted_heuristic import (
     WeightedHeuristicResult,
     weighted_heuristic_delta,
     weighted_heuristic_epsilon,
+)
+from opacus_lastiterate.exceptions import (  # defined there, re-exported here
+    HeuristicCalibrationWarning,
+    NonMonotoneHeuristicWarning,
+    OptimizerTraceWarning,
 )
 
 __all__ = [
@@ -58,28 +63,6 @@ _CAVEAT = (
     "last-iterate heuristic (Steinke et al., ICLR 2025) for the final model only; "
     "exact for linear losses, not a proven DP bound for deep networks"
 )
-
-
-class HeuristicCalibrationWarning(UserWarning):
-    """Noise is being calibrated to the last-iterate heuristic, which is not a DP guarantee.
-
-    Emitted when a :class:`LastIterateAccountant` evaluates a history that was assigned
-    directly (``accountant.history = [...]``), which is what Opacus's
-    ``get_noise_multiplier`` (and so ``PrivacyEngine.make_private_with_epsilon``) does.
-    """
-
-
-class NonMonotoneHeuristicWarning(UserWarning):
-    """eps_T < max_{t<=T} eps_t: a regulariser that zeroes the model would expose more.
-
-    Report ``get_epsilon(delta, robust=True)`` beside the plain value (``last-iterate.md``,
-    "Robust variant" and "Known counterexamples").
-    """
-
-
-class OptimizerTraceWarning(UserWarning):
-    """The optimizer's settings cannot be turned into per-step weights (adaptive optimizer,
-    or parameter groups with different settings): the constant-rate formula is used."""
 
 
 # One run of identical optimizer settings: (lr, momentum, dampening, nesterov, weight_decay, steps)
@@ -259,11 +242,10 @@ class LastIterateAccountant(IAccountant):
             st = sgd_settings(optim)
         except ValueError as err:  # UnsupportedOptimizerError or differing parameter groups
             self._trace_disabled, self._trace = True, []
-            warnings.warn(
+            warn(
                 f"{err} The last-iterate accountant falls back to the constant-rate formula, "
                 "which does not describe this optimizer.",
                 OptimizerTraceWarning,
-                stacklevel=2,
             )
             return
         key = (st.lr, st.momentum, st.dampening, st.nesterov, st.weight_decay)
@@ -330,14 +312,13 @@ class LastIterateAccountant(IAccountant):
         self._monotone_checked[delta] = n
         check = heuristic_monotonicity_for_history(history, delta)
         if check.non_monotone:
-            warnings.warn(
+            warn(
                 f"The last-iterate heuristic is not monotone here: eps_T = "
                 f"{check.epsilon_at_steps:.4f} after T = {n} steps, but the last "
                 f"{check.argmax_steps} steps alone give {check.max_epsilon:.4f}. A regulariser "
                 "that zeroes the model would expose the larger value; report "
                 "get_epsilon(delta, robust=True) beside it.",
                 NonMonotoneHeuristicWarning,
-                stacklevel=3,
             )
 
     def state_dict(self, destination: Any = None) -> Any:
@@ -402,7 +383,7 @@ class LastIterateAccountant(IAccountant):
         history = _validate_history(self._history)  # Opacus may have written it directly
         if self._externally_assigned and not self._calibration_warned:
             self._calibration_warned = True
-            warnings.warn(
+            warn(
                 "LastIterateAccountant.history was assigned directly, as Opacus's "
                 "get_noise_multiplier (make_private_with_epsilon) does to calibrate the noise: "
                 "the noise multiplier is being chosen to meet a target on the last-iterate "
@@ -411,7 +392,6 @@ class LastIterateAccountant(IAccountant):
                 "and it covers the final model only. (Use load_state_dict to restore a saved "
                 "history without this warning.)",
                 HeuristicCalibrationWarning,
-                stacklevel=3,  # the caller of get_epsilon / get_delta
             )
         return history
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -32,6 +31,7 @@ from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from opacus.accountants import IAccountant
 from opacus.optimizers import DPOptimizer
 
+from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants.last_iterate import _mechanism_name, _validate_history
 from opacus_lastiterate.accountants.public_divisor import public_divisor_of
 from opacus_lastiterate.accountants.registration import register_accountant
@@ -62,6 +62,7 @@ from opacus_lastiterate.analysis.normalisation.discretisation import (
     worst_delta,
     worst_epsilon,
 )
+from opacus_lastiterate.exceptions import NormalisationWarning  # defined there, re-exported
 
 __all__ = [
     "ASGM_MECHANISM",
@@ -93,10 +94,6 @@ _CONFIG_DEFAULTS: dict[str, Any] = {
     "optimizer_divisor": None,
     "loss_reduction": None,
 }
-
-
-class NormalisationWarning(UserWarning):
-    """The recorded training does not match the model the accountant computes."""
 
 
 # -- configuration ------------------------------------------------------------------------------
@@ -312,7 +309,7 @@ class _NormalisationAccountant(IAccountant):
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, NormalisationWarning, stacklevel=4)
+            warn(message, NormalisationWarning)
 
     # state
 

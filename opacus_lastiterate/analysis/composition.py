@@ -12,13 +12,14 @@
 from __future__ import annotations
 
 import math
-
-import dp_accounting
-from dp_accounting import dp_event
+from typing import TYPE_CHECKING
 
 from opacus_lastiterate.analysis._validation import check_delta, check_positive
 from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_epsilon
 from opacus_lastiterate.analysis.history import HistoryLike, TrainingSegment, as_segments
+
+if TYPE_CHECKING:
+    from dp_accounting import dp_event
 
 __all__ = [
     "DEFAULT_DISCRETIZATION",
@@ -33,6 +34,8 @@ DEFAULT_DISCRETIZATION = 1e-4
 
 
 def _dp_sgd_event(segments: tuple[TrainingSegment, ...]) -> dp_event.DpEvent:
+    from dp_accounting import dp_event
+
     return dp_event.ComposedDpEvent(
         [
             dp_event.SelfComposedDpEvent(
@@ -59,6 +62,8 @@ def standard_epsilon_for_history(
     interval = check_positive("value_discretization_interval", value_discretization_interval)
     if all(s.steps == 0 for s in segments):
         return 0.0
+    import dp_accounting  # deferred: importing it (and scipy.signal, scipy.stats) costs ~0.7 s
+
     accountant = dp_accounting.pld.PLDAccountant(
         dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
         value_discretization_interval=interval,
