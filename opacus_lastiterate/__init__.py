@@ -1,33 +1,123 @@
 """opacus-lastiterate: final-model privacy accounting and auditing for DP-SGD.
 
-Importing this package registers its accountants with Opacus, so that
-``PrivacyEngine(accountant="last_iterate")`` works (Opacus 1.0 to 1.6).
-
-Importing it also registers ``"asgm"`` and ``"feasgm"`` (batch-size normalisation).
-
 Layout: :mod:`opacus_lastiterate.analysis` is the mathematics (numpy/scipy/dp_accounting,
 no torch); :mod:`opacus_lastiterate.accountants` adapts it to Opacus;
-:mod:`opacus_lastiterate.auditing` holds the attacks, simulator and many-run runner (torch).
+:mod:`opacus_lastiterate.auditing` holds the attacks, simulator and many-run runner (torch);
+:mod:`opacus_lastiterate.exceptions` holds every warning and error class.
+
+Importing this package is light: it loads neither torch, opacus nor the mathematics.
+
+* **Opacus registration.** ``PrivacyEngine(accountant="last_iterate")`` (and ``"asgm"``,
+  ``"feasgm"``) works on Opacus 1.0 to 1.6 once this package is imported, whether Opacus was
+  imported before or after it. The accountants are registered by a post-import hook on
+  ``opacus`` (``wrapt.register_post_import_hook``, which also runs the hook at once if Opacus
+  is already imported). Chosen over importing Opacus here because that costs seconds (torch)
+  for users of the mathematics and the command line, and over patching Opacus lazily by hand
+  because wrapt's import hook is a maintained, thread-safe implementation of exactly this.
+* **Lazy names.** The public names listed in ``__all__`` resolve on first access (PEP 562
+  module ``__getattr__``): ``opacus_lastiterate.LastIterateAccountant`` imports the
+  accountants (and so torch and Opacus) only then; the analysis names import the mathematics
+  only then. ``from opacus_lastiterate import *`` resolves them all.
 """
 
-from opacus_lastiterate.analysis import (
-    EpsilonComparison,
-    TrainingSegment,
-    compare_epsilons,
-    compare_epsilons_for_history,
-    full_batch_epsilon,
-    heuristic_delta,
-    heuristic_delta_for_history,
-    heuristic_epsilon,
-    heuristic_epsilon_for_history,
-    standard_epsilon,
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from opacus_lastiterate import _opacus_hook
+from opacus_lastiterate.exceptions import (
+    AuditWarning,
+    HeuristicCalibrationWarning,
+    NonMonotoneHeuristicWarning,
+    NonRandomizedInclusionWarning,
+    NormalisationWarning,
+    OneRunDeltaWarning,
+    OpacusLastIterateWarning,
+    OptimizerTraceWarning,
+    TruncatedRecordWarning,
+    UnsupportedOptimizerError,
+    WeightedAccuracyWarning,
+    ZeroNoiseWarning,
 )
+
+if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
+    from opacus_lastiterate.accountants import (
+        ASGMAccountant,
+        FEASGMAccountant,
+        LastIterateAccountant,
+        public_divisor_of,
+        register_accountant,
+        use_public_divisor,
+    )
+    from opacus_lastiterate.analysis import (
+        EpsilonComparison,
+        TrainingSegment,
+        compare_epsilons,
+        compare_epsilons_for_history,
+        full_batch_epsilon,
+        heuristic_delta,
+        heuristic_delta_for_history,
+        heuristic_epsilon,
+        heuristic_epsilon_for_history,
+        standard_epsilon,
+    )
 
 __version__ = "0.1.0"
 
+# Lazily resolved public names -> the module that defines them.
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "EpsilonComparison",
+            "TrainingSegment",
+            "compare_epsilons",
+            "compare_epsilons_for_history",
+            "full_batch_epsilon",
+            "heuristic_delta",
+            "heuristic_delta_for_history",
+            "heuristic_epsilon",
+            "heuristic_epsilon_for_history",
+            "standard_epsilon",
+        ),
+        "opacus_lastiterate.analysis",
+    ),
+    **dict.fromkeys(
+        (
+            "ASGMAccountant",
+            "FEASGMAccountant",
+            "LastIterateAccountant",
+            "public_divisor_of",
+            "register_accountant",
+            "use_public_divisor",
+        ),
+        "opacus_lastiterate.accountants",  # torch and opacus
+    ),
+}
+
+# Subpackages reachable as attributes without an explicit import.
+_SUBMODULES = frozenset(
+    {"accountants", "analysis", "auditing", "cli", "exceptions", "schedules"}
+)
+
 __all__ = [
+    "ASGMAccountant",
+    "AuditWarning",
     "EpsilonComparison",
+    "FEASGMAccountant",
+    "HeuristicCalibrationWarning",
+    "LastIterateAccountant",
+    "NonMonotoneHeuristicWarning",
+    "NonRandomizedInclusionWarning",
+    "NormalisationWarning",
+    "OneRunDeltaWarning",
+    "OpacusLastIterateWarning",
+    "OptimizerTraceWarning",
     "TrainingSegment",
+    "TruncatedRecordWarning",
+    "UnsupportedOptimizerError",
+    "WeightedAccuracyWarning",
+    "ZeroNoiseWarning",
     "compare_epsilons",
     "compare_epsilons_for_history",
     "full_batch_epsilon",
@@ -35,32 +125,26 @@ __all__ = [
     "heuristic_delta_for_history",
     "heuristic_epsilon",
     "heuristic_epsilon_for_history",
+    "public_divisor_of",
+    "register_accountant",
     "standard_epsilon",
+    "use_public_divisor",
 ]
 
-try:  # the analysis layer works without torch/opacus; the accountants need both
-    import opacus as _opacus  # noqa: F401
-except ImportError:  # pragma: no cover - opacus is a declared dependency
-    pass
-else:
-    from opacus_lastiterate.accountants import (
-        ASGMAccountant,
-        FEASGMAccountant,
-        HeuristicCalibrationWarning,
-        LastIterateAccountant,
-        NormalisationWarning,
-        public_divisor_of,
-        register_accountant,
-        use_public_divisor,
-    )
 
-    __all__ += [
-        "ASGMAccountant",
-        "FEASGMAccountant",
-        "HeuristicCalibrationWarning",
-        "LastIterateAccountant",
-        "NormalisationWarning",
-        "public_divisor_of",
-        "register_accountant",
-        "use_public_divisor",
-    ]
+def __getattr__(name: str) -> Any:
+    """Resolve the lazy public names and subpackages on first access (PEP 562)."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later accesses skip this function
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | _SUBMODULES)
+
+
+_opacus_hook.install()

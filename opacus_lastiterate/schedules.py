@@ -17,7 +17,6 @@ The mathematics (weights from rates and momentum) is in
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,11 +24,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._validation import check_int
 from opacus_lastiterate.analysis.optimizer_weights import (
     check_optimizer_supported,
     sgd_weights,
 )
+from opacus_lastiterate.exceptions import OpacusLastIterateWarning
 
 __all__ = [
     "RecordedSchedule",
@@ -155,9 +156,9 @@ def sgd_settings(optimizer: Any, *, group: int | None = None) -> SGDSettings:
 
     def read(g: dict) -> SGDSettings:
         if g.get("maximize", False):
-            warnings.warn(
+            warn(
                 "`maximize=True` flips the sign of every weight; epsilon is unchanged.",
-                stacklevel=3,
+                OpacusLastIterateWarning,
             )
         return SGDSettings(
             lr=float(g["lr"]),

@@ -22,23 +22,20 @@ from __future__ import annotations
 
 import inspect
 import math
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from opacus.accountants import IAccountant
 
+from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._validation import check_in_interval, check_sample_rate
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment, as_segments
+from opacus_lastiterate.exceptions import ZeroNoiseWarning
 
 __all__ = ["History", "RunAccountant", "ZeroNoiseWarning"]
 
 History = list[tuple[float, float, int]]
-
-
-class ZeroNoiseWarning(UserWarning):
-    """A step with noise multiplier 0 was recorded: the epsilon reported is inf."""
 
 
 def check_step_noise(value: object, name: str = "noise_multiplier") -> float:
@@ -150,12 +147,11 @@ class RunAccountant(IAccountant):
         """Record a validated step."""
         if sigma == 0.0 and not self._zero_noise_warned:
             self._zero_noise_warned = True
-            warnings.warn(
+            warn(
                 f"{type(self).__name__}: a step with noise_multiplier=0 was recorded; "
                 "the gradients of that step are released without noise, so the reported "
                 "epsilon is inf.",
                 ZeroNoiseWarning,
-                stacklevel=4,
             )
         segs = self._segments
         if segs and segs[-1].noise_multiplier == sigma and segs[-1].sample_rate == q:

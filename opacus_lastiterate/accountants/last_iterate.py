@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants.base import RunAccountant
 from opacus_lastiterate.analysis import heuristic as _heuristic
 from opacus_lastiterate.analysis._validation import (
@@ -38,6 +39,11 @@ from opacus_lastiterate.analysis.incremental import IncrementalHeuristic
 from opacus_lastiterate.analysis.optimizer_weights import sgd_weights
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment
 from opacus_lastiterate.analysis.weighted_heuristic import WeightedHeuristicResult
+from opacus_lastiterate.exceptions import (  # defined there, re-exported here
+    HeuristicCalibrationWarning,
+    NonMonotoneHeuristicWarning,
+    OptimizerTraceWarning,
+)
 
 __all__ = [
     "MECHANISM",
@@ -48,13 +54,6 @@ __all__ = [
 ]
 
 MECHANISM = "last_iterate"
-
-
-def warn(message: str, category: type[Warning]) -> None:
-    """Placeholder until the shared warning helper lands: warn at the caller's caller."""
-    import warnings
-
-    warnings.warn(message, category, stacklevel=3)
 
 
 class _Sweep:
@@ -82,28 +81,6 @@ _CAVEAT = (
     "last-iterate heuristic (Steinke et al., ICLR 2025) for the final model only; "
     "exact for linear losses, not a proven DP bound for deep networks"
 )
-
-
-class HeuristicCalibrationWarning(UserWarning):
-    """Noise is being calibrated to the last-iterate heuristic, which is not a DP guarantee.
-
-    Emitted when a :class:`LastIterateAccountant` evaluates a history that was assigned
-    directly (``accountant.history = [...]``), which is what Opacus's
-    ``get_noise_multiplier`` (and so ``PrivacyEngine.make_private_with_epsilon``) does.
-    """
-
-
-class NonMonotoneHeuristicWarning(UserWarning):
-    """eps_T < max_{t<=T} eps_t: a regulariser that zeroes the model would expose more.
-
-    Report ``get_epsilon(delta, robust=True)`` beside the plain value (``last-iterate.md``,
-    "Robust variant" and "Known counterexamples").
-    """
-
-
-class OptimizerTraceWarning(UserWarning):
-    """The optimizer's settings cannot be turned into per-step weights (adaptive optimizer,
-    or parameter groups with different settings): the constant-rate formula is used."""
 
 
 # One run of identical optimizer settings: (lr, momentum, dampening, nesterov, weight_decay, steps)

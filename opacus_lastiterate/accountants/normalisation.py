@@ -23,13 +23,13 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from opacus.optimizers import DPOptimizer
 
+from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants.base import RunAccountant
 from opacus_lastiterate.accountants.public_divisor import public_divisor_of
 from opacus_lastiterate.accountants.registration import register_accountant
@@ -59,6 +59,7 @@ from opacus_lastiterate.analysis.normalisation.discretisation import (
     worst_epsilon,
 )
 from opacus_lastiterate.analysis.run import DPSGDRun, Normalisation
+from opacus_lastiterate.exceptions import NormalisationWarning  # defined there, re-exported
 
 __all__ = [
     "ASGM_MECHANISM",
@@ -90,10 +91,6 @@ _CONFIG_DEFAULTS: dict[str, Any] = {
     "optimizer_divisor": None,
     "loss_reduction": None,
 }
-
-
-class NormalisationWarning(UserWarning):
-    """The recorded training does not match the model the accountant computes."""
 
 
 # -- configuration ------------------------------------------------------------------------------
@@ -270,7 +267,7 @@ class _NormalisationAccountant(RunAccountant):
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, NormalisationWarning, stacklevel=4)
+            warn(message, NormalisationWarning)
 
     # state
 

@@ -3,59 +3,111 @@
 Everything in this subpackage uses numpy, scipy and dp_accounting only, so it can be used
 (and tested) without a deep-learning stack. Subpackages: :mod:`.audit` (statistics of
 privacy auditing) and :mod:`.normalisation` (batch-size normalisation: EASGM, FEASGM, ASGM).
+
+Names resolve lazily on first access (PEP 562 ``__getattr__``), so importing this package is
+cheap and ``dp_accounting`` or ``scipy.signal`` load only with the functions that use them.
 """
 
-from opacus_lastiterate.analysis.comparison import (
-    EpsilonComparison,
-    compare_epsilons,
-    compare_epsilons_for_history,
-)
-from opacus_lastiterate.analysis.composition import (
-    full_batch_epsilon,
-    full_batch_epsilon_for_history,
-    standard_epsilon,
-    standard_epsilon_for_history,
-)
-from opacus_lastiterate.analysis.counterexamples import (
-    MonotonicityCheck,
-    QuadraticComparison,
-    QuadraticResult,
-    heuristic_monotonicity,
-    heuristic_monotonicity_for_history,
-    quadratic_regulariser_comparison,
-    quadratic_regulariser_epsilon,
-)
-from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_delta, gaussian_epsilon
-from opacus_lastiterate.analysis.gaussian_mixture import ShiftedGaussianMixture
-from opacus_lastiterate.analysis.heuristic import (
-    heuristic_delta,
-    heuristic_delta_for_history,
-    heuristic_epsilon,
-    heuristic_epsilon_for_history,
-    heuristic_pair,
-)
-from opacus_lastiterate.analysis.history import TrainingSegment
-from opacus_lastiterate.analysis.normalisation import (
-    DivisorVerdict,
-    asgm_delta,
-    asgm_epsilon,
-    feasgm_delta,
-    feasgm_epsilon,
-    feasgm_verdict,
-    opacus1x_batch_arithmetic,
-    public_divisor_verdict,
-)
-from opacus_lastiterate.analysis.optimizer_weights import (
-    UnsupportedOptimizerError,
-    builtin_schedule,
-    check_optimizer_supported,
-    sgd_weights,
-)
-from opacus_lastiterate.analysis.weighted_heuristic import (
-    WeightedHeuristicResult,
-    weighted_heuristic_delta,
-    weighted_heuristic_epsilon,
-)
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+from opacus_lastiterate.exceptions import UnsupportedOptimizerError  # light: no scipy
+
+if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
+    from opacus_lastiterate.analysis.comparison import (
+        EpsilonComparison,
+        compare_epsilons,
+        compare_epsilons_for_history,
+    )
+    from opacus_lastiterate.analysis.composition import (
+        full_batch_epsilon,
+        full_batch_epsilon_for_history,
+        standard_epsilon,
+        standard_epsilon_for_history,
+    )
+    from opacus_lastiterate.analysis.counterexamples import (
+        MonotonicityCheck,
+        QuadraticComparison,
+        QuadraticResult,
+        heuristic_monotonicity,
+        heuristic_monotonicity_for_history,
+        quadratic_regulariser_comparison,
+        quadratic_regulariser_epsilon,
+    )
+    from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_delta, gaussian_epsilon
+    from opacus_lastiterate.analysis.gaussian_mixture import ShiftedGaussianMixture
+    from opacus_lastiterate.analysis.heuristic import (
+        heuristic_delta,
+        heuristic_delta_for_history,
+        heuristic_epsilon,
+        heuristic_epsilon_for_history,
+        heuristic_pair,
+    )
+    from opacus_lastiterate.analysis.history import TrainingSegment
+    from opacus_lastiterate.analysis.normalisation import (
+        DivisorVerdict,
+        asgm_delta,
+        asgm_epsilon,
+        feasgm_delta,
+        feasgm_epsilon,
+        feasgm_verdict,
+        opacus1x_batch_arithmetic,
+        public_divisor_verdict,
+    )
+    from opacus_lastiterate.analysis.optimizer_weights import (
+        builtin_schedule,
+        check_optimizer_supported,
+        sgd_weights,
+    )
+    from opacus_lastiterate.analysis.weighted_heuristic import (
+        WeightedHeuristicResult,
+        weighted_heuristic_delta,
+        weighted_heuristic_epsilon,
+    )
+
+# Public name -> the submodule that defines it.
+_LAZY: dict[str, str] = {
+    "DivisorVerdict": "normalisation",
+    "EpsilonComparison": "comparison",
+    "MonotonicityCheck": "counterexamples",
+    "QuadraticComparison": "counterexamples",
+    "QuadraticResult": "counterexamples",
+    "ShiftedGaussianMixture": "gaussian_mixture",
+    "TrainingSegment": "history",
+    "WeightedHeuristicResult": "weighted_heuristic",
+    "asgm_delta": "normalisation",
+    "asgm_epsilon": "normalisation",
+    "builtin_schedule": "optimizer_weights",
+    "check_optimizer_supported": "optimizer_weights",
+    "compare_epsilons": "comparison",
+    "compare_epsilons_for_history": "comparison",
+    "feasgm_delta": "normalisation",
+    "feasgm_epsilon": "normalisation",
+    "feasgm_verdict": "normalisation",
+    "full_batch_epsilon": "composition",
+    "full_batch_epsilon_for_history": "composition",
+    "gaussian_delta": "gaussian_mechanism",
+    "gaussian_epsilon": "gaussian_mechanism",
+    "heuristic_delta": "heuristic",
+    "heuristic_delta_for_history": "heuristic",
+    "heuristic_epsilon": "heuristic",
+    "heuristic_epsilon_for_history": "heuristic",
+    "heuristic_monotonicity": "counterexamples",
+    "heuristic_monotonicity_for_history": "counterexamples",
+    "heuristic_pair": "heuristic",
+    "opacus1x_batch_arithmetic": "normalisation",
+    "public_divisor_verdict": "normalisation",
+    "quadratic_regulariser_comparison": "counterexamples",
+    "quadratic_regulariser_epsilon": "counterexamples",
+    "sgd_weights": "optimizer_weights",
+    "standard_epsilon": "composition",
+    "standard_epsilon_for_history": "composition",
+    "weighted_heuristic_delta": "weighted_heuristic",
+    "weighted_heuristic_epsilon": "weighted_heuristic",
+}
 
 __all__ = [
     "DivisorVerdict",
@@ -97,3 +149,18 @@ __all__ = [
     "weighted_heuristic_delta",
     "weighted_heuristic_epsilon",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Resolve a public name or a submodule on first access (PEP 562)."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value  # later accesses skip this function
+        return value
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")  # e.g. analysis.heuristic
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

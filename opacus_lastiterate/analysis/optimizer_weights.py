@@ -50,6 +50,7 @@ from opacus_lastiterate.analysis._validation import (
     check_positive,
     check_real,
 )
+from opacus_lastiterate.exceptions import UnsupportedOptimizerError  # defined there, re-exported
 
 __all__ = [
     "ADAPTIVE_OPTIMIZERS",
@@ -82,10 +83,6 @@ ADAPTIVE_OPTIMIZERS: tuple[str, ...] = (
     "lamb",
     "lion",
 )
-
-
-class UnsupportedOptimizerError(ValueError):
-    """The optimiser is not linear in the noisy gradient; the weighted heuristic does not apply."""
 
 
 def _optimizer_name(optimizer: object) -> str:

@@ -223,7 +223,7 @@ class DPSGDRun:
         """The run of an Opacus-style history ``[(noise_multiplier, sample_rate, steps), ...]``
         (or :class:`TrainingSegment` s); segments with 0 steps are dropped."""
         segments = tuple(s for s in as_segments(history) if s.steps > 0)
-        return cls(segments, weights, normalisation)
+        return cls(segments, weights, normalisation)  # type: ignore[arg-type]  # validated in __post_init__
 
     @classmethod
     def constant(
@@ -287,7 +287,7 @@ class DPSGDRun:
 
     def with_weights(self, weights: Sequence[float] | np.ndarray | None) -> DPSGDRun:
         """The same run with per-step weights (validated)."""
-        return DPSGDRun(self.segments, weights, self.normalisation, _validated=False)
+        return DPSGDRun(self.segments, weights, self.normalisation)  # type: ignore[arg-type]
 
 
 RunLike = DPSGDRun | HistoryLike

@@ -45,12 +45,12 @@ Computation
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_epsilon,
@@ -66,6 +66,7 @@ from opacus_lastiterate.analysis.heuristic import (
     heuristic_delta_for_history,
     heuristic_epsilon_for_history,
 )
+from opacus_lastiterate.exceptions import WeightedAccuracyWarning  # defined there, re-exported
 
 __all__ = [
     "WeightedAccuracyWarning",
@@ -84,10 +85,6 @@ _ON_GRID = 1e-12  # relative tolerance for a weight to count as lying on a grid 
 _FIRST_RESOLUTION = 64
 _MAX_RESOLUTION = 1 << 24
 _MAX_GRID_POINTS = 20_000_000
-
-
-class WeightedAccuracyWarning(RuntimeWarning):
-    """The requested accuracy could not be reached within the grid-size limit."""
 
 
 @dataclass(frozen=True)
@@ -425,12 +422,11 @@ def solve_trusted(
         while wanted > resolution and _predicted_points(u, q, wanted) > _MAX_GRID_POINTS:
             wanted //= 2
         if wanted <= resolution:
-            warnings.warn(
+            warn(
                 f"weighted heuristic: reached relative accuracy {rel:.3g}, not the requested "
                 f"{acc:g}, at the grid-size limit (resolution {resolution}); the value is "
                 "still an upper bound.",
                 WeightedAccuracyWarning,
-                stacklevel=3,
             )
             return result(upper, lower, rel, False, resolution, size, dropped)
         resolution = wanted

@@ -21,7 +21,6 @@ import math
 import os
 import re
 import tempfile
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._validation import check_int, check_real
+from opacus_lastiterate.exceptions import TruncatedRecordWarning  # defined there, re-exported
 
 __all__ = [
     "RECORD_FORMAT",
@@ -41,10 +42,6 @@ __all__ = [
 
 #: Format tag written in every record file's header.
 RECORD_FORMAT = "opacus-lastiterate/audit-runs/1"
-
-
-class TruncatedRecordWarning(UserWarning):
-    """A record file ended in a partial line (a run killed while writing); it was dropped."""
 
 
 @dataclass(frozen=True)
@@ -275,10 +272,9 @@ def read_records(path: str | os.PathLike[str]) -> RunRecords:
         raise ValueError(f"`path` must be an existing audit record file, got {str(p)!r}.")
     records, _ = _read(p)
     if records.dropped_partial_line:
-        warnings.warn(
+        warn(
             f"{p}: ignored a partial last line (a run interrupted while writing).",
             TruncatedRecordWarning,
-            stacklevel=2,
         )
     return records
 
@@ -322,11 +318,10 @@ class _RecordFile:
                     "Use another path or delete the file."
                 )
             if records.dropped_partial_line:
-                warnings.warn(
+                warn(
                     f"{path}: dropped a partial last line (a run interrupted while writing); "
                     "that run will be trained again.",
                     TruncatedRecordWarning,
-                    stacklevel=4,
                 )
                 os.ftruncate(self.fd, end)
                 os.fsync(self.fd)

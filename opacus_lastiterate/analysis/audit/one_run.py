@@ -16,12 +16,11 @@ ln(a^(1/r) / (1 - a^(1/r))), a = 1 - confidence. Needs ``2 m delta`` small.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 from scipy.special import expit
 from scipy.stats import binom
 
+from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._validation import check_epsilon, check_in_interval, check_int
 from opacus_lastiterate.analysis.audit.result import AuditResult, OneRunCounts
 from opacus_lastiterate.analysis.audit.warning_types import (
@@ -86,9 +85,7 @@ def _check_counts(num_canaries: object, num_guesses: object, num_correct: object
     return OneRunCounts(m, r, v)
 
 
-def warn_one_run(
-    m: int, delta: float, inclusion_randomized: bool, stacklevel: int = 3
-) -> list[str]:
+def warn_one_run(m: int, delta: float, inclusion_randomized: bool) -> list[str]:
     """Emit the one-run warnings; return them as notes for the result (internal)."""
     notes = []
     if not inclusion_randomized:
@@ -96,14 +93,14 @@ def warn_one_run(
             "canary inclusion was not randomised by independent fair coins: the one-run bound "
             "is not valid for a fixed in/out split."
         )
-        warnings.warn(msg, NonRandomizedInclusionWarning, stacklevel=stacklevel)
+        warn(msg, NonRandomizedInclusionWarning)
         notes.append(msg)
     if 2.0 * m * delta > ONE_RUN_DELTA_WARNING_LEVEL:
         msg = (
             f"2 * m * delta = {2.0 * m * delta:.3g} is not small (m = {m}, delta = {delta:g}); "
             "the delta term weakens the one-run bound. Use fewer canaries or a smaller delta."
         )
-        warnings.warn(msg, OneRunDeltaWarning, stacklevel=stacklevel)
+        warn(msg, OneRunDeltaWarning)
         notes.append(msg)
     return notes
 

@@ -1,0 +1,72 @@
+"""Every warning class lives in opacus_lastiterate.exceptions under one base class."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+
+import pytest
+
+import opacus_lastiterate
+from opacus_lastiterate import exceptions
+from opacus_lastiterate.accountants import last_iterate, normalisation
+from opacus_lastiterate.analysis import optimizer_weights, weighted_heuristic
+from opacus_lastiterate.analysis.audit import warning_types
+from opacus_lastiterate.auditing import run_records
+
+WARNINGS = [
+    getattr(exceptions, name)
+    for name in exceptions.__all__
+    if issubclass(getattr(exceptions, name), Warning)
+]
+
+
+@pytest.mark.parametrize("cls", WARNINGS, ids=lambda c: c.__name__)
+def test_every_warning_derives_from_the_package_base(cls: type[Warning]) -> None:
+    assert issubclass(cls, exceptions.OpacusLastIterateWarning)
+    assert issubclass(cls, UserWarning)
+    assert getattr(opacus_lastiterate, cls.__name__) is cls
+    assert cls.__name__ in opacus_lastiterate.__all__
+
+
+def test_compatibility_of_the_classes() -> None:
+    assert issubclass(exceptions.WeightedAccuracyWarning, RuntimeWarning)  # as before
+    assert issubclass(exceptions.UnsupportedOptimizerError, ValueError)
+    assert opacus_lastiterate.UnsupportedOptimizerError is exceptions.UnsupportedOptimizerError
+    assert exceptions.ZeroNoiseWarning in WARNINGS
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        (last_iterate, "HeuristicCalibrationWarning"),
+        (last_iterate, "NonMonotoneHeuristicWarning"),
+        (last_iterate, "OptimizerTraceWarning"),
+        (normalisation, "NormalisationWarning"),
+        (weighted_heuristic, "WeightedAccuracyWarning"),
+        (optimizer_weights, "UnsupportedOptimizerError"),
+        (warning_types, "AuditWarning"),
+        (warning_types, "OneRunDeltaWarning"),
+        (warning_types, "NonRandomizedInclusionWarning"),
+        (run_records, "TruncatedRecordWarning"),
+    ],
+)
+def test_old_import_locations_re_export(module: object, name: str) -> None:
+    assert getattr(module, name) is getattr(exceptions, name)
+
+
+def test_no_warning_class_is_defined_outside_the_exceptions_module() -> None:
+    strays = []
+    for info in pkgutil.walk_packages(opacus_lastiterate.__path__, "opacus_lastiterate."):
+        if info.name.endswith("__main__"):  # runs the CLI when imported
+            continue
+        module = importlib.import_module(info.name)
+        for _, obj in inspect.getmembers(module, inspect.isclass):
+            if (
+                issubclass(obj, Warning)
+                and obj.__module__.startswith("opacus_lastiterate")
+                and obj.__module__ != exceptions.__name__
+            ):
+                strays.append(f"{obj.__module__}.{obj.__qualname__}")
+    assert not strays
