@@ -49,11 +49,11 @@ def sweep(steps: list[int], accuracy: float) -> None:
                 heuristic_epsilon(DELTA, steps=t, sample_rate=q, noise_multiplier=sigma)
                 for t in range(1, max(steps) + 1)
             ]
-            # max_{t<=T} eps_t is the robust heuristic; check that once per row
+            # the robust heuristic certifies max_{t<=T} eps_t within 1e-6; check once per row
             robust = heuristic_epsilon(
                 DELTA, steps=max(steps), sample_rate=q, noise_multiplier=sigma, robust=True
             )
-            assert robust == max(per_t), (robust, max(per_t))
+            assert max(per_t) <= robust <= max(per_t) * (1 + 1e-6), (robust, max(per_t))
             for T in steps:
                 running = max(per_t[:T])
                 paper, grid = (

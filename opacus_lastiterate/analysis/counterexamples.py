@@ -42,11 +42,9 @@ from opacus_lastiterate.analysis._validation import (
     check_steps,
 )
 from opacus_lastiterate.analysis.gaussian_mixture import ShiftedGaussianMixture
-from opacus_lastiterate.analysis.heuristic import (
-    heuristic_epsilon,
-    suffix_epsilons,
-)
+from opacus_lastiterate.analysis.heuristic import heuristic_epsilon, heuristic_epsilon_for_history
 from opacus_lastiterate.analysis.history import HistoryLike, as_segments, total_steps
+from opacus_lastiterate.analysis.suffix_maximum import certified_suffix_maximum
 from opacus_lastiterate.analysis.weighted_heuristic import (
     weighted_heuristic_epsilon,
     weighted_sum_distribution,
@@ -316,7 +314,7 @@ def quadratic_regulariser_comparison(
         quad.delta, steps=1, sample_rate=quad.sample_rate, noise_multiplier=quad.noise_multiplier
     )
     return QuadraticComparison(
-        quad, mono.epsilon_at_steps, one, mono.max_epsilon, mono.argmax_steps
+        quad, mono.epsilon_at_steps, one, mono.max_epsilon_bound, mono.argmax_steps
     )
 
 
@@ -356,8 +354,11 @@ def robust_heuristic_epsilon(
 class MonotonicityCheck:
     """eps_T against max_{t<=T} eps_t (eps_t: the heuristic for the last t steps).
 
-    ``non_monotone`` is True when some shorter suffix has a strictly larger epsilon, i.e.
-    the heuristic at the requested T is below what a zeroing regulariser could expose.
+    ``max_epsilon`` is attained: it is eps_t at t = ``argmax_steps`` (ties go to the larger
+    t). ``max_epsilon_bound`` is the certified upper bound on every eps_t
+    (:mod:`.suffix_maximum`, within a relative 1e-6 of ``max_epsilon``). ``non_monotone`` is
+    True when some shorter suffix has a strictly larger epsilon, i.e. the heuristic at the
+    requested T is below what a zeroing regulariser could expose.
     """
 
     steps: int
@@ -365,6 +366,7 @@ class MonotonicityCheck:
     epsilon_at_steps: float
     max_epsilon: float
     argmax_steps: int
+    max_epsilon_bound: float
 
     @property
     def non_monotone(self) -> bool:
@@ -372,14 +374,14 @@ class MonotonicityCheck:
 
 
 def _scan(segments, delta: float) -> MonotonicityCheck:
-    """eps_T against the robust search of :func:`heuristic.suffix_epsilons`."""
-    cache = suffix_epsilons(segments, delta)
-    if not cache:
-        return MonotonicityCheck(0, delta, 0.0, 0.0, 0)
+    """eps_T against the certified maximum of :func:`suffix_maximum.certified_suffix_maximum`."""
+    best = certified_suffix_maximum(segments, delta)
     n = total_steps(segments)
-    best = max(cache.values())
-    arg = max(t for t, v in cache.items() if v == best)  # ties go to the larger t
-    return MonotonicityCheck(n, delta, cache[n], best, arg)
+    if best.argmax_steps == n:
+        at_steps = best.attained
+    else:
+        at_steps = heuristic_epsilon_for_history(segments, delta)
+    return MonotonicityCheck(n, delta, at_steps, best.attained, best.argmax_steps, best.epsilon)
 
 
 def heuristic_monotonicity(

@@ -12,7 +12,8 @@ Poisson-binomial sum of Binomial(T_i, q_i) and the noise variance is sum_i T_i s
 The number is exact for linear losses and a *heuristic* for real networks: it is not a
 proven differential-privacy guarantee for deep models, and it describes the release of the
 final model only. ``robust=True`` returns max over the last t <= T steps, the value a
-regulariser that zeroes the model would expose (``last-iterate.md``, "Robust variant").
+regulariser that zeroes the model would expose (``last-iterate.md``, "Robust variant"), as a
+certified upper bound (:mod:`.suffix_maximum`).
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ def suffix_epsilons(segments: tuple[TrainingSegment, ...], delta: float) -> dict
     Every t <= 1024 is evaluated (exact); beyond, a geometric grid of ratio 1.01 up to T and
     an integer search between the grid neighbours of the best grid point. Returns
     ``{t: eps_t}`` for every t evaluated (T always included; empty for an empty history).
+    Not certified (it can miss peaks between grid points); ``robust=True`` uses
+    :func:`.suffix_maximum.certified_suffix_maximum` instead.
     """
     n = total_steps(segments)
     cache: dict[int, float] = {}
@@ -132,8 +135,11 @@ def suffix_epsilons(segments: tuple[TrainingSegment, ...], delta: float) -> dict
 
 
 def _robust_epsilon(segments: tuple[TrainingSegment, ...], delta: float) -> float:
-    """max over t <= T of the heuristic epsilon of the last t steps (see suffix_epsilons)."""
-    return max(suffix_epsilons(segments, delta).values(), default=0.0)
+    """Certified upper bound on max over t <= T of the heuristic epsilon of the last t steps,
+    within a relative 1e-6 of an attained eps_t (:mod:`.suffix_maximum`)."""
+    from opacus_lastiterate.analysis.suffix_maximum import certified_suffix_maximum
+
+    return certified_suffix_maximum(segments, delta).epsilon
 
 
 def heuristic_epsilon_for_history(
@@ -144,7 +150,8 @@ def heuristic_epsilon_for_history(
     Args:
         history: ``(noise_multiplier, sample_rate, steps)`` segments, oldest first.
         delta: target delta in (0, 1).
-        robust: return the max over the last t <= T steps instead.
+        robust: return the max over the last t <= T steps instead (a certified upper bound,
+            within a relative 1e-6 of an attained value).
 
     Returns:
         eps >= 0 with delta(eps) <= ``delta`` for the heuristic pair; ``inf`` only if the
