@@ -17,12 +17,13 @@ same number of runs, so it shows how much of the gap is only the limited number 
 
 bound = Clopper-Pearson 95% lower bound; GDP est. = estimate (Gaussian trade-off assumed).
 
-    python reproductions/digits_natural_canary.py [--quick] [--out DIR] [--runs R]
+    python reproductions/digits_natural_canary.py [--quick] [--no-plot] [--out DIR] [--runs R]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
 from pathlib import Path
 
@@ -80,10 +81,22 @@ def train(x, y, runs, steps, q, sigma, lr, rng, canary: DiracCanary | None, nois
     return (w, np.array(updates)) if record_updates else w
 
 
+def plotting_available(no_plot: bool) -> bool:
+    """False (with a note) under ``--no-plot`` or without matplotlib: the table is the result."""
+    if no_plot:
+        return False
+    if importlib.util.find_spec("matplotlib") is None:
+        print("note: matplotlib is not installed; table printed, plot skipped "
+              "(pip install matplotlib, or pass --no-plot).")
+        return False
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="400 records, 500 runs per side (< 60 s)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--no-plot", action="store_true", help="print the table only (no matplotlib)")
     parser.add_argument("--runs", type=int, default=None, help="runs per side")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -125,7 +138,8 @@ def main() -> None:
     print("bound = Clopper-Pearson 95% lower bound; GDP est. = estimate (assumes a Gaussian "
           "trade-off); acc. = training accuracy of the runs without the canary.")
     print(f"elapsed {time.perf_counter() - start:.1f} s")
-    save_plot(rows, heur, args.out)
+    if plotting_available(args.no_plot):
+        save_plot(rows, heur, args.out)
 
 
 def save_plot(rows, heur: float, out: Path) -> None:

@@ -10,12 +10,13 @@ standard epsilon. Expected: bound > heuristic, approaching the standard epsilon 
 the number of trials allows (with N trials per side no bound exceeds about ln(N / ln 40)).
 T = 100, q = 0.01, sigma swept (our configuration; the paper's is not stated). delta = 1e-5.
 
-    python reproductions/malicious_dataset.py [--quick] [--out DIR] [--trials N]
+    python reproductions/malicious_dataset.py [--quick] [--no-plot] [--out DIR] [--trials N]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
 from pathlib import Path
 
@@ -48,10 +49,22 @@ def run(sigma: float, tau: float, trials: int, rng: np.random.Generator):
     return audit_scores(ins, outs, delta=DELTA)
 
 
+def plotting_available(no_plot: bool) -> bool:
+    """False (with a note) under ``--no-plot`` or without matplotlib: the table is the result."""
+    if no_plot:
+        return False
+    if importlib.util.find_spec("matplotlib") is None:
+        print("note: matplotlib is not installed; table printed, plot skipped "
+              "(pip install matplotlib, or pass --no-plot).")
+        return False
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 sigmas, 20,000 trials (< 60 s)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--no-plot", action="store_true", help="print the table only (no matplotlib)")
     parser.add_argument("--trials", type=int, default=None, help="trials per side")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -76,7 +89,8 @@ def main() -> None:
     print("bound = Clopper-Pearson 95% lower bound (valid); GDP est. = estimate (assumes a "
           "Gaussian trade-off); heuristic = last-iterate heuristic (not a bound for this model).")
     print(f"elapsed {time.perf_counter() - start:.1f} s")
-    save_plot(rows, args.out)
+    if plotting_available(args.no_plot):
+        save_plot(rows, args.out)
 
 
 def save_plot(rows, out: Path) -> None:

@@ -17,12 +17,13 @@ The paper's sigma is not known here; the default sigma = 1 is ours (``--noise-mu
 Expected shape (spec, "Expected behaviour"): delta(0) decreases with N for both mechanisms
 and is far above SGM at small N.
 
-    python reproductions/normalisation_figure2.py [--quick] [--out PATH] [--trials T]
+    python reproductions/normalisation_figure2.py [--quick] [--no-plot] [--out PATH] [--trials T]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import time
 from pathlib import Path
@@ -139,10 +140,22 @@ def plot(
     plt.close(fig)
 
 
+def plotting_available(no_plot: bool) -> bool:
+    """False (with a note) under ``--no-plot`` or without matplotlib: the table is the result."""
+    if no_plot:
+        return False
+    if importlib.util.find_spec("matplotlib") is None:
+        print("note: matplotlib is not installed; table printed, plot skipped "
+              "(pip install matplotlib, or pass --no-plot).")
+        return False
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer N and trials (< 30 s)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to save the plot")
+    parser.add_argument("--no-plot", action="store_true", help="print the table only (no matplotlib)")
     parser.add_argument("--trials", type=int, default=None, help="Monte Carlo trials per N")
     parser.add_argument("--noise-multiplier", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -165,8 +178,9 @@ def main() -> None:
         for i in range(len(rows) - 1)
     )
     print(f"\nmodel delta(0) decreasing in N: {decreasing}")
-    plot(args.out, asgm, easgm, sgm_a, sgm_e, sigma)
-    print(f"plot saved to {args.out}  ({time.perf_counter() - start:.1f} s)")
+    if plotting_available(args.no_plot):
+        plot(args.out, asgm, easgm, sgm_a, sgm_e, sigma)
+        print(f"plot saved to {args.out}  ({time.perf_counter() - start:.1f} s)")
     if not math.isfinite(sgm_a):  # pragma: no cover - defensive
         raise SystemExit(1)
 

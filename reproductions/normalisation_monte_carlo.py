@@ -9,12 +9,13 @@ likelihood-ratio test is audited, and three delta(eps) columns are printed per d
 * ``MC estimate``: E[(1 - e^(eps - L))_+] with its 4-standard-error half width: for these exact
   models it should agree with ``computed``.
 
-    python reproductions/normalisation_monte_carlo.py [--quick] [--out DIR]
+    python reproductions/normalisation_monte_carlo.py [--quick] [--no-plot] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
 from pathlib import Path
 
@@ -54,10 +55,22 @@ def configurations(quick: bool):
     )
 
 
+def plotting_available(no_plot: bool) -> bool:
+    """False (with a note) under ``--no-plot`` or without matplotlib: the table is the result."""
+    if no_plot:
+        return False
+    if importlib.util.find_spec("matplotlib") is None:
+        print("note: matplotlib is not installed; table printed, plot skipped "
+              "(pip install matplotlib, or pass --no-plot).")
+        return False
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer configurations and trials")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--no-plot", action="store_true", help="print the table only (no matplotlib)")
     parser.add_argument("--trials", type=int, default=None, help="trials per side")
     args = parser.parse_args()
     trials = args.trials or (100_000 if args.quick else 1_000_000)
@@ -82,7 +95,8 @@ def main() -> None:
             rows.append((f"{name} ({direction})", computed, band.lower, est.estimate))
     print(f"\naudit lower bound above the computed curve: {violations} times (must be 0)")
     print(f"elapsed {time.perf_counter() - start:.1f} s")
-    save_plot(rows, args.out)
+    if plotting_available(args.no_plot):
+        save_plot(rows, args.out)
     if violations:
         raise SystemExit(1)
 

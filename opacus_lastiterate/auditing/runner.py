@@ -43,9 +43,8 @@ from opacus_lastiterate.analysis._validation import check_in_interval, check_int
 from opacus_lastiterate.analysis.audit import (
     DEFAULT_THRESHOLD_STRATEGY,
     AuditResult,
+    ScoreAudit,
     ThresholdStrategy,
-    audit_clopper_pearson,
-    audit_gaussian_dp,
 )
 from opacus_lastiterate.auditing.run_records import (
     RECORD_FORMAT,
@@ -464,10 +463,9 @@ def audit_records(
             f"`records` must contain runs with and without the canary, got {ins.size} with and "
             f"{outs.size} without; train more runs."
         )
-    audit = audit_clopper_pearson if method == "clopper-pearson" else audit_gaussian_dp
-    return audit(
-        ins, outs, delta=delta, confidence=confidence, threshold_strategy=threshold_strategy
-    )
+    audit = ScoreAudit(ins, outs)
+    analysis = audit.clopper_pearson if method == "clopper-pearson" else audit.gaussian_dp
+    return analysis(delta=delta, confidence=confidence, threshold_strategy=threshold_strategy)
 
 
 def run_audit(

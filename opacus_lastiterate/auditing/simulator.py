@@ -35,9 +35,8 @@ from opacus_lastiterate.analysis._validation import (
 )
 from opacus_lastiterate.analysis.audit import (
     AuditResult,
+    ScoreAudit,
     ThresholdStrategy,
-    audit_clopper_pearson,
-    audit_gaussian_dp,
 )
 from opacus_lastiterate.analysis.audit.threshold_strategies import DEFAULT_THRESHOLD_STRATEGY
 from opacus_lastiterate.auditing.adversaries import (
@@ -373,8 +372,9 @@ def audit_scores(
 ) -> SimulatedAudit:
     """Both audits of :mod:`opacus_lastiterate.analysis.audit` on one pair of score arrays."""
     check_in_interval("confidence", confidence, 0.0, 1.0)
+    audit = ScoreAudit(in_scores, out_scores)
     kw = {"delta": delta, "confidence": confidence, "threshold_strategy": threshold_strategy}
     return SimulatedAudit(
-        bound=audit_clopper_pearson(in_scores, out_scores, **kw),  # type: ignore[arg-type]
-        estimate=audit_gaussian_dp(in_scores, out_scores, **kw),  # type: ignore[arg-type]
+        bound=audit.clopper_pearson(**kw),  # type: ignore[arg-type]
+        estimate=audit.gaussian_dp(**kw),  # type: ignore[arg-type]
     )

@@ -1,17 +1,18 @@
 """Statistics of privacy auditing: turn an attack's success into an honest epsilon.
 
 numpy/scipy only (no torch, no opacus). Every number is labelled: ``kind="bound"`` for an
-assumption-free lower bound (Clopper-Pearson, one-run), ``kind="estimate"`` for the
-Gaussian-DP conversion; thresholds are chosen validly by default
-(:class:`RankGridBonferroni`); the naive maximum over thresholds is available only as
-:class:`NaiveMax` and is labelled not statistically valid. References:
-``shared/reference/auditing.md`` and ``auditing-anchors.md``.
+assumption-free lower bound (Clopper-Pearson, one-run, one-run f-DP against the
+(eps, delta) curve), ``kind="estimate"`` for the Gaussian-DP conversions (multi-run and
+one-run f-DP against mu-GDP), ``kind="invalid"`` when the procedure's confidence is not
+honest (:class:`NaiveMax`, one-run canaries not included by fair coins). Thresholds are
+chosen validly by default (:class:`RankGridBonferroni`).
 
 Typical use::
 
-    from opacus_lastiterate.analysis.audit import audit_clopper_pearson, plan_multi_run_audit
+    from opacus_lastiterate.analysis.audit import ScoreAudit, plan_multi_run_audit
     print(plan_multi_run_audit(1000, delta=1e-5))          # before training
-    print(audit_clopper_pearson(in_scores, out_scores, delta=1e-5))
+    audit = ScoreAudit(in_scores, out_scores)              # validated and sorted once
+    print(audit.clopper_pearson(delta=1e-5), audit.auroc())
 """
 
 from opacus_lastiterate.analysis.audit.clopper_pearson import (
@@ -31,6 +32,12 @@ from opacus_lastiterate.analysis.audit.one_run import (
     one_run_epsilon_bound,
     one_run_p_value,
 )
+from opacus_lastiterate.analysis.audit.one_run_fdp import (
+    FDP_FAMILIES,
+    TradeOffFamily,
+    one_run_fdp_bound,
+    one_run_fdp_rejects,
+)
 from opacus_lastiterate.analysis.audit.planning import (
     AuditPlan,
     canaries_needed,
@@ -43,12 +50,14 @@ from opacus_lastiterate.analysis.audit.pure_dp import (
     epsilon_from_error_rates,
 )
 from opacus_lastiterate.analysis.audit.result import (
+    AUDIT_KINDS,
     AuditCounts,
     AuditKind,
     AuditResult,
     MultiRunCounts,
     OneRunCounts,
 )
+from opacus_lastiterate.analysis.audit.score_audit import ScoreAudit
 from opacus_lastiterate.analysis.audit.score_audits import (
     audit_clopper_pearson,
     audit_gaussian_dp,
@@ -71,7 +80,9 @@ from opacus_lastiterate.analysis.audit.warning_types import (
 )
 
 __all__ = [
+    "AUDIT_KINDS",
     "DEFAULT_THRESHOLD_STRATEGY",
+    "FDP_FAMILIES",
     "ONE_RUN_DELTA_WARNING_LEVEL",
     "AuditCounts",
     "AuditKind",
@@ -89,7 +100,9 @@ __all__ = [
     "OneRunCounts",
     "OneRunDeltaWarning",
     "RankGridBonferroni",
+    "ScoreAudit",
     "ThresholdStrategy",
+    "TradeOffFamily",
     "audit_clopper_pearson",
     "audit_gaussian_dp",
     "audit_one_run",
@@ -106,6 +119,8 @@ __all__ = [
     "gaussian_dp_estimate_from_counts",
     "gaussian_dp_mu_from_error_rates",
     "one_run_epsilon_bound",
+    "one_run_fdp_bound",
+    "one_run_fdp_rejects",
     "one_run_p_value",
     "plan_multi_run_audit",
     "plan_one_run_audit",

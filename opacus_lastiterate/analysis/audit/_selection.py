@@ -1,14 +1,13 @@
-"""Apply a threshold strategy to a per-threshold statistic (package-internal).
+"""Per-threshold statistics and the helpers the threshold strategies use (package-internal).
 
-A *statistic* maps the scores and a significance level to a number at one threshold (an
-epsilon lower bound, or a mu lower bound) and can maximise it over candidate thresholds.
-The strategies of ``threshold_strategies.py`` decide which thresholds and which
-significance (see that module for why each is valid).
+A *statistic* maps the (sorted) scores and a significance level to a number at one
+threshold (an epsilon lower bound, or a mu lower bound) and can maximise it over candidate
+thresholds. Each strategy of ``threshold_strategies.py`` decides which thresholds and which
+significance in its ``select`` method (see that module for why each is valid).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -21,20 +20,21 @@ from scipy.stats import binom
 from opacus_lastiterate.analysis.audit.clopper_pearson import upper_at_significance
 from opacus_lastiterate.analysis.audit.error_counts import counts_at
 from opacus_lastiterate.analysis.audit.one_run import epsilon_search
+from opacus_lastiterate.analysis.audit.one_run_fdp import TradeOffFamily, parameter_search
 from opacus_lastiterate.analysis.audit.result import AuditCounts, MultiRunCounts, OneRunCounts
-from opacus_lastiterate.analysis.audit.threshold_strategies import (
-    Bonferroni,
-    ExplicitThreshold,
-    HeldOutSplit,
-    MultiSplit,
-    NaiveMax,
-    RankGridBonferroni,
-    ThresholdStrategy,
-    rank_grid,
-)
 
 Array = NDArray[np.float64]
 IntArray = NDArray[np.int64]
+
+
+def rank_grid(n: int, growth: float, *, include_zero: bool) -> list[int]:
+    """``{0} U {round(growth**i) : i >= 0}`` below ``n`` (without 0 if not ``include_zero``)."""
+    values = {0} if include_zero else set()
+    x = 1.0
+    while round(x) < n:
+        values.add(round(x))
+        x *= growth
+    return sorted(values)
 
 
 @dataclass(frozen=True)
@@ -174,6 +174,54 @@ class OneRunStatistic:
         return OneRunCounts(ins.size + outs.size, int(r[0]), int(v[0]))
 
 
+class FdpOneRunStatistic(OneRunStatistic):
+    """f-DP one-run value (mu or epsilon, ``one_run_fdp.py``) of "guess in iff score >= t"."""
+
+    def __init__(self, delta: float, family: TradeOffFamily) -> None:
+        super().__init__(delta)
+        self._family = family
+
+    def at(self, ins: Array, outs: Array, significance: float, threshold: float) -> float:
+        r, v = self._guesses(ins, outs, np.array([threshold]))
+        m = ins.size + outs.size
+        return parameter_search(m, int(r[0]), int(v[0]), significance, self._family, self._delta)
+
+    def best(
+        self, ins: Array, outs: Array, significance: float, cand: Candidates
+    ) -> tuple[float, int]:
+        """Exact maximum: candidates in decreasing precision order, each searched from the
+        best value so far (one recursion when it cannot beat it, the claim family being nested)."""
+        m = ins.size + outs.size
+        r, v = self._guesses(ins, outs, cand.thresholds)
+        precision = np.where(r > 0, v / np.maximum(r, 1), 0.0)
+        order = np.argsort(-precision, kind="stable")
+        best_val, best_idx = 0.0, int(order[0])
+        for i in order[v[order] > 0]:
+            val = parameter_search(
+                m, int(r[i]), int(v[i]), significance, self._family, self._delta, best_val
+            )
+            if val > best_val:
+                best_val, best_idx = val, int(i)
+        return best_val, best_idx
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Validated scores: sorted copies for the statistics, the given order for the splits."""
+
+    ins: Array
+    outs: Array
+    raw_ins: Array
+    raw_outs: Array
+
+    @classmethod
+    def of(cls, raw_ins: Array, raw_outs: Array) -> Scores:
+        ins, outs = np.sort(raw_ins), np.sort(raw_outs)
+        for a in (ins, outs, raw_ins, raw_outs):
+            a.flags.writeable = False
+        return cls(ins, outs, raw_ins, raw_outs)
+
+
 @dataclass(frozen=True)
 class Selected:
     value: float
@@ -182,11 +230,11 @@ class Selected:
     selection: str
 
 
-def _observed(ins: Array, outs: Array) -> Candidates:
+def observed(ins: Array, outs: Array) -> Candidates:
     return Candidates(np.unique(np.concatenate([ins, outs])))
 
 
-def _best(
+def best(
     stat: Statistic, ins: Array, outs: Array, significance: float, cand: Candidates
 ) -> tuple[float, float]:
     value, i = stat.best(ins, outs, significance, cand)
@@ -226,7 +274,7 @@ def _split(
     return ins_sel, outs_sel, ins_eval, outs_eval
 
 
-def _choose_on_split(
+def choose_on_split(
     stat: Statistic,
     ins: Array,
     outs: Array,
@@ -236,67 +284,5 @@ def _choose_on_split(
 ) -> tuple[float, float, Array, Array]:
     pooled = isinstance(stat, OneRunStatistic)
     ins_sel, outs_sel, ins_eval, outs_eval = _split(ins, outs, fraction, rng, pooled=pooled)
-    _, t = _best(stat, ins_sel, outs_sel, significance, _observed(ins_sel, outs_sel))
+    _, t = best(stat, ins_sel, outs_sel, significance, observed(ins_sel, outs_sel))
     return stat.at(ins_eval, outs_eval, significance, t), t, ins_eval, outs_eval
-
-
-def select(
-    strategy: ThresholdStrategy, stat: Statistic, ins: Array, outs: Array, significance: float
-) -> Selected:
-    """Run ``strategy``; the returned value holds with probability >= 1 - significance
-    (except for :class:`NaiveMax`). Splits permute the scores in the order given."""
-    raw_ins, raw_outs = ins, outs
-    ins = np.sort(ins)
-    outs = np.sort(outs)
-    if isinstance(strategy, ExplicitThreshold):
-        t = float(strategy.threshold)
-        value = stat.at(ins, outs, significance, t)
-        return Selected(value, t, stat.counts(ins, outs, t), strategy.describe())
-    if isinstance(strategy, RankGridBonferroni):
-        cand = stat.rank_candidates(ins, outs, strategy.growth)
-        n = cand.thresholds.size
-        value, t = _best(stat, ins, outs, significance / n, cand)
-        text = (
-            f"Bonferroni over {n} candidate thresholds at a geometric rank grid "
-            f"(growth {strategy.growth:g}), each at significance {significance / n:.3g}"
-        )
-        return Selected(value, t, stat.counts(ins, outs, t), text)
-    if isinstance(strategy, Bonferroni):
-        if strategy.candidates is not None:
-            cand = Candidates(np.unique(np.asarray(strategy.candidates, dtype=np.float64)))
-            n, what = len(strategy.candidates), "pre-set"
-        else:
-            cand = _observed(ins, outs)
-            n, what = ins.size + outs.size, "every observed score"
-        value, t = _best(stat, ins, outs, significance / n, cand)
-        text = f"Bonferroni over {n} candidate thresholds ({what}), each at significance {significance / n:.3g}"
-        return Selected(value, t, stat.counts(ins, outs, t), text)
-    if isinstance(strategy, NaiveMax):
-        value, t = _best(stat, ins, outs, significance, _observed(ins, outs))
-        return Selected(value, t, stat.counts(ins, outs, t), strategy.describe())
-    if isinstance(strategy, HeldOutSplit):
-        rng = np.random.default_rng(strategy.seed)
-        value, t, ins_eval, outs_eval = _choose_on_split(
-            stat, raw_ins, raw_outs, strategy.selection_fraction, rng, significance
-        )
-        text = (
-            f"threshold chosen on a held-out {strategy.selection_fraction:g} split "
-            f"(seed {strategy.seed}), bound on the other {ins_eval.size} + {outs_eval.size} scores"
-        )
-        return Selected(value, t, stat.counts(ins_eval, outs_eval, t), text)
-    if isinstance(strategy, MultiSplit):
-        rng = np.random.default_rng(strategy.seed)
-        half = 0.5 * significance
-        results = [
-            _choose_on_split(stat, raw_ins, raw_outs, strategy.selection_fraction, rng, half)
-            for _ in range(strategy.num_splits)
-        ]
-        order = sorted(range(len(results)), key=lambda j: results[j][0])
-        value, t, ins_eval, outs_eval = results[order[math.ceil(len(results) / 2) - 1]]
-        text = (
-            f"lower median of {strategy.num_splits} held-out splits "
-            f"(choose on {strategy.selection_fraction:g}, seed {strategy.seed}), "
-            f"each at significance {half:.3g}"
-        )
-        return Selected(value, t, stat.counts(ins_eval, outs_eval, t), text)
-    raise TypeError(f"`threshold_strategy` must be a ThresholdStrategy, got {strategy!r}.")

@@ -22,7 +22,7 @@ from scipy.stats import binom
 
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._validation import check_epsilon, check_in_interval, check_int
-from opacus_lastiterate.analysis.audit.result import AuditResult, OneRunCounts
+from opacus_lastiterate.analysis.audit.result import AuditResult, OneRunCounts, result_kind
 from opacus_lastiterate.analysis.audit.warning_types import (
     NonRandomizedInclusionWarning,
     OneRunDeltaWarning,
@@ -134,7 +134,7 @@ def one_run_epsilon_bound(
 
     Warns :class:`OneRunDeltaWarning` when ``2 m delta`` > ``ONE_RUN_DELTA_WARNING_LEVEL``
     and :class:`NonRandomizedInclusionWarning` when ``inclusion_randomized`` is False (the
-    result is then marked not statistically valid).
+    result is then ``kind="invalid"``).
     """
     counts = _check_counts(num_canaries, num_guesses, num_correct)
     d = check_in_interval("delta", delta, 0.0, 1.0, low_open=False)
@@ -148,7 +148,7 @@ def one_run_epsilon_bound(
         delta=d,
         confidence=c,
         method="one-run",
-        kind="bound",
+        kind=result_kind("bound", inclusion_randomized),
         counts=counts,
         selection="guesses fixed without looking at the inclusion coins",
         statistically_valid=inclusion_randomized,

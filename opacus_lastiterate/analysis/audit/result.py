@@ -4,14 +4,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from opacus_lastiterate.analysis._validation import check_in_interval, check_int
-from opacus_lastiterate.analysis.audit.threshold_strategies import ThresholdStrategy
+
+if TYPE_CHECKING:
+    from opacus_lastiterate.analysis.audit.threshold_strategies import ThresholdStrategy
 
 __all__ = ["AuditCounts", "AuditKind", "AuditResult", "MultiRunCounts", "OneRunCounts"]
 
-AuditKind = Literal["bound", "estimate"]
+#: ``"bound"``: valid lower bound at the stated confidence, no assumption on the mechanism;
+#: ``"estimate"``: valid only under a stated assumption (a Gaussian trade-off curve);
+#: ``"invalid"``: the statistical argument does not hold (threshold maximised on the same
+#: scores without correction, one-run canaries not included by fair coins): neither a
+#: bound nor a calibrated estimate. Only ``"bound"`` may be read as a lower bound.
+AuditKind = Literal["bound", "estimate", "invalid"]
+AUDIT_KINDS: tuple[AuditKind, ...] = ("bound", "estimate", "invalid")
+
+
+def result_kind(base: AuditKind, statistically_valid: bool) -> AuditKind:
+    """``base`` if the procedure was valid, ``"invalid"`` otherwise (package-internal)."""
+    return base if statistically_valid else "invalid"
 
 
 @dataclass(frozen=True)
@@ -86,15 +99,17 @@ class AuditResult:
         confidence: overall confidence level of the procedure (1 - significance).
         method: how counts became epsilon, e.g. ``"clopper-pearson"``,
             ``"gaussian-dp"``, ``"one-run"``.
-        kind: ``"bound"`` (assumption-free lower bound) or ``"estimate"``
-            (relies on an assumption, e.g. a Gaussian trade-off curve).
+        kind: ``"bound"`` (assumption-free lower bound), ``"estimate"`` (relies on an
+            assumption, e.g. a Gaussian trade-off curve) or ``"invalid"`` (the procedure's
+            confidence is not honest); see :data:`AuditKind`.
         counts: the counts at the selected threshold.
         threshold_strategy: the strategy object that selected the threshold.
         threshold: the selected threshold (None when the audit was given counts).
         selection: what the strategy did on these scores, in words.
         mu: the Gaussian-DP mu lower bound (GDP audits only).
         statistically_valid: False when the confidence level is not honest (naive
-            maximum over thresholds, non-randomised one-run canaries).
+            maximum over thresholds, non-randomised one-run canaries); exactly when
+            ``kind == "invalid"``.
         notes: further caveats, one sentence each.
     """
 
@@ -116,25 +131,40 @@ class AuditResult:
             raise ValueError(f"`epsilon` must be >= 0, got {self.epsilon!r}.")
         check_in_interval("delta", self.delta, 0.0, 1.0, low_open=False)
         check_in_interval("confidence", self.confidence, 0.0, 1.0)
-        if self.kind not in ("bound", "estimate"):
-            raise ValueError(f"`kind` must be 'bound' or 'estimate', got {self.kind!r}.")
+        if self.kind not in AUDIT_KINDS:
+            raise ValueError(f"`kind` must be one of {AUDIT_KINDS}, got {self.kind!r}.")
+        if (self.kind == "invalid") == bool(self.statistically_valid):
+            raise ValueError(
+                "`kind` must be 'invalid' exactly when `statistically_valid` is False, got "
+                f"kind={self.kind!r}, statistically_valid={self.statistically_valid!r}."
+            )
         object.__setattr__(self, "notes", tuple(self.notes))
 
     @property
     def is_bound(self) -> bool:
         """True for an assumption-free, statistically valid lower bound."""
-        return self.kind == "bound" and self.statistically_valid
+        return self.kind == "bound"
 
     def __str__(self) -> str:
         eps = "inf" if math.isinf(self.epsilon) else f"{self.epsilon:.4g}"
+        conf = f"{100 * self.confidence:.4g}%"
         if self.kind == "bound":
-            head = f"epsilon >= {eps} at delta = {self.delta:g} ({100 * self.confidence:.4g}% confidence)"
+            head = f"epsilon >= {eps} at delta = {self.delta:g} ({conf} confidence)"
             label = "lower bound"
-        else:
-            head = f"epsilon ~ {eps} at delta = {self.delta:g}"
-            label = "ESTIMATE (assumes a Gaussian trade-off), not a bound"
+        elif self.kind == "estimate":
+            head = (
+                f"NOT A VALID BOUND (estimate, assumes a Gaussian trade-off): epsilon ~ {eps} "
+                f"at delta = {self.delta:g}"
+            )
+            label = "ESTIMATE"
             if self.mu is not None:
-                label += f"; mu >= {self.mu:.4g} at {100 * self.confidence:.4g}% confidence"
+                label += f"; mu >= {self.mu:.4g} at {conf} confidence (valid against mu-GDP)"
+        else:
+            head = (
+                f"NOT A VALID BOUND (statistically invalid procedure): epsilon ~ {eps} at "
+                f"delta = {self.delta:g}"
+            )
+            label = f"nominal {conf} confidence not honest"
         parts = [label, f"method: {self.method}", str(self.counts)]
         if self.selection:
             parts.append(self.selection)
@@ -143,8 +173,6 @@ class AuditResult:
         if self.threshold is not None:
             parts.append(f"threshold {self.threshold:.6g}")
         text = f"{head} [{'; '.join(parts)}]"
-        if not self.statistically_valid:
-            text = "NOT STATISTICALLY VALID: " + text
         for note in self.notes:
             text += f"\n  note: {note}"
         return text

@@ -30,6 +30,10 @@ not statistically valid in every result it produces.
   Buehlmann 2009) -- at least half of the bounds exceeding the truth has probability <= a.
 - :class:`ExplicitThreshold`: a threshold fixed before seeing the scores.
 - :class:`NaiveMax`: the maximum over all thresholds at significance a. NOT valid.
+
+Thresholds may be +inf or -inf ("in" for no score / for every score), e.g. to pass the
+threshold set of another tool (jax_privacy's ends with +inf). Each strategy carries its own
+``select`` method; a new strategy subclasses :class:`ThresholdStrategy` and implements it.
 """
 
 from __future__ import annotations
@@ -38,7 +42,19 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from opacus_lastiterate.analysis._validation import check_in_interval, check_int, check_real
+import numpy as np
+
+from opacus_lastiterate.analysis._validation import check_in_interval, check_int
+from opacus_lastiterate.analysis.audit._selection import (
+    Candidates,
+    Scores,
+    Selected,
+    Statistic,
+    best,
+    choose_on_split,
+    observed,
+    rank_grid,
+)
 
 __all__ = [
     "DEFAULT_THRESHOLD_STRATEGY",
@@ -49,7 +65,18 @@ __all__ = [
     "NaiveMax",
     "RankGridBonferroni",
     "ThresholdStrategy",
+    "rank_grid",
 ]
+
+
+def _check_threshold(name: str, value: object) -> float:
+    """A real number or +-inf (not NaN, not bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"`{name}` must be a real number (or +-inf), got {value!r}.")
+    x = float(value)
+    if math.isnan(x):
+        raise ValueError(f"`{name}` must be a real number (or +-inf), got nan.")
+    return x
 
 
 class ThresholdStrategy:
@@ -60,6 +87,11 @@ class ThresholdStrategy:
 
     def describe(self) -> str:
         """One line for reports."""
+        raise NotImplementedError
+
+    def select(self, stat: Statistic, scores: Scores, significance: float) -> Selected:
+        """The statistic at the chosen threshold; holds with probability >= 1 - significance
+        for every valid strategy (``scores`` sorted once by the caller)."""
         raise NotImplementedError
 
 
@@ -85,15 +117,16 @@ class RankGridBonferroni(ThresholdStrategy):
     def describe(self) -> str:
         return f"Bonferroni over a geometric rank grid (growth {self.growth:g})"
 
-
-def rank_grid(n: int, growth: float, *, include_zero: bool) -> list[int]:
-    """``{0} U {round(growth**i) : i >= 0}`` below ``n`` (without 0 if not ``include_zero``)."""
-    values = {0} if include_zero else set()
-    x = 1.0
-    while round(x) < n:
-        values.add(round(x))
-        x *= growth
-    return sorted(values)
+    def select(self, stat: Statistic, scores: Scores, significance: float) -> Selected:
+        ins, outs = scores.ins, scores.outs
+        cand = stat.rank_candidates(ins, outs, self.growth)
+        n = cand.thresholds.size
+        value, t = best(stat, ins, outs, significance / n, cand)
+        text = (
+            f"Bonferroni over {n} candidate thresholds at a geometric rank grid "
+            f"(growth {self.growth:g}), each at significance {significance / n:.3g}"
+        )
+        return Selected(value, t, stat.counts(ins, outs, t), text)
 
 
 @dataclass(frozen=True)
@@ -101,25 +134,43 @@ class Bonferroni(ThresholdStrategy):
     """All candidate thresholds, each bound at significance ``(1 - confidence) / n``.
 
     Attributes:
-        candidates: thresholds fixed before seeing the scores (then n = len(candidates)),
-            or None (default) for every observed score (then n = n_in + n_out).
+        candidates: thresholds fixed before seeing the scores, +-inf allowed (then
+            n = len(candidates), duplicates counted), or None (default) for every observed
+            score (then n = n_in + n_out).
     """
 
     candidates: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.candidates is not None:
-            values = tuple(check_real("candidates", c) for c in self.candidates)
+            if isinstance(self.candidates, (str, bytes)):
+                raise TypeError(
+                    f"`candidates` must be a sequence of numbers, got {self.candidates!r}."
+                )
+            values = tuple(_check_threshold("candidates", c) for c in self.candidates)
             if not values:
                 raise ValueError("`candidates` must be non-empty, got an empty sequence.")
-            if not all(math.isfinite(v) for v in values):
-                raise ValueError(f"`candidates` must be finite, got {self.candidates!r}.")
             object.__setattr__(self, "candidates", values)
 
     def describe(self) -> str:
         if self.candidates is None:
             return "Bonferroni over every observed score"
         return f"Bonferroni over {len(self.candidates)} pre-set candidate thresholds"
+
+    def select(self, stat: Statistic, scores: Scores, significance: float) -> Selected:
+        ins, outs = scores.ins, scores.outs
+        if self.candidates is not None:
+            cand = Candidates(np.unique(np.asarray(self.candidates, dtype=np.float64)))
+            n, what = len(self.candidates), "pre-set"
+        else:
+            cand = observed(ins, outs)
+            n, what = ins.size + outs.size, "every observed score"
+        value, t = best(stat, ins, outs, significance / n, cand)
+        text = (
+            f"Bonferroni over {n} candidate thresholds ({what}), each at significance "
+            f"{significance / n:.3g}"
+        )
+        return Selected(value, t, stat.counts(ins, outs, t), text)
 
 
 @dataclass(frozen=True)
@@ -143,6 +194,17 @@ class HeldOutSplit(ThresholdStrategy):
 
     def describe(self) -> str:
         return f"held-out split (choose on {self.selection_fraction:g}, seed {self.seed})"
+
+    def select(self, stat: Statistic, scores: Scores, significance: float) -> Selected:
+        rng = np.random.default_rng(self.seed)
+        value, t, ins_eval, outs_eval = choose_on_split(
+            stat, scores.raw_ins, scores.raw_outs, self.selection_fraction, rng, significance
+        )
+        text = (
+            f"threshold chosen on a held-out {self.selection_fraction:g} split "
+            f"(seed {self.seed}), bound on the other {ins_eval.size} + {outs_eval.size} scores"
+        )
+        return Selected(value, t, stat.counts(ins_eval, outs_eval, t), text)
 
 
 @dataclass(frozen=True)
@@ -170,18 +232,42 @@ class MultiSplit(ThresholdStrategy):
             f"{self.selection_fraction:g}, seed {self.seed})"
         )
 
+    def select(self, stat: Statistic, scores: Scores, significance: float) -> Selected:
+        rng = np.random.default_rng(self.seed)
+        half = 0.5 * significance
+        results = [
+            choose_on_split(
+                stat, scores.raw_ins, scores.raw_outs, self.selection_fraction, rng, half
+            )
+            for _ in range(self.num_splits)
+        ]
+        order = sorted(range(len(results)), key=lambda j: results[j][0])
+        value, t, ins_eval, outs_eval = results[order[math.ceil(len(results) / 2) - 1]]
+        text = (
+            f"lower median of {self.num_splits} held-out splits "
+            f"(choose on {self.selection_fraction:g}, seed {self.seed}), "
+            f"each at significance {half:.3g}"
+        )
+        return Selected(value, t, stat.counts(ins_eval, outs_eval, t), text)
+
 
 @dataclass(frozen=True)
 class ExplicitThreshold(ThresholdStrategy):
-    """A threshold fixed before the scores were seen (test says "in" iff score >= threshold)."""
+    """A threshold fixed before the scores were seen (test says "in" iff score >= threshold;
+    +-inf allowed)."""
 
     threshold: float
 
     def __post_init__(self) -> None:
-        check_real("threshold", self.threshold)
+        _check_threshold("threshold", self.threshold)
 
     def describe(self) -> str:
         return f"threshold {self.threshold:g} fixed in advance"
+
+    def select(self, stat: Statistic, scores: Scores, significance: float) -> Selected:
+        t = float(self.threshold)
+        value = stat.at(scores.ins, scores.outs, significance, t)
+        return Selected(value, t, stat.counts(scores.ins, scores.outs, t), self.describe())
 
 
 @dataclass(frozen=True)
@@ -196,6 +282,11 @@ class NaiveMax(ThresholdStrategy):
 
     def describe(self) -> str:
         return "naive maximum over thresholds on the same scores (NOT statistically valid)"
+
+    def select(self, stat: Statistic, scores: Scores, significance: float) -> Selected:
+        ins, outs = scores.ins, scores.outs
+        value, t = best(stat, ins, outs, significance, observed(ins, outs))
+        return Selected(value, t, stat.counts(ins, outs, t), self.describe())
 
 
 #: The strategy every audit uses unless told otherwise.

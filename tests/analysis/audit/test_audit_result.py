@@ -47,14 +47,26 @@ def test_estimate_and_invalid_results_say_so() -> None:
     ins, outs = rng.normal(3, 1, 200), rng.normal(0, 1, 200)
     gdp = audit_gaussian_dp(ins, outs, delta=1e-5)
     assert gdp.kind == "estimate" and not gdp.is_bound and gdp.mu is not None and gdp.mu > 0
-    assert str(gdp).startswith("epsilon ~") and "ESTIMATE" in str(gdp) and "not a bound" in str(gdp)
+    assert str(gdp).startswith("NOT A VALID BOUND (estimate") and "ESTIMATE" in str(gdp)
     naive = audit_clopper_pearson(ins, outs, delta=1e-5, threshold_strategy=NaiveMax())
-    assert str(naive).startswith("NOT STATISTICALLY VALID") and naive.notes
+    assert naive.kind == "invalid" and not naive.is_bound and naive.notes
+    assert str(naive).startswith("NOT A VALID BOUND (statistically invalid")
+    naive_gdp = audit_gaussian_dp(ins, outs, delta=1e-5, threshold_strategy=NaiveMax())
+    assert naive_gdp.kind == "invalid" and str(naive_gdp).startswith("NOT A VALID BOUND")
+
+
+def test_invalid_results_are_never_kind_bound() -> None:
+    counts = OneRunCounts(10, 5, 5)
+    for kind in ("bound", "estimate"):
+        with pytest.raises(ValueError, match="`kind` must be 'invalid' exactly when"):
+            AuditResult(1.0, 1e-5, 0.95, "one-run", kind, counts, statistically_valid=False)
+    with pytest.raises(ValueError, match="`kind` must be 'invalid' exactly when"):
+        AuditResult(1.0, 1e-5, 0.95, "one-run", "invalid", counts)
 
 
 def test_result_validation() -> None:
     counts = OneRunCounts(10, 5, 5)
-    with pytest.raises(ValueError, match="`kind` must be 'bound' or 'estimate'"):
+    with pytest.raises(ValueError, match="`kind` must be one of"):
         AuditResult(1.0, 1e-5, 0.95, "one-run", "guess", counts)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"`confidence` must be in \(0, 1\), got 1.0\."):
         AuditResult(1.0, 1e-5, 1.0, "one-run", "bound", counts)
