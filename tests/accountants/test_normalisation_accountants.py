@@ -178,7 +178,9 @@ def test_feasgm_curve_composes_segments_exactly() -> None:
         )
 
     whole = curve([(SIGMA, q, 5)])
-    assert curve([(SIGMA, q, 2), (SIGMA, q, 3)]) == pytest.approx(whole, rel=1e-3)
+    # Composition of PLDs on one grid is associative; what differs is the floating-point
+    # rounding of dp_accounting's convolutions (measured 6e-12 relative).
+    assert curve([(SIGMA, q, 2), (SIGMA, q, 3)]) == pytest.approx(whole, rel=1e-9)
     assert curve([(2.0, q, 5)]) < curve([(SIGMA, q, 2), (2.0, q, 3)]) < whole
 
 
@@ -304,7 +306,8 @@ def test_asgm_matches_the_analysis_function_and_composes_segments() -> None:
     assert acc.get_delta(1.0) == pytest.approx(asgm_delta(1.0, **kwargs), rel=1e-12)
     split = ASGMAccountant().configure(dataset_size=20)
     split.history = [(2.0, 0.1, 1), (2.0, 0.1, 3)]
-    assert split.get_epsilon(DELTA) == pytest.approx(acc.get_epsilon(DELTA), rel=1e-3)
+    # one grid, so only floating-point rounding differs (measured 1.5e-13 relative)
+    assert split.get_epsilon(DELTA) == pytest.approx(acc.get_epsilon(DELTA), rel=1e-9)
     mixed = ASGMAccountant().configure(dataset_size=20)
     mixed.history = [(2.0, 0.1, 2), (2.0, 0.05, 2)]
     low = asgm_epsilon(DELTA, **dict(kwargs, sample_rate=0.05))

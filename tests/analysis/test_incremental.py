@@ -1,0 +1,81 @@
+"""The incremental per-step engine against the from-scratch computation, step by step."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from opacus_lastiterate.analysis.heuristic import LastIterateHeuristic
+from opacus_lastiterate.analysis.incremental import IncrementalHeuristic
+from opacus_lastiterate.analysis.run import DPSGDRun
+
+# Root finding stops at |dy| <= 1e-14 (1 + |y|) on either path; warm and cold starts land on
+# different sides of the root, so eps agrees to a few 1e-12 relative (measured: < 1e-12).
+REL = 1e-10
+
+
+def _steps(seed: int, n: int) -> list[tuple[float, float]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    sigma, q = 1.0, 0.05
+    for _ in range(n):
+        if rng.random() < 0.05:  # a noise schedule or a new sample rate now and then
+            sigma = float(rng.choice([0.6, 0.9, 1.3, 2.0]))
+        if rng.random() < 0.03:
+            q = float(rng.choice([0.01, 0.05, 0.2]))
+        out.append((sigma, q))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("delta", [1e-5, 1e-9])
+def test_every_step_equals_the_from_scratch_value(seed: int, delta: float) -> None:
+    engine = IncrementalHeuristic()
+    history: list[tuple[float, float, int]] = []
+    for sigma, q in _steps(seed, 300):
+        engine.append(sigma, q)
+        if history and history[-1][:2] == (sigma, q):
+            history[-1] = (sigma, q, history[-1][2] + 1)
+        else:
+            history.append((sigma, q, 1))
+        scratch = LastIterateHeuristic(DPSGDRun.from_history(history)).epsilon(delta)
+        assert engine.epsilon(delta) == pytest.approx(scratch, rel=REL, abs=1e-12)
+    assert engine.run.as_history() == history
+    assert engine.num_steps == 300
+
+
+def test_constant_run_to_large_T_matches_from_scratch() -> None:
+    engine = IncrementalHeuristic()
+    engine.append(1.0, 0.01, 99_000)
+    engine.epsilon(1e-6)  # a cold start far from the next steps' thresholds
+    for _ in range(1000):
+        engine.append(1.0, 0.01)
+        engine.epsilon(1e-6)
+    scratch = LastIterateHeuristic([(1.0, 0.01, 100_000)]).epsilon(1e-6)
+    assert engine.epsilon(1e-6) == pytest.approx(scratch, rel=REL)
+
+
+def test_delta_and_empty_and_noiseless_runs() -> None:
+    engine = IncrementalHeuristic()
+    assert engine.epsilon(1e-5) == 0.0 and engine.delta(1.0) == 0.0
+    engine.append(0.0, 0.1, 4)
+    assert engine.noiseless and engine.epsilon(1e-5) == math.inf and engine.delta(3.0) == 1.0
+    engine.append(1.5, 0.1, 10)  # noise from other steps hides the count again
+    scratch = LastIterateHeuristic([(0.0, 0.1, 4), (1.5, 0.1, 10)])
+    assert engine.epsilon(1e-5) == pytest.approx(scratch.epsilon(1e-5), rel=REL)
+    assert engine.delta(1.0) == pytest.approx(scratch.delta(1.0), rel=REL)
+
+
+def test_suffix_peak_tracks_the_largest_value_of_a_single_segment() -> None:
+    engine = IncrementalHeuristic()
+    values = []
+    for _ in range(40):
+        engine.append(0.5, 0.05)
+        values.append(engine.epsilon(1e-6))
+    peak = engine.suffix_peak(1e-6)
+    assert peak is not None
+    assert peak.epsilon == max(values) and peak.steps == int(np.argmax(values)) + 1
+    engine.append(2.0, 0.05)  # a new segment: suffixes of the old one no longer apply
+    assert engine.suffix_peak(1e-6) is None
