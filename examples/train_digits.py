@@ -34,7 +34,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import opacus_lastiterate.accountants  # noqa: F401  (registers accountant="last_iterate")
-from opacus_lastiterate.analysis.composition import standard_epsilon_for_history
+from opacus_lastiterate.analysis.composition import (
+    StandardComposition,
+)
 
 HEURISTIC_LABEL = "heuristic, final model only, not a DP guarantee"
 STANDARD_LABEL = "standard (all iterates, PLD upper bound)"
@@ -198,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 heuristic_eps = engine.get_epsilon(args.delta)
                 standard: float | None = None
                 if want_standard:
-                    standard = standard_epsilon_for_history(accountant.history, args.delta)
+                    standard = StandardComposition(accountant.history).epsilon(args.delta)
                     standard_eps = standard
                 accounting_seconds += time.perf_counter() - t0
                 print(

@@ -40,7 +40,9 @@ from opacus_lastiterate.analysis._validation import (
     check_int,
     check_positive,
 )
-from opacus_lastiterate.analysis.composition import standard_epsilon_for_history
+from opacus_lastiterate.analysis.composition import (
+    StandardComposition,
+)
 from opacus_lastiterate.analysis.normalisation import (
     ASGM_MODEL,
     DEFAULT_INTERVAL,
@@ -299,7 +301,7 @@ class _NormalisationAccountant(RunAccountant):
 
 def _standard_epsilon(history: History, delta: float, standard: str) -> float:
     if standard == "pld":
-        return float(standard_epsilon_for_history(history, delta))
+        return float(StandardComposition(history).epsilon(delta))
     from opacus.accountants import PRVAccountant, RDPAccountant
 
     cls = {"rdp": RDPAccountant, "prv": PRVAccountant}[standard]

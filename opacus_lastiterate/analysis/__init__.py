@@ -23,10 +23,10 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         compare_epsilons_for_history,
     )
     from opacus_lastiterate.analysis.composition import (
+        FullBatchGaussian,
+        StandardComposition,
         full_batch_epsilon,
-        full_batch_epsilon_for_history,
         standard_epsilon,
-        standard_epsilon_for_history,
     )
     from opacus_lastiterate.analysis.counterexamples import (
         MonotonicityCheck,
@@ -40,13 +40,12 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_delta, gaussian_epsilon
     from opacus_lastiterate.analysis.gaussian_mixture import ShiftedGaussianMixture
     from opacus_lastiterate.analysis.heuristic import (
-        heuristic_delta,
-        heuristic_delta_for_history,
+        LastIterateHeuristic,
+        RobustLastIterateHeuristic,
         heuristic_epsilon,
-        heuristic_epsilon_for_history,
-        heuristic_pair,
     )
     from opacus_lastiterate.analysis.history import TrainingSegment
+    from opacus_lastiterate.analysis.incremental import IncrementalHeuristic
     from opacus_lastiterate.analysis.normalisation import (
         DivisorVerdict,
         asgm_delta,
@@ -57,11 +56,14 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         opacus1x_batch_arithmetic,
         public_divisor_verdict,
     )
+    from opacus_lastiterate.analysis.normalisation.asgm import ASGM
     from opacus_lastiterate.analysis.optimizer_weights import (
         builtin_schedule,
         check_optimizer_supported,
         sgd_weights,
     )
+    from opacus_lastiterate.analysis.run import DPSGDRun, Normalisation
+    from opacus_lastiterate.analysis.suffix_maximum import SuffixMaximum, certified_suffix_maximum
     from opacus_lastiterate.analysis.weighted_heuristic import (
         WeightedHeuristicResult,
         weighted_heuristic_delta,
@@ -70,13 +72,23 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
 
 # Public name -> the submodule that defines it.
 _LAZY: dict[str, str] = {
+    "DPSGDRun": "run",
+    "Normalisation": "run",
+    "LastIterateHeuristic": "heuristic",
+    "RobustLastIterateHeuristic": "heuristic",
+    "StandardComposition": "composition",
+    "FullBatchGaussian": "composition",
+    "ASGM": "normalisation.asgm",
+    "IncrementalHeuristic": "incremental",
+    "SuffixMaximum": "suffix_maximum",
+    "certified_suffix_maximum": "suffix_maximum",
     "DivisorVerdict": "normalisation",
     "EpsilonComparison": "comparison",
     "MonotonicityCheck": "counterexamples",
     "QuadraticComparison": "counterexamples",
     "QuadraticResult": "counterexamples",
     "ShiftedGaussianMixture": "gaussian_mixture",
-    "TrainingSegment": "history",
+    "TrainingSegment": "run",
     "WeightedHeuristicResult": "weighted_heuristic",
     "asgm_delta": "normalisation",
     "asgm_epsilon": "normalisation",
@@ -88,40 +100,44 @@ _LAZY: dict[str, str] = {
     "feasgm_epsilon": "normalisation",
     "feasgm_verdict": "normalisation",
     "full_batch_epsilon": "composition",
-    "full_batch_epsilon_for_history": "composition",
     "gaussian_delta": "gaussian_mechanism",
     "gaussian_epsilon": "gaussian_mechanism",
-    "heuristic_delta": "heuristic",
-    "heuristic_delta_for_history": "heuristic",
     "heuristic_epsilon": "heuristic",
-    "heuristic_epsilon_for_history": "heuristic",
     "heuristic_monotonicity": "counterexamples",
     "heuristic_monotonicity_for_history": "counterexamples",
-    "heuristic_pair": "heuristic",
     "opacus1x_batch_arithmetic": "normalisation",
     "public_divisor_verdict": "normalisation",
     "quadratic_regulariser_comparison": "counterexamples",
     "quadratic_regulariser_epsilon": "counterexamples",
     "sgd_weights": "optimizer_weights",
     "standard_epsilon": "composition",
-    "standard_epsilon_for_history": "composition",
     "weighted_heuristic_delta": "weighted_heuristic",
     "weighted_heuristic_epsilon": "weighted_heuristic",
 }
 
 __all__ = [
+    "ASGM",
+    "DPSGDRun",
     "DivisorVerdict",
     "EpsilonComparison",
+    "FullBatchGaussian",
+    "IncrementalHeuristic",
+    "LastIterateHeuristic",
     "MonotonicityCheck",
+    "Normalisation",
     "QuadraticComparison",
     "QuadraticResult",
+    "RobustLastIterateHeuristic",
     "ShiftedGaussianMixture",
+    "StandardComposition",
+    "SuffixMaximum",
     "TrainingSegment",
     "UnsupportedOptimizerError",
     "WeightedHeuristicResult",
     "asgm_delta",
     "asgm_epsilon",
     "builtin_schedule",
+    "certified_suffix_maximum",
     "check_optimizer_supported",
     "compare_epsilons",
     "compare_epsilons_for_history",
@@ -129,23 +145,17 @@ __all__ = [
     "feasgm_epsilon",
     "feasgm_verdict",
     "full_batch_epsilon",
-    "full_batch_epsilon_for_history",
     "gaussian_delta",
     "gaussian_epsilon",
-    "heuristic_delta",
-    "heuristic_delta_for_history",
     "heuristic_epsilon",
-    "heuristic_epsilon_for_history",
     "heuristic_monotonicity",
     "heuristic_monotonicity_for_history",
-    "heuristic_pair",
     "opacus1x_batch_arithmetic",
     "public_divisor_verdict",
     "quadratic_regulariser_comparison",
     "quadratic_regulariser_epsilon",
     "sgd_weights",
     "standard_epsilon",
-    "standard_epsilon_for_history",
     "weighted_heuristic_delta",
     "weighted_heuristic_epsilon",
 ]

@@ -23,8 +23,8 @@ from opacus_lastiterate.analysis._validation import (
     check_positive,
 )
 from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_delta, gaussian_epsilon
-from opacus_lastiterate.analysis.history import HistoryLike, TrainingSegment, as_segments
-from opacus_lastiterate.analysis.run import RunLike, as_run
+from opacus_lastiterate.analysis.history import TrainingSegment
+from opacus_lastiterate.analysis.run import DPSGDRun, RunLike, as_run
 
 if TYPE_CHECKING:
     from dp_accounting import dp_event
@@ -34,9 +34,7 @@ __all__ = [
     "FullBatchGaussian",
     "StandardComposition",
     "full_batch_epsilon",
-    "full_batch_epsilon_for_history",
     "standard_epsilon",
-    "standard_epsilon_for_history",
 ]
 
 DEFAULT_DISCRETIZATION = 1e-4
@@ -60,18 +58,6 @@ def _dp_sgd_event(segments: tuple[TrainingSegment, ...]) -> dp_event.DpEvent:
     )
 
 
-def standard_epsilon_for_history(
-    history: HistoryLike,
-    delta: float,
-    *,
-    value_discretization_interval: float = DEFAULT_DISCRETIZATION,
-) -> float:
-    """Composition epsilon of DP-SGD (all iterates released): :class:`StandardComposition`."""
-    return StandardComposition(
-        as_run(history, "history"), value_discretization_interval=value_discretization_interval
-    ).epsilon(delta)
-
-
 def standard_epsilon(
     delta: float,
     *,
@@ -81,28 +67,20 @@ def standard_epsilon(
     value_discretization_interval: float = DEFAULT_DISCRETIZATION,
 ) -> float:
     """Composition epsilon for T = ``steps`` steps at constant (q, sigma)."""
-    return standard_epsilon_for_history(
-        (TrainingSegment(noise_multiplier, sample_rate, steps),),
-        delta,
-        value_discretization_interval=value_discretization_interval,
-    )
-
-
-def full_batch_epsilon_for_history(history: HistoryLike, delta: float) -> float:
-    """Full-batch DP-GD baseline: mu-GDP with mu^2 = sum_t (q_t / sigma_t)^2 (closed form)."""
-    segments = as_segments(history)
-    d = check_delta(delta)
-    mu2 = sum(s.steps * (s.sample_rate / s.noise_multiplier) ** 2 for s in segments)
-    return 0.0 if mu2 == 0.0 else gaussian_epsilon(d, mu=math.sqrt(mu2))
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+    run = DPSGDRun.constant(steps=steps, sample_rate=sample_rate, noise_multiplier=sigma)
+    return StandardComposition(
+        run, value_discretization_interval=value_discretization_interval
+    ).epsilon(delta)
 
 
 def full_batch_epsilon(
     delta: float, *, steps: int, sample_rate: float, noise_multiplier: float
 ) -> float:
     """Full-batch baseline for T steps: mu = q sqrt(T) / sigma."""
-    return full_batch_epsilon_for_history(
-        (TrainingSegment(noise_multiplier, sample_rate, steps),), delta
-    )
+    sigma = check_positive("noise_multiplier", noise_multiplier)
+    run = DPSGDRun.constant(steps=steps, sample_rate=sample_rate, noise_multiplier=sigma)
+    return FullBatchGaussian(run).epsilon(delta)
 
 
 # -- privacy models ------------------------------------------------------------------------

@@ -42,7 +42,10 @@ from opacus_lastiterate.analysis._validation import (
     check_steps,
 )
 from opacus_lastiterate.analysis.gaussian_mixture import ShiftedGaussianMixture
-from opacus_lastiterate.analysis.heuristic import heuristic_epsilon, heuristic_epsilon_for_history
+from opacus_lastiterate.analysis.heuristic import (
+    LastIterateHeuristic,
+    heuristic_epsilon,
+)
 from opacus_lastiterate.analysis.history import HistoryLike, as_segments, total_steps
 from opacus_lastiterate.analysis.suffix_maximum import certified_suffix_maximum
 from opacus_lastiterate.analysis.weighted_heuristic import (
@@ -380,7 +383,7 @@ def _scan(segments, delta: float) -> MonotonicityCheck:
     if best.argmax_steps == n:
         at_steps = best.attained
     else:
-        at_steps = heuristic_epsilon_for_history(segments, delta)
+        at_steps = LastIterateHeuristic(segments).epsilon(delta)
     return MonotonicityCheck(n, delta, at_steps, best.attained, best.argmax_steps, best.epsilon)
 
 

@@ -22,8 +22,6 @@ import math
 from collections import defaultdict
 from functools import lru_cache
 
-import numpy as np
-
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_epsilon,
@@ -32,28 +30,18 @@ from opacus_lastiterate.analysis._validation import (
 )
 from opacus_lastiterate.analysis.canary_count import poisson_binomial_count
 from opacus_lastiterate.analysis.gaussian_mixture import ShiftedGaussianMixture
-from opacus_lastiterate.analysis.history import suffix, total_steps
 from opacus_lastiterate.analysis.run import (
-    HistoryLike,
     RunLike,
     TrainingSegment,
     as_run,
-    as_segments,
 )
 
 __all__ = [
     "LastIterateHeuristic",
     "RobustLastIterateHeuristic",
-    "heuristic_delta",
-    "heuristic_delta_for_history",
     "heuristic_epsilon",
-    "heuristic_epsilon_for_history",
-    "heuristic_pair",
 ]
 
-# robust=True: every t up to this many steps, then a geometric grid with local refinement.
-_EXHAUSTIVE_STEPS = 1024
-_GRID_RATIO = 1.01
 
 
 @lru_cache(maxsize=512)
@@ -69,11 +57,6 @@ def _pair(segments: tuple[TrainingSegment, ...]) -> ShiftedGaussianMixture | Non
     return ShiftedGaussianMixture(
         count.support.astype(float), count.log_pmf, math.sqrt(variance), count.dropped_mass
     )
-
-
-def heuristic_pair(history: HistoryLike) -> ShiftedGaussianMixture | None:
-    """The (P, Q) pair of the heuristic for a history, or None for an empty history."""
-    return _pair(as_segments(history))
 
 
 def _segment(steps: object, sample_rate: object, noise_multiplier: object) -> tuple[TrainingSegment, ...]:
@@ -95,82 +78,12 @@ def _noiseless(segments: tuple[TrainingSegment, ...]) -> bool:
     )
 
 
-def suffix_epsilons(segments: tuple[TrainingSegment, ...], delta: float) -> dict[int, float]:
-    """Heuristic epsilon of the last t steps, for the t that locate max_{t <= T} eps_t.
-
-    Every t <= 1024 is evaluated (exact); beyond, a geometric grid of ratio 1.01 up to T and
-    an integer search between the grid neighbours of the best grid point. Returns
-    ``{t: eps_t}`` for every t evaluated (T always included; empty for an empty history).
-    Not certified (it can miss peaks between grid points); ``robust=True`` uses
-    :func:`.suffix_maximum.certified_suffix_maximum` instead.
-    """
-    n = total_steps(segments)
-    cache: dict[int, float] = {}
-    if n == 0:
-        return cache
-
-    def eps_at(t: int) -> float:
-        if t not in cache:
-            cache[t] = _epsilon(suffix(segments, t), delta)
-        return cache[t]
-
-    ts = list(range(1, min(n, _EXHAUSTIVE_STEPS) + 1))
-    if n > _EXHAUSTIVE_STEPS:
-        k = math.ceil(math.log(n / _EXHAUSTIVE_STEPS) / math.log(_GRID_RATIO))
-        grid = np.unique(np.round(_EXHAUSTIVE_STEPS * _GRID_RATIO ** np.arange(1, k + 1)).astype(int))
-        ts += [int(t) for t in grid if t < n] + [n]
-    values = [eps_at(t) for t in ts]
-    i = int(np.argmax(values))
-    if ts[i] > _EXHAUSTIVE_STEPS and 0 < i < len(ts) - 1:
-        lo, hi = ts[i - 1], ts[i + 1]
-        while hi - lo > 32:  # ternary search on integers, then exhaustive
-            m1, m2 = lo + (hi - lo) // 3, hi - (hi - lo) // 3
-            if eps_at(m1) < eps_at(m2):
-                lo = m1
-            else:
-                hi = m2
-        for t in range(lo, hi + 1):
-            eps_at(t)
-    return cache
-
-
 def _robust_epsilon(segments: tuple[TrainingSegment, ...], delta: float) -> float:
     """Certified upper bound on max over t <= T of the heuristic epsilon of the last t steps,
     within a relative 1e-6 of an attained eps_t (:mod:`.suffix_maximum`)."""
     from opacus_lastiterate.analysis.suffix_maximum import certified_suffix_maximum
 
     return certified_suffix_maximum(segments, delta).epsilon
-
-
-def heuristic_epsilon_for_history(
-    history: HistoryLike, delta: float, *, robust: bool = False
-) -> float:
-    """Heuristic epsilon of the final model after ``history`` (Opacus triples or segments).
-
-    Args:
-        history: ``(noise_multiplier, sample_rate, steps)`` segments, oldest first.
-        delta: target delta in (0, 1).
-        robust: return the max over the last t <= T steps instead (a certified upper bound,
-            within a relative 1e-6 of an attained value).
-
-    Returns:
-        eps >= 0 with delta(eps) <= ``delta`` for the heuristic pair; ``inf`` only if the
-        truncated tail mass (< 1e-32) exceeds ``delta``.
-    """
-    segments = as_segments(history)
-    d = check_delta(delta)
-    return _robust_epsilon(segments, d) if robust else _epsilon(segments, d)
-
-
-def heuristic_delta_for_history(history: HistoryLike, epsilon: float) -> float:
-    """Heuristic delta(eps) of the final model after ``history`` (an upper bound on the
-    exact value of the pair; the truncated tail mass is added)."""
-    segments = as_segments(history)
-    eps = check_epsilon(epsilon)
-    if _noiseless(segments):
-        return 1.0
-    pair = _pair(segments)
-    return 0.0 if pair is None else pair.delta(eps)
 
 
 def heuristic_epsilon(
@@ -181,17 +94,12 @@ def heuristic_epsilon(
     noise_multiplier: float,
     robust: bool = False,
 ) -> float:
-    """Heuristic epsilon for T = ``steps`` steps at constant (q, sigma); see module docs."""
+    """Heuristic epsilon for T = ``steps`` steps at constant (q, sigma > 0): the one-line
+    form of ``LastIterateHeuristic(DPSGDRun.constant(...)).epsilon(delta)`` (or of
+    :class:`RobustLastIterateHeuristic` with ``robust=True``)."""
     d = check_delta(delta)
     segments = _segment(steps, sample_rate, noise_multiplier)
     return _robust_epsilon(segments, d) if robust else _epsilon(segments, d)
-
-
-def heuristic_delta(
-    epsilon: float, *, steps: int, sample_rate: float, noise_multiplier: float
-) -> float:
-    """Heuristic delta(eps) for T = ``steps`` steps at constant (q, sigma)."""
-    return heuristic_delta_for_history(_segment(steps, sample_rate, noise_multiplier), epsilon)
 
 
 # -- privacy models ------------------------------------------------------------------------

@@ -293,7 +293,7 @@ class DPSGDRun:
 RunLike = DPSGDRun | HistoryLike
 
 
-def as_run(run: RunLike, name: str = "run") -> DPSGDRun:
+def as_run(run: RunLike, name: str = "history") -> DPSGDRun:
     """A :class:`DPSGDRun` as is, or a history validated into one (the boundary)."""
     if isinstance(run, DPSGDRun):
         return run

@@ -62,10 +62,8 @@ from opacus_lastiterate.analysis._validation import (
 )
 from opacus_lastiterate.analysis.canary_count import binomial_count
 from opacus_lastiterate.analysis.gaussian_mixture import ShiftedGaussianMixture
-from opacus_lastiterate.analysis.heuristic import (
-    heuristic_delta_for_history,
-    heuristic_epsilon_for_history,
-)
+from opacus_lastiterate.analysis.heuristic import LastIterateHeuristic
+from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.exceptions import WeightedAccuracyWarning  # defined there, re-exported
 
 __all__ = [
@@ -391,11 +389,8 @@ def solve_trusted(
     if float(u.min()) >= 1.0 - _ON_GRID:
         # Constant weights: shifts rounded up to the largest weight (exact when all are equal),
         # noise of step t scaled by u_t, i.e. the constant-rate history path.
-        history = _history(q, sigma * u)
-        if quantity == "epsilon":
-            value = heuristic_epsilon_for_history(history, argument)
-        else:
-            value = heuristic_delta_for_history(history, argument)
+        model = LastIterateHeuristic(DPSGDRun.from_history(_history(q, sigma * u)))
+        value = model.epsilon(argument) if quantity == "epsilon" else model.delta(argument)
         return result(value, value, 0.0, True, 0, w.size + 1, 0.0)
 
     scale = math.sqrt(float(np.sum((u * sigma) ** 2)))

@@ -129,11 +129,9 @@ def test_epsilon_and_delta_equal_the_analysis_functions_on_the_same_history() ->
     acc = _stepped(SEQUENCE)
     history = [(1.0, 0.1, 3), (1.2, 0.1, 2), (1.2, 0.05, 1), (1.0, 0.1, 4)]
     for delta in (1e-5, 1e-3):
-        assert acc.get_epsilon(delta) == heuristic.heuristic_epsilon_for_history(history, delta)
-        assert acc.get_epsilon(delta, robust=True) == heuristic.heuristic_epsilon_for_history(
-            history, delta, robust=True
-        )
-    assert acc.get_delta(1.5) == heuristic.heuristic_delta_for_history(history, 1.5)
+        assert acc.get_epsilon(delta) == heuristic.LastIterateHeuristic(history).epsilon(delta)
+        assert acc.get_epsilon(delta, robust=True) == heuristic.RobustLastIterateHeuristic(history).epsilon(delta)
+    assert acc.get_delta(1.5) == heuristic.LastIterateHeuristic(history).delta(1.5)
     # A one-segment history is the constant-parameter heuristic.
     single = _stepped([(0.9, 0.05)] * 12)
     assert single.get_epsilon(1e-5) == pytest.approx(
@@ -146,7 +144,7 @@ def test_robust_epsilon_is_the_max_over_every_suffix() -> None:
     # brute force: every suffix of a two-segment history, each evaluated from scratch
     acc = _stepped([(1.0, 0.1)] * 2 + [(2.0, 0.2)])
     suffixes = [[(2.0, 0.2, 1)], [(1.0, 0.1, 1), (2.0, 0.2, 1)], [(1.0, 0.1, 2), (2.0, 0.2, 1)]]
-    brute = max(heuristic.heuristic_epsilon_for_history(h, 1e-6) for h in suffixes)
+    brute = max(heuristic.LastIterateHeuristic(h).epsilon(1e-6) for h in suffixes)
     assert brute <= acc.get_epsilon(1e-6, robust=True) <= brute * (1 + 1e-6)
 
 
@@ -290,7 +288,7 @@ def test_assigned_history_warns_once_about_heuristic_calibration() -> None:
     with pytest.warns(HeuristicCalibrationWarning, match="not a differential-privacy guarantee"):
         eps = acc.get_epsilon(1e-5)
     assert issubclass(HeuristicCalibrationWarning, UserWarning)
-    assert eps == heuristic.heuristic_epsilon_for_history([(1.0, 0.1, 10)], 1e-5)
+    assert eps == heuristic.LastIterateHeuristic([(1.0, 0.1, 10)]).epsilon(1e-5)
     with warnings.catch_warnings():
         warnings.simplefilter("error", HeuristicCalibrationWarning)
         acc.history = [(2.0, 0.1, 10)]

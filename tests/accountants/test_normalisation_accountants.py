@@ -19,7 +19,9 @@ from opacus_lastiterate.accountants import (
     NormalisationWarning,
     registered_accountants,
 )
-from opacus_lastiterate.analysis.composition import standard_epsilon_for_history
+from opacus_lastiterate.analysis.composition import (
+    StandardComposition,
+)
 from opacus_lastiterate.analysis.normalisation import (
     asgm_delta,
     asgm_epsilon,
@@ -137,7 +139,7 @@ def test_feasgm_safe_gives_the_standard_epsilon_of_the_users_choice() -> None:
     acc = _feasgm(n, b, history)
     assert acc.verdict == feasgm_verdict(n, b) and acc.verdict.safe
     assert acc.get_epsilon(DELTA, target_epsilon=1.0) == pytest.approx(  # **kwargs accepted
-        standard_epsilon_for_history(history, DELTA), rel=1e-12
+        StandardComposition(history).epsilon(DELTA), rel=1e-12
     )
     rdp = RDPAccountant()
     rdp.history = list(history)

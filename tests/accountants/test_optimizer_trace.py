@@ -16,7 +16,10 @@ from opacus_lastiterate.accountants.last_iterate import (
     NonMonotoneHeuristicWarning,
     OptimizerTraceWarning,
 )
-from opacus_lastiterate.analysis.heuristic import heuristic_epsilon, heuristic_epsilon_for_history
+from opacus_lastiterate.analysis.heuristic import (
+    LastIterateHeuristic,
+    heuristic_epsilon,
+)
 
 DELTA = 1e-5
 SIGMA = 1.0
@@ -109,7 +112,7 @@ def test_adam_falls_back_to_the_constant_rate_formula_with_a_warning(digits_data
         engine, _ = _engine(digits_dataset, lambda p: torch.optim.Adam(p, lr=0.01), 3)
     acc = engine.accountant
     assert acc.optimizer_trace == []
-    assert engine.get_epsilon(DELTA) == heuristic_epsilon_for_history(acc.history, DELTA)
+    assert engine.get_epsilon(DELTA) == LastIterateHeuristic(acc.history).epsilon(DELTA)
     assert "could not be used" in acc.describe()
 
 

@@ -22,7 +22,9 @@ from opacus_lastiterate.accountants import (
     public_divisor_of,
     use_public_divisor,
 )
-from opacus_lastiterate.analysis.composition import standard_epsilon_for_history
+from opacus_lastiterate.analysis.composition import (
+    StandardComposition,
+)
 from opacus_lastiterate.analysis.normalisation import (
     opacus1x_batch_arithmetic,
     unsafe_dataset_sizes,
@@ -121,7 +123,7 @@ def test_the_feasgm_accountant_picks_up_the_fix_and_gives_the_sgm_epsilon() -> N
     assert acc.configuration["public_divisor"] == DIVISOR
     assert acc.verdict.safe and acc.verdict.divisors == (DIVISOR,) * 3
     assert acc.get_epsilon(1e-5) == pytest.approx(
-        standard_epsilon_for_history(acc.history, 1e-5), rel=1e-12
+        StandardComposition(acc.history).epsilon(1e-5), rel=1e-12
     )
 
 

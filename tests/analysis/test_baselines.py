@@ -11,9 +11,9 @@ from scipy import stats
 
 from opacus_lastiterate.analysis.comparison import compare_epsilons, compare_epsilons_for_history
 from opacus_lastiterate.analysis.composition import (
+    StandardComposition,
     full_batch_epsilon,
     standard_epsilon,
-    standard_epsilon_for_history,
 )
 from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_delta, gaussian_epsilon
 from opacus_lastiterate.analysis.heuristic import heuristic_epsilon
@@ -63,7 +63,7 @@ def test_standard_history_composes_segments():
     a = pld.from_gaussian_mechanism(1.0, sampling_prob=0.01).self_compose(100)
     b = pld.from_gaussian_mechanism(2.0, sampling_prob=0.05).self_compose(50)
     ref = a.compose(b).get_epsilon_for_delta(1e-5)
-    assert standard_epsilon_for_history(h, 1e-5) == pytest.approx(ref, rel=1e-3)
+    assert StandardComposition(h).epsilon(1e-5) == pytest.approx(ref, rel=1e-3)
 
 
 def test_comparison_holds_all_four_numbers():

@@ -21,7 +21,10 @@ from opacus_lastiterate.analysis.counterexamples import (
     robust_heuristic_epsilon,
     zeroing_regulariser_epsilon,
 )
-from opacus_lastiterate.analysis.heuristic import heuristic_epsilon, heuristic_epsilon_for_history
+from opacus_lastiterate.analysis.heuristic import (
+    LastIterateHeuristic,
+    heuristic_epsilon,
+)
 from tests.analysis._reference import QuadratureHeuristic
 
 pytestmark = pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")
@@ -187,7 +190,7 @@ def test_monotonicity_for_history_uses_suffixes():
         [(3.0, 0.01, t)] if t <= 20 else [(0.5, 0.01, t - 20), (3.0, 0.01, 20)]
         for t in range(1, 26)
     ]
-    values = [heuristic_epsilon_for_history(h, 1e-5) for h in suffixes]
+    values = [LastIterateHeuristic(h).epsilon(1e-5) for h in suffixes]
     assert (
         m.steps == 25
         and m.max_epsilon == max(values)

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_epsilon
 from opacus_lastiterate.analysis.heuristic import (
-    heuristic_delta,
-    heuristic_delta_for_history,
+    LastIterateHeuristic,
+    RobustLastIterateHeuristic,
     heuristic_epsilon,
-    heuristic_epsilon_for_history,
 )
+from opacus_lastiterate.analysis.run import DPSGDRun
 from tests.analysis._reference import QuadratureHeuristic
 
 REL_TOL = 1e-5  # the tolerance; observed agreement is about 1e-9
@@ -113,16 +113,16 @@ def test_epsilon_decreases_as_delta_grows(T, q, sigma, d1, d2):
 def test_delta_and_epsilon_are_inverse(T, q, sigma, delta):
     eps = heuristic_epsilon(delta, steps=T, sample_rate=q, noise_multiplier=sigma)
     if eps > 0:
-        back = heuristic_delta(eps, steps=T, sample_rate=q, noise_multiplier=sigma)
+        back = LastIterateHeuristic(DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).delta(eps)
         assert back == pytest.approx(delta, rel=1e-6)
     else:
-        assert heuristic_delta(0.0, steps=T, sample_rate=q, noise_multiplier=sigma) <= delta
+        assert LastIterateHeuristic(DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).delta(0.0) <= delta
 
 
 def test_zero_steps_is_perfectly_private():
     assert heuristic_epsilon(1e-5, steps=0, sample_rate=0.1, noise_multiplier=1.0) == 0.0
-    assert heuristic_delta(0.0, steps=0, sample_rate=0.1, noise_multiplier=1.0) == 0.0
-    assert heuristic_epsilon_for_history([], 1e-5) == 0.0
+    assert LastIterateHeuristic(DPSGDRun.constant(steps=0, sample_rate=0.1, noise_multiplier=1.0)).delta(0.0) == 0.0
+    assert LastIterateHeuristic([]).epsilon(1e-5) == 0.0
 
 
 # -- history form ----------------------------------------------------------------------------
@@ -130,14 +130,14 @@ def test_zero_steps_is_perfectly_private():
 
 def test_history_of_one_segment_equals_scalar_form():
     h = [(1.1, 0.01, 500)]
-    assert heuristic_epsilon_for_history(h, 1e-5) == heuristic_epsilon(
+    assert LastIterateHeuristic(h).epsilon(1e-5) == heuristic_epsilon(
         1e-5, steps=500, sample_rate=0.01, noise_multiplier=1.1
     )
 
 
 def test_split_segments_equal_the_merged_one():
-    merged = heuristic_epsilon_for_history([(1.0, 0.05, 300)], 1e-6)
-    split = heuristic_epsilon_for_history([(1.0, 0.05, 100), (1.0, 0.05, 150), (1.0, 0.05, 50)], 1e-6)
+    merged = LastIterateHeuristic([(1.0, 0.05, 300)]).epsilon(1e-6)
+    split = LastIterateHeuristic([(1.0, 0.05, 100), (1.0, 0.05, 150), (1.0, 0.05, 50)]).epsilon(1e-6)
     assert split == pytest.approx(merged, rel=1e-12)
 
 
@@ -154,7 +154,7 @@ def test_poisson_binomial_history_against_enumeration():
     ref = QuadratureHeuristic(1, 0.5, math.sqrt(variance), weights=pmf, shifts=np.arange(len(pmf)))
     history = [(s, q, 1) for s, q in steps]
     for delta in (1e-6, 1e-3):
-        ours = heuristic_epsilon_for_history(history, delta)
+        ours = LastIterateHeuristic(history).epsilon(delta)
         assert ours == pytest.approx(ref.epsilon(delta), rel=REL_TOL)
         assert ours >= ref.epsilon(delta) * (1 - REL_TOL)
 
@@ -181,8 +181,8 @@ def test_robust_grid_search_finds_exhaustive_max():
 
 def test_robust_history_uses_suffixes():
     history = [(0.5, 0.01, 5), (3.0, 0.01, 20)]
-    robust = heuristic_epsilon_for_history(history, 1e-5, robust=True)
-    suffixes = [heuristic_epsilon_for_history(h, 1e-5) for h in (
+    robust = RobustLastIterateHeuristic(history).epsilon(1e-5)
+    suffixes = [LastIterateHeuristic(h).epsilon(1e-5) for h in (
         [(3.0, 0.01, t)] if t <= 20 else [(0.5, 0.01, t - 20), (3.0, 0.01, 20)] for t in range(1, 26)
     )]
     assert robust == pytest.approx(max(suffixes), rel=1e-12)
@@ -216,8 +216,8 @@ def test_bad_input_names_the_parameter(override, exc, name):
 
 def test_bad_history_entry_is_named():
     with pytest.raises(ValueError, match=r"history\[1\]\.sample_rate.*\(0, 1\].*2\.0"):
-        heuristic_epsilon_for_history([(1.0, 0.1, 3), (1.0, 2.0, 3)], 1e-5)
+        LastIterateHeuristic([(1.0, 0.1, 3), (1.0, 2.0, 3)]).epsilon(1e-5)
     with pytest.raises(TypeError, match=r"history\[0\]"):
-        heuristic_epsilon_for_history([(1.0, 0.1)], 1e-5)
+        LastIterateHeuristic([(1.0, 0.1)]).epsilon(1e-5)
     with pytest.raises(ValueError, match="epsilon"):
-        heuristic_delta_for_history([(1.0, 0.1, 3)], -1.0)
+        LastIterateHeuristic([(1.0, 0.1, 3)]).delta(-1.0)

@@ -10,9 +10,9 @@ import pytest
 from opacus_lastiterate.analysis import suffix_maximum
 from opacus_lastiterate.analysis.counterexamples import heuristic_monotonicity
 from opacus_lastiterate.analysis.heuristic import (
+    RobustLastIterateHeuristic,
     _epsilon,
     heuristic_epsilon,
-    heuristic_epsilon_for_history,
 )
 from opacus_lastiterate.analysis.history import TrainingSegment, suffix
 from opacus_lastiterate.analysis.suffix_maximum import SuffixMaximum, certified_suffix_maximum
@@ -59,7 +59,7 @@ def test_reproducer_peak_at_a_segment_boundary():
     history = [(0.5334702641641362, 0.05, 1000), (2.0, 0.05, 200), (0.6, 0.05, 1503)]
     last = heuristic_epsilon(1e-6, steps=1503, sample_rate=0.05, noise_multiplier=0.6)
     assert round(last, 5) == 22.45498  # the grid search of old gave 22.41965
-    robust = heuristic_epsilon_for_history(history, 1e-6, robust=True)
+    robust = RobustLastIterateHeuristic(history).epsilon(1e-6)
     assert robust >= last
     r = certified_suffix_maximum(tuple(TrainingSegment(*h) for h in history), 1e-6)
     assert r.argmax_steps == 1503 and r.attained == pytest.approx(last, rel=ENGINE)

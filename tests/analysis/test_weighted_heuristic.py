@@ -19,11 +19,11 @@ from opacus_lastiterate.analysis import weighted_heuristic as wh
 from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_epsilon
 from opacus_lastiterate.analysis.gaussian_mixture import ShiftedGaussianMixture
 from opacus_lastiterate.analysis.heuristic import (
-    heuristic_delta,
+    LastIterateHeuristic,
     heuristic_epsilon,
-    heuristic_epsilon_for_history,
 )
 from opacus_lastiterate.analysis.optimizer_weights import sgd_weights
+from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.analysis.weighted_heuristic import (
     WeightedAccuracyWarning,
     weighted_heuristic_delta,
@@ -81,7 +81,7 @@ def test_constant_weights_equal_the_constant_rate_heuristic(T, q, sigma, delta, 
     assert r.epsilon == pytest.approx(ref, rel=1e-9, abs=1e-12)
     eps = max(ref, 0.5)
     rd = weighted_heuristic_delta(eps, weights=[w] * T, sample_rates=q, noise_multipliers=sigma)
-    ref_d = heuristic_delta(eps, steps=T, sample_rate=q, noise_multiplier=sigma)
+    ref_d = LastIterateHeuristic(DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).delta(eps)
     assert rd.delta == pytest.approx(ref_d, rel=1e-9, abs=1e-300)
 
 
@@ -92,7 +92,7 @@ def test_constant_weights_with_varying_rates_and_noise_equal_the_history_form():
     r = weighted_heuristic_epsilon(
         1e-6, weights=np.full(40, 0.3), sample_rates=q, noise_multipliers=sigma
     )
-    ref = heuristic_epsilon_for_history([(s, r_, 1) for s, r_ in zip(sigma, q, strict=True)], 1e-6)
+    ref = LastIterateHeuristic([(s, r_, 1) for s, r_ in zip(sigma, q, strict=True)]).epsilon(1e-6)
     assert r.exact
     assert r.epsilon == pytest.approx(ref, rel=1e-9)
 

@@ -226,7 +226,7 @@ class ScoreAudit:
 
     def _one_run_notes(self, delta: float, strategy: object) -> tuple[bool, tuple[str, ...]]:
         s = _check_strategy(strategy)
-        notes = warn_one_run(self.num_in + self.num_out, delta, self._inclusion_randomized, 4)
+        notes = warn_one_run(self.num_in + self.num_out, delta, self._inclusion_randomized)
         if not s.statistically_valid:
             notes.append(NAIVE_NOTE)
         return s.statistically_valid and self._inclusion_randomized, tuple(notes)
