@@ -20,13 +20,11 @@ accountants it raises that error: calibrate with ``"prv"`` and account with thes
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from opacus.optimizers import DPOptimizer
 
 from opacus_lastiterate._warn import warn
@@ -48,18 +46,11 @@ from opacus_lastiterate.analysis.normalisation import (
     DEFAULT_INTERVAL,
     FEASGM_MODEL,
     DivisorVerdict,
-    divisor_leak_pld,
-    feasgm_delta,
-    feasgm_epsilon,
     feasgm_verdict,
     opacus1x_batch_arithmetic,
 )
 from opacus_lastiterate.analysis.normalisation.asgm import ASGM
-from opacus_lastiterate.analysis.normalisation.discretisation import (
-    identity_pld,
-    worst_delta,
-    worst_epsilon,
-)
+from opacus_lastiterate.analysis.normalisation.divisor_leak import FEASGM
 from opacus_lastiterate.analysis.run import DPSGDRun, Normalisation
 from opacus_lastiterate.exceptions import NormalisationWarning  # defined there, re-exported
 
@@ -310,23 +301,6 @@ def _standard_epsilon(history: History, delta: float, standard: str) -> float:
     return float(acc.get_epsilon(delta))
 
 
-def _pld_interval(pld: PrivacyLossDistribution) -> float | None:
-    value = getattr(getattr(pld, "_pmf_remove", None), "_discretization", None)
-    return float(value) if isinstance(value, numbers.Real) else None
-
-
-def _compose(
-    build: Callable[[float | None], list[PrivacyLossDistribution]], interval: float | None
-) -> PrivacyLossDistribution:
-    """Compose per-segment PLDs; with ``interval=None`` rebuild them on a common grid."""
-    plds = build(interval)
-    if interval is None and len(plds) > 1:
-        grids = {_pld_interval(p) for p in plds}
-        if len(grids) > 1 or None in grids:
-            plds = build(max((g for g in grids if g is not None), default=DEFAULT_INTERVAL))
-    return functools.reduce(lambda a, b: a.compose(b), plds)
-
-
 class FEASGMAccountant(_NormalisationAccountant):
     """Opacus 1.x's divisor int(N * q): ``PrivacyEngine(accountant="feasgm")``.
 
@@ -416,78 +390,52 @@ class FEASGMAccountant(_NormalisationAccountant):
             return math.inf
         return _standard_epsilon(history, d, config["standard"])
 
-    def _curve_plds(
-        self, value_discretization_interval: float | None
-    ) -> list[PrivacyLossDistribution | None] | None:
-        """Composed PLDs of the pairs (N-1, N), (N, N+1); None where a divisor is 0 in
-        exactly one world; returns None when the analysis function applies directly."""
+    def get_delta(self, epsilon: float) -> float:
+        """Corrected delta(epsilon): the SGM delta of the history from dp_accounting's PLD
+        (whatever ``standard`` says; Opacus's RDP and PRV accountants give no delta) when
+        the verdict is safe, 1 when it is unsafe or a step had no noise.
+
+        Raises:
+            ValueError: if N or L is not configured.
+        """
+        e = check_epsilon(epsilon)
+        if not self._num_steps:
+            return 0.0
+        config = self._require("dataset_size", "batch_size")
+        self._check_consistency(self.history, config)
+        if self.run.has_zero_noise or not self.verdict.safe:
+            return 1.0
+        return StandardComposition(self.run).delta(e)
+
+    def curve_model(
+        self, value_discretization_interval: float | None = None
+    ) -> FEASGM:
+        """The dimension-aware FEASGM curve of the recorded run (:class:`FEASGM`).
+
+        Raises:
+            ValueError: if N, L or d is not configured/observed.
+        """
         config = self._require("dataset_size", "batch_size", "dimension")
-        history = self._history()
+        interval = _optional("value_discretization_interval", value_discretization_interval, check_positive)
         public = self._public_divisor(config)
-        if len(history) == 1 and public is None:
-            return None
-        n, b, dl, dim = (
-            config[k] for k in ("dataset_size", "batch_size", "drop_last", "dimension")
+        norm = Normalisation(
+            "floored_expected" if public is None else "public",
+            dataset_size=config["dataset_size"],
+            batch_size=config["batch_size"],
+            drop_last=config["drop_last"],
+            dimension=config["dimension"],
+            public_divisor=public,
         )
-        feasgm_verdict(n, b, drop_last=dl)  # validates N, L as the analysis layer does
-        rows = [opacus1x_batch_arithmetic(m, b, drop_last=dl) for m in (n - 1, n, n + 1)]
-        out: list[PrivacyLossDistribution | None] = []
-        for small, big in ((rows[0], rows[1]), (rows[1], rows[2])):
-            c1 = public if public is not None else small.expected_batch_size
-            c2 = public if public is not None else big.expected_batch_size
-            if c1 == 0 and c2 == 0:
-                out.append(identity_pld(DEFAULT_INTERVAL))  # NaN in both worlds, as the analysis
-                continue
-            if c1 == 0 or c2 == 0:
-                out.append(None)  # inf/NaN in one world only
-                continue
-
-            def build(
-                interval: float | None, c1: float = c1, c2: float = c2, q: float = big.sampler_rate
-            ) -> list[PrivacyLossDistribution]:
-                return [
-                    divisor_leak_pld(
-                        divisor_without=c1,
-                        divisor_with=c2,
-                        sample_rate=q,
-                        noise_multiplier=sigma,
-                        dimension=dim,
-                        steps=steps,
-                        value_discretization_interval=interval,
-                    )
-                    for sigma, _, steps in history
-                ]
-
-            out.append(_compose(build, value_discretization_interval))
-        return out
+        run = DPSGDRun._trusted(self.run.segments, None, norm)
+        return FEASGM(run, value_discretization_interval=interval)
 
     def _curve(self, value: float, kind: str, interval_arg: float | None) -> float:
         """epsilon(delta) (``kind="epsilon"``) or delta(epsilon) of the curve model."""
-        history = self._history()
-        if not history:
+        if not self._num_steps:
             return 0.0
-        if self.run.has_zero_noise:
-            return math.inf if kind == "epsilon" else 1.0
-        interval = _optional("value_discretization_interval", interval_arg, check_positive)
-        self._check_consistency(history, self._require("dataset_size", "batch_size"))
-        plds = self._curve_plds(interval)
-        if plds is None:  # one constant segment: the analysis function does it all
-            config = self.configuration
-            ((sigma, _, steps),) = history
-            function = feasgm_epsilon if kind == "epsilon" else feasgm_delta
-            return float(
-                function(
-                    value,
-                    dataset_size=config["dataset_size"],
-                    batch_size=config["batch_size"],
-                    noise_multiplier=sigma,
-                    steps=steps,
-                    dimension=config["dimension"],
-                    drop_last=config["drop_last"],
-                    value_discretization_interval=interval,
-                )
-            )
-        return worst_epsilon(plds, value) if kind == "epsilon" else worst_delta(plds, value)
+        model = self.curve_model(interval_arg)
+        self._check_consistency(self.history, self._require("dataset_size", "batch_size"))
+        return model.epsilon(value) if kind == "epsilon" else model.delta(value)
 
     def curve_epsilon(
         self, delta: float, *, value_discretization_interval: float | None = None

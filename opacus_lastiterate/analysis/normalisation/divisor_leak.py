@@ -60,8 +60,10 @@ from opacus_lastiterate.analysis.normalisation.discretisation import (
 from opacus_lastiterate.analysis.normalisation.opacus_arithmetic import (
     opacus1x_batch_arithmetic,
 )
+from opacus_lastiterate.analysis.run import RunLike, as_run
 
 __all__ = [
+    "FEASGM",
     "FEASGM_MODEL",
     "divisor_leak_loss",
     "divisor_leak_pld",
@@ -385,3 +387,125 @@ def feasgm_epsilon(
         ),
     )
     return worst_epsilon(plds, dl)
+
+
+def _pld_interval(pld: PrivacyLossDistribution) -> float | None:
+    value = getattr(getattr(pld, "_pmf_remove", None), "_discretization", None)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+class FEASGM:
+    """Opacus 1.x's floor-based expected-batch divisor for a run: the dimension-aware curve
+    of the zero-other-gradients configuration (:data:`FEASGM_MODEL`), worst of the pairs
+    (N-1, N), (N, N+1) and both directions, segment by segment (``docs/normalisation.md``).
+
+    Needs ``run.normalisation`` with ``dataset_size``, ``batch_size`` and ``dimension`` (and
+    ``drop_last``); with rule ``"public"`` the divisor is ``public_divisor`` in both worlds
+    while Opacus's sample rate 1/len(DataLoader) still changes with N. The sample rate used
+    is the sampler's, from Opacus's arithmetic (the recorded rates are not consulted). What
+    an audit can reach: a lower bound on the worst case when the verdict is unsafe, SGM's
+    curve when it is safe. A step without noise gives epsilon = inf, delta = 1.
+    """
+
+    kind = "model"
+
+    def __init__(
+        self,
+        run: RunLike,
+        *,
+        value_discretization_interval: float | None = None,
+        discretisation: Discretisation = "connect_dots",
+    ) -> None:
+        self.run = as_run(run)
+        norm = self.run.normalisation
+        missing = [
+            name
+            for name in ("dataset_size", "batch_size", "dimension")
+            if norm is None or getattr(norm, name) is None
+        ]
+        if missing:
+            raise ValueError(
+                f"`run.normalisation` must give {', '.join(missing)} for the FEASGM model."
+            )
+        assert norm is not None
+        check_int("dataset_size", norm.dataset_size, minimum=2)
+        self.normalisation = norm
+        self.interval = (
+            None
+            if value_discretization_interval is None
+            else check_interval(value_discretization_interval)
+        )
+        self.discretisation = check_discretisation(discretisation)
+        self._plds: list[PrivacyLossDistribution | None] | None = None
+
+    @property
+    def label(self) -> str:
+        """:data:`FEASGM_MODEL` for this d (and the public divisor, if any)."""
+        text = FEASGM_MODEL.format(dimension=self.normalisation.dimension)
+        if self.normalisation.public_divisor is not None:
+            text += f", here with the public divisor {self.normalisation.public_divisor:g}"
+        return text
+
+    def _build(self, interval: float | None) -> list[PrivacyLossDistribution | None]:
+        norm = self.normalisation
+        n, b = int(norm.dataset_size or 0), int(norm.batch_size or 0)
+        rows = [opacus1x_batch_arithmetic(m, b, drop_last=norm.drop_last) for m in (n - 1, n, n + 1)]
+        public = norm.public_divisor
+        out: list[PrivacyLossDistribution | None] = []
+        for small, big in itertools.pairwise(rows):
+            c1 = public if public is not None else small.expected_batch_size
+            c2 = public if public is not None else big.expected_batch_size
+            if c1 == 0 and c2 == 0:
+                out.append(identity_pld(DEFAULT_INTERVAL))  # NaN in both worlds
+                continue
+            if c1 == 0 or c2 == 0:
+                out.append(None)  # finite in one world, inf/NaN in the other
+                continue
+            composed: PrivacyLossDistribution | None = None
+            for seg in self.run.segments:
+                pld = divisor_leak_pld(
+                    divisor_without=c1,
+                    divisor_with=c2,
+                    sample_rate=big.sampler_rate,
+                    noise_multiplier=seg.noise_multiplier,
+                    dimension=int(norm.dimension or 1),
+                    steps=seg.steps,
+                    value_discretization_interval=interval,
+                    discretisation=self.discretisation,
+                )
+                composed = pld if composed is None else composed.compose(pld)
+            out.append(composed)
+        return out
+
+    def _composed(self) -> list[PrivacyLossDistribution | None]:
+        if self._plds is None:
+            plds = self._build(self.interval)
+            if self.interval is None and len(self.run.segments) > 1:
+                # automatic intervals differ per segment: rebuild them on one common grid
+                grids = {_pld_interval(p) for p in plds if p is not None}
+                if len(grids) > 1 or None in grids:
+                    common = max((g for g in grids if g is not None), default=DEFAULT_INTERVAL)
+                    plds = self._build(common)
+            self._plds = plds
+        return self._plds
+
+    def epsilon(self, delta: float) -> float:
+        """epsilon(delta) of the curve (inf where a divisor is 0 in one world only)."""
+        d = check_delta(delta)
+        if self.run.num_steps == 0:
+            return 0.0
+        if self.run.has_zero_noise:
+            return math.inf
+        return worst_epsilon(self._composed(), d)
+
+    def delta(self, epsilon: float) -> float:
+        """delta(epsilon) of the curve."""
+        e = check_epsilon(epsilon)
+        if self.run.num_steps == 0:
+            return 0.0
+        if self.run.has_zero_noise:
+            return 1.0
+        return worst_delta(self._composed(), e)
+
+    def __repr__(self) -> str:
+        return f"FEASGM(steps={self.run.num_steps}, {self.normalisation})"
