@@ -72,10 +72,11 @@ def _epsilon(segments: tuple[TrainingSegment, ...], delta: float) -> float:
 
 
 def _noiseless(segments: tuple[TrainingSegment, ...]) -> bool:
-    """Steps were taken, none with noise: the canary's count is seen exactly."""
-    return any(s.steps for s in segments) and not any(
-        s.steps and s.noise_multiplier > 0 for s in segments
-    )
+    """Some step was released without noise (``docs/run_description.md``, "Zero noise"):
+    epsilon = inf. Under a linear loss the other steps' noise would still hide its count,
+    but a regulariser that zeroes the model before that step exposes it (robust variant),
+    so the heuristic does not credit other steps' noise to it."""
+    return any(s.steps and s.noise_multiplier == 0.0 for s in segments)
 
 
 def _robust_epsilon(segments: tuple[TrainingSegment, ...], delta: float) -> float:
@@ -112,8 +113,8 @@ class LastIterateHeuristic:
     Without per-step weights this is the exact pair of the module docstring (Poisson-binomial
     count for several sample rates, noise variance sum_i T_i sigma_i^2). With weights
     (``run.weights``: learning-rate schedules, momentum) it is the weighted pair of
-    :mod:`.weighted_heuristic`, rounded up to within ``accuracy`` relative. A run whose
-    steps have no noise at all gives epsilon = inf and delta = 1 (a valid upper bound).
+    :mod:`.weighted_heuristic`, rounded up to within ``accuracy`` relative. A run with a
+    step without noise gives epsilon = inf and delta = 1 (see :func:`_noiseless`).
 
     A heuristic: exact for linear losses, not a proven DP guarantee for deep networks; it
     describes the final model only.
@@ -192,7 +193,7 @@ class RobustLastIterateHeuristic:
     def epsilon(self, delta: float) -> float:
         """max_t eps_t(delta), an upper bound on the exact maximum."""
         d = check_delta(delta)
-        if _noiseless(self.run.segments[-1:]):
+        if _noiseless(self.run.segments):
             return math.inf
         return _robust_epsilon(self.run.segments, d)
 

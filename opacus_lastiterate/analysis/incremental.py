@@ -70,6 +70,7 @@ class IncrementalHeuristic:
     def __init__(self) -> None:
         self._segments: list[TrainingSegment] = []
         self._steps = 0
+        self._zero_noise_steps = 0
         self._variance = 0.0
         self._steps_by_rate: dict[float, int] = {}
         self._frozen: CountDistribution | None = None  # rates other than the current one
@@ -106,6 +107,8 @@ class IncrementalHeuristic:
             self._peaks.clear()  # a new segment: its suffixes start afresh
         self._steps += steps
         self._variance += steps * noise_multiplier * noise_multiplier
+        if noise_multiplier == 0.0:
+            self._zero_noise_steps += steps
         self._steps_by_rate[sample_rate] = self._steps_by_rate.get(sample_rate, 0) + steps
         if sample_rate in self._frozen_rates:  # an old rate came back: rebuild the frozen part
             self._frozen, self._frozen_rates = None, frozenset()
@@ -130,8 +133,8 @@ class IncrementalHeuristic:
 
     @property
     def noiseless(self) -> bool:
-        """Steps were recorded, none with noise."""
-        return self._steps > 0 and self._variance == 0.0
+        """Some recorded step had no noise: epsilon = inf (``heuristic._noiseless``)."""
+        return self._zero_noise_steps > 0
 
     # -- the pair ---------------------------------------------------------------------------
 

@@ -383,7 +383,7 @@ def solve_trusted(
     if w.size == 0:
         return result(0.0, 0.0, 0.0, True, 0, 1, 0.0)
     u = w / w.max()
-    if not np.any(sigma > 0):  # no noise at all: the canary is seen exactly
+    if np.any(sigma == 0):  # a step released without noise (see heuristic._noiseless)
         value = math.inf if quantity == "epsilon" else 1.0
         return result(value, value, 0.0, True, 0, 1, 0.0)
     if float(u.min()) >= 1.0 - _ON_GRID:
