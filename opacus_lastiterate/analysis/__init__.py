@@ -44,7 +44,6 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         RobustLastIterateHeuristic,
         heuristic_epsilon,
     )
-    from opacus_lastiterate.analysis.history import TrainingSegment
     from opacus_lastiterate.analysis.incremental import IncrementalHeuristic
     from opacus_lastiterate.analysis.normalisation import (
         DivisorVerdict,
@@ -62,7 +61,7 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         check_optimizer_supported,
         sgd_weights,
     )
-    from opacus_lastiterate.analysis.run import DPSGDRun, Normalisation
+    from opacus_lastiterate.analysis.run import DPSGDRun, Normalisation, TrainingSegment
     from opacus_lastiterate.analysis.suffix_maximum import SuffixMaximum, certified_suffix_maximum
     from opacus_lastiterate.analysis.weighted_heuristic import (
         WeightedHeuristicResult,

@@ -23,8 +23,7 @@ from opacus_lastiterate.analysis._validation import (
     check_positive,
 )
 from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_delta, gaussian_epsilon
-from opacus_lastiterate.analysis.history import TrainingSegment
-from opacus_lastiterate.analysis.run import DPSGDRun, RunLike, as_run
+from opacus_lastiterate.analysis.run import DPSGDRun, RunLike, TrainingSegment, as_run
 
 if TYPE_CHECKING:
     from dp_accounting import dp_event

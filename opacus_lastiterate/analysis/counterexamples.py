@@ -46,7 +46,7 @@ from opacus_lastiterate.analysis.heuristic import (
     LastIterateHeuristic,
     heuristic_epsilon,
 )
-from opacus_lastiterate.analysis.history import HistoryLike, as_segments, total_steps
+from opacus_lastiterate.analysis.run import HistoryLike, as_segments, total_steps
 from opacus_lastiterate.analysis.suffix_maximum import certified_suffix_maximum
 from opacus_lastiterate.analysis.weighted_heuristic import (
     weighted_heuristic_epsilon,

@@ -42,6 +42,8 @@ __all__ = [
     "TrainingSegment",
     "as_run",
     "as_segments",
+    "suffix",
+    "total_steps",
 ]
 
 DivisorRule = Literal["sum", "public", "floored_expected", "realised"]
@@ -274,16 +276,8 @@ class DPSGDRun:
 
     def suffix(self, steps: int) -> DPSGDRun:
         """The last ``steps`` steps (what a regulariser that zeroes the model keeps)."""
-        out: list[TrainingSegment] = []
-        remaining = steps
-        for seg in reversed(self.segments):
-            if remaining <= 0:
-                break
-            take = min(seg.steps, remaining)
-            out.append(TrainingSegment._trusted(seg.noise_multiplier, seg.sample_rate, take))
-            remaining -= take
         weights = None if self.weights is None else self.weights[self.num_steps - steps :]
-        return DPSGDRun._trusted(tuple(reversed(out)), weights, self.normalisation)
+        return DPSGDRun._trusted(suffix(self.segments, steps), weights, self.normalisation)
 
     def with_weights(self, weights: Sequence[float] | np.ndarray | None) -> DPSGDRun:
         """The same run with per-step weights (validated)."""
@@ -291,6 +285,25 @@ class DPSGDRun:
 
 
 RunLike = DPSGDRun | HistoryLike
+
+
+def total_steps(segments: Sequence[TrainingSegment]) -> int:
+    """Total number of steps of validated segments."""
+    return sum(s.steps for s in segments)
+
+
+def suffix(segments: Sequence[TrainingSegment], steps: int) -> tuple[TrainingSegment, ...]:
+    """The last ``steps`` steps of validated segments (what a zeroing regulariser keeps)."""
+    out: list[TrainingSegment] = []
+    remaining = steps
+    for seg in reversed(segments):
+        if remaining <= 0:
+            break
+        take = min(seg.steps, remaining)
+        if take > 0:
+            out.append(TrainingSegment._trusted(seg.noise_multiplier, seg.sample_rate, take))
+        remaining -= take
+    return tuple(reversed(out))
 
 
 def as_run(run: RunLike, name: str = "history") -> DPSGDRun:

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from opacus_lastiterate.analysis._validation import check_delta, check_in_interval
 from opacus_lastiterate.analysis.canary_count import poisson_binomial_count
 from opacus_lastiterate.analysis.gaussian_mixture import ShiftedGaussianMixture
-from opacus_lastiterate.analysis.history import TrainingSegment, suffix, total_steps
+from opacus_lastiterate.analysis.run import TrainingSegment, suffix, total_steps
 
 __all__ = ["SuffixMaximum", "certified_suffix_maximum"]
 

@@ -14,7 +14,7 @@ from opacus_lastiterate.analysis.heuristic import (
     _epsilon,
     heuristic_epsilon,
 )
-from opacus_lastiterate.analysis.history import TrainingSegment, suffix
+from opacus_lastiterate.analysis.run import TrainingSegment, suffix
 from opacus_lastiterate.analysis.suffix_maximum import SuffixMaximum, certified_suffix_maximum
 
 RTOL = 1e-6
