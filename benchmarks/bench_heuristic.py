@@ -18,8 +18,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from opacus_lastiterate.analysis import heuristic
-from opacus_lastiterate.analysis.heuristic import heuristic_epsilon
+from opacus_lastiterate.analysis.last_iterate import heuristic
+from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
 
 CONFIGS = [
     dict(steps=100_000, sample_rate=1e-3, noise_multiplier=1.0, delta=1e-5),

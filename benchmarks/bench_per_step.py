@@ -55,7 +55,7 @@ def main() -> None:
     from opacus.accountants import PRVAccountant, RDPAccountant
 
     from opacus_lastiterate.accountants import LastIterateAccountant
-    from opacus_lastiterate.analysis.heuristic import LastIterateHeuristic
+    from opacus_lastiterate.analysis.last_iterate.heuristic import LastIterateHeuristic
 
     warnings.simplefilter("ignore")
     total, q, sigma, delta = args.steps, args.sample_rate, args.noise_multiplier, args.delta

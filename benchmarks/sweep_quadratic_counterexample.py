@@ -21,11 +21,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from opacus_lastiterate.analysis.counterexamples import (
+from opacus_lastiterate.analysis.last_iterate.counterexamples import (
     one_step_noise_multiplier,
     quadratic_regulariser_epsilon,
 )
-from opacus_lastiterate.analysis.heuristic import heuristic_epsilon
+from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
 
 DELTA = 1e-6
 RATES = (0.01, 0.1, 0.5)

@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import opacus_lastiterate.accountants  # noqa: F401  (registers accountant="last_iterate")
-from opacus_lastiterate.analysis.composition import (
+from opacus_lastiterate.analysis.baselines.composition import (
     StandardComposition,
 )
 

@@ -132,7 +132,10 @@ def _learning_rates(args: argparse.Namespace) -> Any:
     """The per-step learning rates of ``--lr-schedule`` (unit base rate: only ratios matter)."""
     import numpy as np
 
-    from opacus_lastiterate.analysis.optimizer_weights import BUILTIN_SCHEDULES, builtin_schedule
+    from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
+        BUILTIN_SCHEDULES,
+        builtin_schedule,
+    )
 
     name = args.lr_schedule or "constant"
     if name in BUILTIN_SCHEDULES:
@@ -172,8 +175,10 @@ def _run_epsilon(args: argparse.Namespace) -> int:
         or args.dampening != 0.0
         or args.nesterov
     ):
-        from opacus_lastiterate.analysis.optimizer_weights import sgd_weights
-        from opacus_lastiterate.analysis.weighted_heuristic import weighted_heuristic_epsilon
+        from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
+        from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
+            weighted_heuristic_epsilon,
+        )
 
         weights = sgd_weights(
             _learning_rates(args),
@@ -218,7 +223,9 @@ def _run_epsilon(args: argparse.Namespace) -> int:
 
 
 def _run_counterexample(args: argparse.Namespace) -> int:
-    from opacus_lastiterate.analysis.counterexamples import quadratic_regulariser_comparison
+    from opacus_lastiterate.analysis.last_iterate.counterexamples import (
+        quadratic_regulariser_comparison,
+    )
 
     c = quadratic_regulariser_comparison(
         args.delta,
@@ -271,7 +278,7 @@ def _normalisation_report(args: argparse.Namespace) -> dict[str, Any]:
         check_int,
         check_noise_multiplier,
     )
-    from opacus_lastiterate.analysis.composition import standard_epsilon
+    from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
     from opacus_lastiterate.analysis.normalisation import (
         ASGM_MODEL,
         FEASGM_MODEL,

@@ -1,7 +1,7 @@
 """Learning rates and SGD settings read from real torch optimisers and schedulers.
 
 The mathematics (weights from rates and momentum) is in
-:mod:`opacus_lastiterate.analysis.optimizer_weights`; this module only runs torch objects:
+:mod:`opacus_lastiterate.analysis.last_iterate.optimizer_weights`; this module only runs torch objects:
 
 * :func:`record_schedule` (and :func:`learning_rates_from_scheduler`) runs a
   ``torch.optim.lr_scheduler`` for T steps on a throw-away one-parameter SGD optimiser and
@@ -9,7 +9,7 @@ The mathematics (weights from rates and momentum) is in
   user's training state is touched;
 * :func:`sgd_settings` reads momentum, dampening, nesterov and weight decay from an
   optimiser's ``param_groups`` (an Opacus ``DPOptimizer`` is looked through) and raises
-  :class:`~opacus_lastiterate.analysis.optimizer_weights.UnsupportedOptimizerError` for
+  :class:`~opacus_lastiterate.analysis.last_iterate.optimizer_weights.UnsupportedOptimizerError` for
   adaptive optimisers (Adam, AdamW, Adagrad, ...), whose final model is not a weighted sum
   of the noisy gradients;
 * :func:`sgd_weights_from_torch` combines the two into the per-step weights.
@@ -26,7 +26,7 @@ import torch
 
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._validation import check_int
-from opacus_lastiterate.analysis.optimizer_weights import (
+from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
     check_optimizer_supported,
     sgd_weights,
 )
@@ -55,7 +55,7 @@ class SGDSettings:
     weight_decay: float
 
     def weights(self, learning_rates: Sequence[float] | np.ndarray) -> np.ndarray:
-        """:func:`~opacus_lastiterate.analysis.optimizer_weights.sgd_weights` for these settings."""
+        """:func:`~opacus_lastiterate.analysis.last_iterate.optimizer_weights.sgd_weights` for these settings."""
         return sgd_weights(
             learning_rates,
             momentum=self.momentum,

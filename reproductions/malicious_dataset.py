@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from opacus_lastiterate.analysis.composition import standard_epsilon
-from opacus_lastiterate.analysis.heuristic import heuristic_epsilon
+from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
+from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
 from opacus_lastiterate.auditing import (
     DPSGDArithmetic,
     MaliciousDataset,

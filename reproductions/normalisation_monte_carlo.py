@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from opacus_lastiterate.analysis.composition import standard_epsilon
+from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
 from opacus_lastiterate.analysis.normalisation import (
     asgm_pld,
     divisor_leak_pld,

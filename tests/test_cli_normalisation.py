@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from opacus_lastiterate.analysis.composition import standard_epsilon
+from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
 from opacus_lastiterate.analysis.normalisation import (
     asgm_epsilon,
     feasgm_epsilon,

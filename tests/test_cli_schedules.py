@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from opacus_lastiterate.analysis.heuristic import heuristic_epsilon
-from opacus_lastiterate.analysis.weighted_heuristic import weighted_heuristic_epsilon
+from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
+from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import weighted_heuristic_epsilon
 from opacus_lastiterate.cli import main
 
 BASE = ["--sample-rate", "0.05", "--noise-multiplier", "1.0", "--delta", "1e-6"]

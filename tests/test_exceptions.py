@@ -11,8 +11,8 @@ import pytest
 import opacus_lastiterate
 from opacus_lastiterate import exceptions
 from opacus_lastiterate.accountants import last_iterate, normalisation
-from opacus_lastiterate.analysis import optimizer_weights, weighted_heuristic
 from opacus_lastiterate.analysis.audit import warning_types
+from opacus_lastiterate.analysis.last_iterate import optimizer_weights, weighted_heuristic
 from opacus_lastiterate.auditing import run_records
 
 WARNINGS = [

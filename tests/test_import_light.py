@@ -140,6 +140,6 @@ def test_lazy_analysis_attributes_resolve() -> None:
     for name in analysis.__all__:
         assert getattr(analysis, name) is not None, name
     assert set(analysis.__all__) <= set(dir(analysis))
-    assert analysis.heuristic.__name__ == "opacus_lastiterate.analysis.heuristic"
+    assert analysis.last_iterate.heuristic.__name__ == "opacus_lastiterate.analysis.last_iterate.heuristic"
     with pytest.raises(AttributeError, match="no_such_name"):
         _ = analysis.no_such_name  # type: ignore[attr-defined]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from opacus_lastiterate.analysis.optimizer_weights import (
+from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
     UnsupportedOptimizerError,
     cosine_schedule,
     momentum_weights_closed_form,

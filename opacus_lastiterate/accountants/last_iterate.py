@@ -10,7 +10,7 @@ for a history of segments (sigma_i, q_i, T_i) at a constant learning rate,
 It is exact for linear losses and a *heuristic* otherwise: it is not a proven
 differential-privacy bound for deep networks, and it describes the release of the final
 model only (intermediate checkpoints are covered only by a standard composition bound).
-The mathematics lives in :mod:`opacus_lastiterate.analysis.heuristic`; this module only
+The mathematics lives in :mod:`opacus_lastiterate.analysis.last_iterate.heuristic`; this module only
 keeps Opacus's bookkeeping.
 """
 
@@ -24,21 +24,21 @@ import numpy as np
 
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants.base import RunAccountant
-from opacus_lastiterate.analysis import heuristic as _heuristic
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_epsilon,
     check_in_interval,
     check_steps,
 )
-from opacus_lastiterate.analysis.heuristic import (
+from opacus_lastiterate.analysis.last_iterate import heuristic as _heuristic
+from opacus_lastiterate.analysis.last_iterate.heuristic import (
     LastIterateHeuristic,
     RobustLastIterateHeuristic,
 )
-from opacus_lastiterate.analysis.incremental import IncrementalHeuristic
-from opacus_lastiterate.analysis.optimizer_weights import sgd_weights
+from opacus_lastiterate.analysis.last_iterate.incremental import IncrementalHeuristic
+from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
+from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import WeightedHeuristicResult
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment
-from opacus_lastiterate.analysis.weighted_heuristic import WeightedHeuristicResult
 from opacus_lastiterate.exceptions import (  # defined there, re-exported here
     HeuristicCalibrationWarning,
     NonMonotoneHeuristicWarning,
@@ -121,7 +121,7 @@ class LastIterateAccountant(RunAccountant):
     (``PrivacyEngine(accountant="last_iterate")``), or assign an instance to
     ``engine.accountant`` before ``make_private``.
 
-    Per-step accounting is incremental (:class:`~opacus_lastiterate.analysis.incremental.
+    Per-step accounting is incremental (:class:`~opacus_lastiterate.analysis.last_iterate.incremental.
     IncrementalHeuristic`): asking for epsilon after every step costs a warm-started root
     find, not a computation from scratch.
 

@@ -38,7 +38,7 @@ from opacus_lastiterate.analysis._validation import (
     check_int,
     check_positive,
 )
-from opacus_lastiterate.analysis.composition import (
+from opacus_lastiterate.analysis.baselines.composition import (
     StandardComposition,
 )
 from opacus_lastiterate.analysis.normalisation import (
@@ -69,7 +69,7 @@ FEASGM_MECHANISM = "feasgm"
 # is deliberately not offered for a number we call a guarantee.
 STANDARD_ACCOUNTANTS = ("pld", "rdp", "prv")
 """Standard SGM accountants for a safe FEASGM verdict: "pld" is
-:func:`~opacus_lastiterate.analysis.composition.standard_epsilon_for_history`, the others
+:func:`~opacus_lastiterate.analysis.baselines.composition.standard_epsilon_for_history`, the others
 are Opacus's accountants of that name."""
 
 History = list[tuple[float, float, int]]

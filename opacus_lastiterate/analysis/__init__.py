@@ -1,8 +1,15 @@
 """Privacy mathematics of DP-SGD: no torch, no opacus.
 
 Everything in this subpackage uses numpy, scipy and dp_accounting only, so it can be used
-(and tested) without a deep-learning stack. Subpackages: :mod:`.audit` (statistics of
-privacy auditing) and :mod:`.normalisation` (batch-size normalisation: EASGM, FEASGM, ASGM).
+(and tested) without a deep-learning stack. One home per concept:
+
+* :mod:`.run`: the description of a DP-SGD run (:class:`DPSGDRun`), validated once;
+* :mod:`.last_iterate`: the last-iterate heuristic, its robust and weighted forms, per-step
+  accounting and the known counterexamples;
+* :mod:`.baselines`: standard composition and full-batch DP-GD;
+* :mod:`.normalisation`: batch-size normalisation (EASGM, FEASGM, ASGM);
+* :mod:`.audit`: the statistics of privacy auditing;
+* :mod:`.comparison`: every number of one run side by side.
 
 Names resolve lazily on first access (PEP 562 ``__getattr__``), so importing this package is
 cheap and ``dp_accounting`` or ``scipy.signal`` load only with the functions that use them.
@@ -17,18 +24,22 @@ from typing import TYPE_CHECKING, Any
 from opacus_lastiterate.exceptions import UnsupportedOptimizerError  # light: no scipy
 
 if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
-    from opacus_lastiterate.analysis.comparison import (
-        EpsilonComparison,
-        compare_epsilons,
-        compare_epsilons_for_history,
-    )
-    from opacus_lastiterate.analysis.composition import (
+    from opacus_lastiterate.analysis.baselines.composition import (
         FullBatchGaussian,
         StandardComposition,
         full_batch_epsilon,
         standard_epsilon,
     )
-    from opacus_lastiterate.analysis.counterexamples import (
+    from opacus_lastiterate.analysis.baselines.gaussian_mechanism import (
+        gaussian_delta,
+        gaussian_epsilon,
+    )
+    from opacus_lastiterate.analysis.comparison import (
+        EpsilonComparison,
+        compare_epsilons,
+        compare_epsilons_for_history,
+    )
+    from opacus_lastiterate.analysis.last_iterate.counterexamples import (
         MonotonicityCheck,
         QuadraticComparison,
         QuadraticResult,
@@ -37,14 +48,27 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         quadratic_regulariser_comparison,
         quadratic_regulariser_epsilon,
     )
-    from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_delta, gaussian_epsilon
-    from opacus_lastiterate.analysis.gaussian_mixture import ShiftedGaussianMixture
-    from opacus_lastiterate.analysis.heuristic import (
+    from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
+    from opacus_lastiterate.analysis.last_iterate.heuristic import (
         LastIterateHeuristic,
         RobustLastIterateHeuristic,
         heuristic_epsilon,
     )
-    from opacus_lastiterate.analysis.incremental import IncrementalHeuristic
+    from opacus_lastiterate.analysis.last_iterate.incremental import IncrementalHeuristic
+    from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
+        builtin_schedule,
+        check_optimizer_supported,
+        sgd_weights,
+    )
+    from opacus_lastiterate.analysis.last_iterate.suffix_maximum import (
+        SuffixMaximum,
+        certified_suffix_maximum,
+    )
+    from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
+        WeightedHeuristicResult,
+        weighted_heuristic_delta,
+        weighted_heuristic_epsilon,
+    )
     from opacus_lastiterate.analysis.normalisation import (
         DivisorVerdict,
         asgm_delta,
@@ -56,62 +80,51 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         public_divisor_verdict,
     )
     from opacus_lastiterate.analysis.normalisation.asgm import ASGM
-    from opacus_lastiterate.analysis.optimizer_weights import (
-        builtin_schedule,
-        check_optimizer_supported,
-        sgd_weights,
-    )
     from opacus_lastiterate.analysis.run import DPSGDRun, Normalisation, TrainingSegment
-    from opacus_lastiterate.analysis.suffix_maximum import SuffixMaximum, certified_suffix_maximum
-    from opacus_lastiterate.analysis.weighted_heuristic import (
-        WeightedHeuristicResult,
-        weighted_heuristic_delta,
-        weighted_heuristic_epsilon,
-    )
 
 # Public name -> the submodule that defines it.
 _LAZY: dict[str, str] = {
     "DPSGDRun": "run",
     "Normalisation": "run",
-    "LastIterateHeuristic": "heuristic",
-    "RobustLastIterateHeuristic": "heuristic",
-    "StandardComposition": "composition",
-    "FullBatchGaussian": "composition",
+    "LastIterateHeuristic": "last_iterate.heuristic",
+    "RobustLastIterateHeuristic": "last_iterate.heuristic",
+    "StandardComposition": "baselines.composition",
+    "FullBatchGaussian": "baselines.composition",
     "ASGM": "normalisation.asgm",
-    "IncrementalHeuristic": "incremental",
-    "SuffixMaximum": "suffix_maximum",
-    "certified_suffix_maximum": "suffix_maximum",
+    "IncrementalHeuristic": "last_iterate.incremental",
+    "SuffixMaximum": "last_iterate.suffix_maximum",
+    "certified_suffix_maximum": "last_iterate.suffix_maximum",
     "DivisorVerdict": "normalisation",
     "EpsilonComparison": "comparison",
-    "MonotonicityCheck": "counterexamples",
-    "QuadraticComparison": "counterexamples",
-    "QuadraticResult": "counterexamples",
-    "ShiftedGaussianMixture": "gaussian_mixture",
+    "MonotonicityCheck": "last_iterate.counterexamples",
+    "QuadraticComparison": "last_iterate.counterexamples",
+    "QuadraticResult": "last_iterate.counterexamples",
+    "ShiftedGaussianMixture": "last_iterate.gaussian_mixture",
     "TrainingSegment": "run",
-    "WeightedHeuristicResult": "weighted_heuristic",
+    "WeightedHeuristicResult": "last_iterate.weighted_heuristic",
     "asgm_delta": "normalisation",
     "asgm_epsilon": "normalisation",
-    "builtin_schedule": "optimizer_weights",
-    "check_optimizer_supported": "optimizer_weights",
+    "builtin_schedule": "last_iterate.optimizer_weights",
+    "check_optimizer_supported": "last_iterate.optimizer_weights",
     "compare_epsilons": "comparison",
     "compare_epsilons_for_history": "comparison",
     "feasgm_delta": "normalisation",
     "feasgm_epsilon": "normalisation",
     "feasgm_verdict": "normalisation",
-    "full_batch_epsilon": "composition",
-    "gaussian_delta": "gaussian_mechanism",
-    "gaussian_epsilon": "gaussian_mechanism",
-    "heuristic_epsilon": "heuristic",
-    "heuristic_monotonicity": "counterexamples",
-    "heuristic_monotonicity_for_history": "counterexamples",
+    "full_batch_epsilon": "baselines.composition",
+    "gaussian_delta": "baselines.gaussian_mechanism",
+    "gaussian_epsilon": "baselines.gaussian_mechanism",
+    "heuristic_epsilon": "last_iterate.heuristic",
+    "heuristic_monotonicity": "last_iterate.counterexamples",
+    "heuristic_monotonicity_for_history": "last_iterate.counterexamples",
     "opacus1x_batch_arithmetic": "normalisation",
     "public_divisor_verdict": "normalisation",
-    "quadratic_regulariser_comparison": "counterexamples",
-    "quadratic_regulariser_epsilon": "counterexamples",
-    "sgd_weights": "optimizer_weights",
-    "standard_epsilon": "composition",
-    "weighted_heuristic_delta": "weighted_heuristic",
-    "weighted_heuristic_epsilon": "weighted_heuristic",
+    "quadratic_regulariser_comparison": "last_iterate.counterexamples",
+    "quadratic_regulariser_epsilon": "last_iterate.counterexamples",
+    "sgd_weights": "last_iterate.optimizer_weights",
+    "standard_epsilon": "baselines.composition",
+    "weighted_heuristic_delta": "last_iterate.weighted_heuristic",
+    "weighted_heuristic_epsilon": "last_iterate.weighted_heuristic",
 }
 
 __all__ = [
@@ -167,7 +180,7 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value  # later accesses skip this function
         return value
     if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        return importlib.import_module(f"{__name__}.{name}")  # e.g. analysis.heuristic
+        return importlib.import_module(f"{__name__}.{name}")  # e.g. analysis.last_iterate
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

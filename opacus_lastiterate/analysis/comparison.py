@@ -6,12 +6,12 @@ from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 from opacus_lastiterate.analysis._validation import check_delta, check_noise_multiplier
-from opacus_lastiterate.analysis.composition import (
+from opacus_lastiterate.analysis.baselines.composition import (
     DEFAULT_DISCRETIZATION,
     FullBatchGaussian,
     StandardComposition,
 )
-from opacus_lastiterate.analysis.heuristic import (
+from opacus_lastiterate.analysis.last_iterate.heuristic import (
     LastIterateHeuristic,
     RobustLastIterateHeuristic,
 )

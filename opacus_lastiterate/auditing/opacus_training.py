@@ -38,8 +38,8 @@ from opacus_lastiterate.analysis._validation import (
     check_noise_multiplier,
     check_positive,
 )
-from opacus_lastiterate.analysis.composition import standard_epsilon
-from opacus_lastiterate.analysis.heuristic import heuristic_epsilon
+from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
+from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
 
 __all__ = ["CanaryKind", "OpacusDigitsTrainer"]
 

@@ -14,7 +14,8 @@ from opacus.accountants import IAccountant, RDPAccountant
 
 from opacus_lastiterate.accountants import HeuristicCalibrationWarning, LastIterateAccountant
 from opacus_lastiterate.accountants import last_iterate as last_iterate_module
-from opacus_lastiterate.analysis import composition, heuristic
+from opacus_lastiterate.analysis.baselines import composition
+from opacus_lastiterate.analysis.last_iterate import heuristic
 
 SEQUENCE = [(1.0, 0.1)] * 3 + [(1.2, 0.1)] * 2 + [(1.2, 0.05)] + [(1.0, 0.1)] * 4
 

@@ -19,7 +19,7 @@ from opacus_lastiterate.accountants import (
     NormalisationWarning,
     registered_accountants,
 )
-from opacus_lastiterate.analysis.composition import (
+from opacus_lastiterate.analysis.baselines.composition import (
     StandardComposition,
 )
 from opacus_lastiterate.analysis.normalisation import (

@@ -16,7 +16,7 @@ from opacus_lastiterate.accountants.last_iterate import (
     NonMonotoneHeuristicWarning,
     OptimizerTraceWarning,
 )
-from opacus_lastiterate.analysis.heuristic import (
+from opacus_lastiterate.analysis.last_iterate.heuristic import (
     LastIterateHeuristic,
     heuristic_epsilon,
 )
@@ -74,7 +74,9 @@ def test_plain_sgd_at_constant_rate_uses_the_exact_formula(digits_dataset):
 
 
 def test_momentum_changes_the_weights_and_epsilon(digits_dataset):
-    from opacus_lastiterate.analysis.weighted_heuristic import weighted_heuristic_epsilon
+    from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
+        weighted_heuristic_epsilon,
+    )
 
     steps, beta = 8, 0.9
     engine, q = _engine(digits_dataset, lambda p: torch.optim.SGD(p, lr=0.1, momentum=beta), steps)
@@ -92,7 +94,9 @@ def test_momentum_changes_the_weights_and_epsilon(digits_dataset):
 
 
 def test_step_schedule_is_read_before_each_update(digits_dataset):
-    from opacus_lastiterate.analysis.weighted_heuristic import weighted_heuristic_epsilon
+    from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
+        weighted_heuristic_epsilon,
+    )
 
     engine, q = _engine(
         digits_dataset, lambda p: torch.optim.SGD(p, lr=0.4), 6,

@@ -13,7 +13,8 @@ from opacus import PrivacyEngine
 from torch import nn
 
 from opacus_lastiterate.accountants import HeuristicCalibrationWarning, LastIterateAccountant
-from opacus_lastiterate.analysis import composition, heuristic
+from opacus_lastiterate.analysis.baselines import composition
+from opacus_lastiterate.analysis.last_iterate import heuristic
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")
 

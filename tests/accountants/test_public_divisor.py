@@ -22,7 +22,7 @@ from opacus_lastiterate.accountants import (
     public_divisor_of,
     use_public_divisor,
 )
-from opacus_lastiterate.analysis.composition import (
+from opacus_lastiterate.analysis.baselines.composition import (
     StandardComposition,
 )
 from opacus_lastiterate.analysis.normalisation import (

@@ -21,7 +21,7 @@ from opacus_lastiterate.accountants import (
     registered_accountants,
     registration,
 )
-from opacus_lastiterate.analysis import heuristic
+from opacus_lastiterate.analysis.last_iterate import heuristic
 
 OPACUS_VERSION = tuple(int(part) for part in opacus.__version__.split(".")[:2])
 

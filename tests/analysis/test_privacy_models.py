@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from opacus_lastiterate.analysis.composition import FullBatchGaussian, StandardComposition
-from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_delta
-from opacus_lastiterate.analysis.heuristic import (
+from opacus_lastiterate.analysis.baselines.composition import FullBatchGaussian, StandardComposition
+from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_delta
+from opacus_lastiterate.analysis.last_iterate.heuristic import (
     LastIterateHeuristic,
     RobustLastIterateHeuristic,
     heuristic_epsilon,

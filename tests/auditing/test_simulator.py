@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from opacus_lastiterate.analysis.heuristic import heuristic_epsilon
+from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
 from opacus_lastiterate.auditing import (
     AdversarialDataset,
     DPSGDArithmetic,

@@ -24,7 +24,7 @@ from opacus_lastiterate.analysis.audit import (
     audit_one_run,
 )
 
-heuristic = pytest.importorskip("opacus_lastiterate.analysis.heuristic")
+heuristic = pytest.importorskip("opacus_lastiterate.analysis.last_iterate.heuristic")
 heuristic_epsilon = heuristic.heuristic_epsilon
 
 NOMINAL = 0.05

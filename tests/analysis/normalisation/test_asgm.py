@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from opacus_lastiterate.analysis.composition import standard_epsilon
+from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
 from opacus_lastiterate.analysis.normalisation import (
     asgm_delta,
     asgm_epsilon,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from dp_accounting.pld import privacy_loss_distribution
 
-from opacus_lastiterate.analysis.composition import standard_epsilon
+from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
 from opacus_lastiterate.analysis.normalisation import (
     divisor_leak_loss,
     divisor_leak_pld,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_delta
+from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_delta
 from opacus_lastiterate.analysis.normalisation import importance_delta, threshold_delta
 
 

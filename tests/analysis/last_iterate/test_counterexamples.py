@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from opacus_lastiterate.analysis.counterexamples import (
+from opacus_lastiterate.analysis.last_iterate.counterexamples import (
     EXACT_MAX_STEPS,
     heuristic_monotonicity,
     heuristic_monotonicity_for_history,
@@ -21,7 +21,7 @@ from opacus_lastiterate.analysis.counterexamples import (
     robust_heuristic_epsilon,
     zeroing_regulariser_epsilon,
 )
-from opacus_lastiterate.analysis.heuristic import (
+from opacus_lastiterate.analysis.last_iterate.heuristic import (
     LastIterateHeuristic,
     heuristic_epsilon,
 )

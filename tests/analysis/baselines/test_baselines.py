@@ -9,14 +9,17 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld
 from scipy import stats
 
-from opacus_lastiterate.analysis.comparison import compare_epsilons, compare_epsilons_for_history
-from opacus_lastiterate.analysis.composition import (
+from opacus_lastiterate.analysis.baselines.composition import (
     StandardComposition,
     full_batch_epsilon,
     standard_epsilon,
 )
-from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_delta, gaussian_epsilon
-from opacus_lastiterate.analysis.heuristic import heuristic_epsilon
+from opacus_lastiterate.analysis.baselines.gaussian_mechanism import (
+    gaussian_delta,
+    gaussian_epsilon,
+)
+from opacus_lastiterate.analysis.comparison import compare_epsilons, compare_epsilons_for_history
+from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
 
 
 @pytest.mark.parametrize("mu", [0.05, 0.5, 1.0, 3.0, 10.0])

@@ -9,7 +9,10 @@ import mpmath as mp
 import numpy as np
 import pytest
 
-from opacus_lastiterate.analysis.canary_count import binomial_count, poisson_binomial_count
+from opacus_lastiterate.analysis.last_iterate.canary_count import (
+    binomial_count,
+    poisson_binomial_count,
+)
 
 
 @pytest.mark.parametrize("n,q", [(1, 1e-4), (10, 0.5), (1000, 0.01), (100_000, 1e-3), (1_000_000, 1e-2), (5000, 0.999)])

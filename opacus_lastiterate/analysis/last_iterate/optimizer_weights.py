@@ -8,7 +8,7 @@ gradients g_1, ..., g_T, so the final model is
 for weights w_t that depend only on the learning rates and the optimiser's hyperparameters
 (``last-iterate.md``, "Generalisations", item 2). The canary then enters the final model as
 sum_t w_t Bernoulli(q_t) and the noise as N(0, sum_t w_t^2 sigma_t^2), which is the pair of
-:mod:`opacus_lastiterate.analysis.weighted_heuristic`.
+:mod:`opacus_lastiterate.analysis.last_iterate.weighted_heuristic`.
 
 ``torch.optim.SGD`` semantics (step t = 1..T, learning rate eta_t, momentum beta,
 dampening d, weight decay lambda)::

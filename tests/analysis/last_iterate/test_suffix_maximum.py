@@ -7,15 +7,18 @@ import random
 
 import pytest
 
-from opacus_lastiterate.analysis import suffix_maximum
-from opacus_lastiterate.analysis.counterexamples import heuristic_monotonicity
-from opacus_lastiterate.analysis.heuristic import (
+from opacus_lastiterate.analysis.last_iterate import suffix_maximum
+from opacus_lastiterate.analysis.last_iterate.counterexamples import heuristic_monotonicity
+from opacus_lastiterate.analysis.last_iterate.heuristic import (
     RobustLastIterateHeuristic,
     _epsilon,
     heuristic_epsilon,
 )
+from opacus_lastiterate.analysis.last_iterate.suffix_maximum import (
+    SuffixMaximum,
+    certified_suffix_maximum,
+)
 from opacus_lastiterate.analysis.run import TrainingSegment, suffix
-from opacus_lastiterate.analysis.suffix_maximum import SuffixMaximum, certified_suffix_maximum
 
 RTOL = 1e-6
 ENGINE = 1e-12  # the search builds the same pairs as heuristic._epsilon; allow float noise

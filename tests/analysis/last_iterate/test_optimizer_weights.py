@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opacus_lastiterate.analysis import optimizer_weights as ow
-from opacus_lastiterate.analysis.optimizer_weights import (
+from opacus_lastiterate.analysis.last_iterate import optimizer_weights as ow
+from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
     UnsupportedOptimizerError,
     builtin_schedule,
     check_optimizer_supported,

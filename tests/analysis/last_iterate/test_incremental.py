@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from opacus_lastiterate.analysis.heuristic import LastIterateHeuristic
-from opacus_lastiterate.analysis.incremental import IncrementalHeuristic
+from opacus_lastiterate.analysis.last_iterate.heuristic import LastIterateHeuristic
+from opacus_lastiterate.analysis.last_iterate.incremental import IncrementalHeuristic
 from opacus_lastiterate.analysis.run import DPSGDRun
 
 # Root finding stops at |dy| <= 1e-14 (1 + |y|) on either path; warm and cold starts land on

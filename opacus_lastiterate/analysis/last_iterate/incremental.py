@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from opacus_lastiterate.analysis.canary_count import (
+from opacus_lastiterate.analysis.last_iterate.canary_count import (
     CountDistribution,
     binomial_count,
     poisson_binomial_count,
 )
-from opacus_lastiterate.analysis.gaussian_mixture import ShiftedGaussianMixture
+from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment
 
 __all__ = ["IncrementalHeuristic", "SuffixPeak"]

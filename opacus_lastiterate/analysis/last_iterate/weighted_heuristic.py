@@ -1,7 +1,7 @@
 """The last-iterate heuristic for per-step weights (learning-rate schedules, momentum).
 
 With a linear loss the final model is m_0 minus a weighted sum of the noisy gradients
-(:mod:`opacus_lastiterate.analysis.optimizer_weights`), so the heuristic pair becomes
+(:mod:`opacus_lastiterate.analysis.last_iterate.optimizer_weights`), so the heuristic pair becomes
 (``last-iterate.md``, "Generalisations", item 2)
 
     P = sum_t w_t Bernoulli(q_t) + N(0, s^2),   Q = N(0, s^2),   s^2 = sum_t w_t^2 sigma_t^2,
@@ -12,7 +12,7 @@ The pair is invariant under a common rescaling of the weights, so only their rat
 Computation
 -----------
 * Constant weights (all positive w_t equal, to a relative 1e-12): the count is
-  Poisson-binomial and the exact path of :mod:`opacus_lastiterate.analysis.heuristic` is
+  Poisson-binomial and the exact path of :mod:`opacus_lastiterate.analysis.last_iterate.heuristic` is
   used, so the result equals the constant-rate heuristic (bit for bit when q and sigma are
   constant as well). Steps with w_t = 0 add neither signal nor noise and are left out.
 * General weights: with u_t = w_t / max_s w_s and a resolution N, each u_t is rounded *up*
@@ -27,7 +27,7 @@ Computation
   like 1/N), doubling if needed, until the bound is at most the requested ``accuracy``. Weights within a relative
   1e-12 of a grid point count as on it (far below the floating-point noise of the rates).
 * Convolution: steps that share (k_t, q_t) are merged into one k * Binomial(n, q) factor
-  (:func:`~opacus_lastiterate.analysis.canary_count.binomial_count`, tails beyond its
+  (:func:`~opacus_lastiterate.analysis.last_iterate.canary_count.binomial_count`, tails beyond its
   Bernstein window dropped and accounted), and the factors are convolved *directly* in
   linear space. Every operation adds non-negative numbers, so each grid mass keeps its
   relative precision down to the smallest normal double; FFT convolution was rejected
@@ -60,9 +60,9 @@ from opacus_lastiterate.analysis._validation import (
     check_real,
     check_sample_rate,
 )
-from opacus_lastiterate.analysis.canary_count import binomial_count
-from opacus_lastiterate.analysis.gaussian_mixture import ShiftedGaussianMixture
-from opacus_lastiterate.analysis.heuristic import LastIterateHeuristic
+from opacus_lastiterate.analysis.last_iterate.canary_count import binomial_count
+from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
+from opacus_lastiterate.analysis.last_iterate.heuristic import LastIterateHeuristic
 from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.exceptions import WeightedAccuracyWarning  # defined there, re-exported
 

@@ -28,8 +28,8 @@ from opacus_lastiterate.analysis._validation import (
     check_in_interval,
     check_noise_multiplier,
 )
-from opacus_lastiterate.analysis.canary_count import poisson_binomial_count
-from opacus_lastiterate.analysis.gaussian_mixture import ShiftedGaussianMixture
+from opacus_lastiterate.analysis.last_iterate.canary_count import poisson_binomial_count
+from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
 from opacus_lastiterate.analysis.run import (
     RunLike,
     TrainingSegment,
@@ -82,7 +82,7 @@ def _noiseless(segments: tuple[TrainingSegment, ...]) -> bool:
 def _robust_epsilon(segments: tuple[TrainingSegment, ...], delta: float) -> float:
     """Certified upper bound on max over t <= T of the heuristic epsilon of the last t steps,
     within a relative 1e-6 of an attained eps_t (:mod:`.suffix_maximum`)."""
-    from opacus_lastiterate.analysis.suffix_maximum import certified_suffix_maximum
+    from opacus_lastiterate.analysis.last_iterate.suffix_maximum import certified_suffix_maximum
 
     return certified_suffix_maximum(segments, delta).epsilon
 
@@ -131,7 +131,7 @@ class LastIterateHeuristic:
         self.accuracy = check_in_interval("accuracy", accuracy, 0.0, 1.0)
 
     def _weighted(self, quantity: str, argument: float):  # -> WeightedHeuristicResult
-        from opacus_lastiterate.analysis.weighted_heuristic import solve_trusted
+        from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import solve_trusted
 
         sigma, q = self.run.per_step()
         w = self.run.weights

@@ -22,7 +22,7 @@
   some t < T. :func:`heuristic_monotonicity` reports where.
 
 The shifting and malicious-data-set counterexamples make the standard composition bound
-tight; they need no analyser beyond :mod:`opacus_lastiterate.analysis.composition`.
+tight; they need no analyser beyond :mod:`opacus_lastiterate.analysis.baselines.composition`.
 """
 
 from __future__ import annotations
@@ -41,17 +41,17 @@ from opacus_lastiterate.analysis._validation import (
     check_sample_rate,
     check_steps,
 )
-from opacus_lastiterate.analysis.gaussian_mixture import ShiftedGaussianMixture
-from opacus_lastiterate.analysis.heuristic import (
+from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
+from opacus_lastiterate.analysis.last_iterate.heuristic import (
     LastIterateHeuristic,
     heuristic_epsilon,
 )
-from opacus_lastiterate.analysis.run import HistoryLike, as_segments, total_steps
-from opacus_lastiterate.analysis.suffix_maximum import certified_suffix_maximum
-from opacus_lastiterate.analysis.weighted_heuristic import (
+from opacus_lastiterate.analysis.last_iterate.suffix_maximum import certified_suffix_maximum
+from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
     weighted_heuristic_epsilon,
     weighted_sum_distribution,
 )
+from opacus_lastiterate.analysis.run import HistoryLike, as_segments, total_steps
 
 __all__ = [
     "EXACT_MAX_STEPS",

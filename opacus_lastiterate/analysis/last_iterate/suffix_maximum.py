@@ -67,8 +67,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opacus_lastiterate.analysis._validation import check_delta, check_in_interval
-from opacus_lastiterate.analysis.canary_count import poisson_binomial_count
-from opacus_lastiterate.analysis.gaussian_mixture import ShiftedGaussianMixture
+from opacus_lastiterate.analysis.last_iterate.canary_count import poisson_binomial_count
+from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
 from opacus_lastiterate.analysis.run import TrainingSegment, suffix, total_steps
 
 __all__ = ["SuffixMaximum", "certified_suffix_maximum"]

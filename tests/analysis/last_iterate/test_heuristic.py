@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_epsilon
-from opacus_lastiterate.analysis.heuristic import (
+from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
+from opacus_lastiterate.analysis.last_iterate.heuristic import (
     LastIterateHeuristic,
     RobustLastIterateHeuristic,
     heuristic_epsilon,

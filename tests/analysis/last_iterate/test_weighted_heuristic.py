@@ -15,22 +15,22 @@ import warnings
 import numpy as np
 import pytest
 
-from opacus_lastiterate.analysis import weighted_heuristic as wh
-from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_epsilon
-from opacus_lastiterate.analysis.gaussian_mixture import ShiftedGaussianMixture
-from opacus_lastiterate.analysis.heuristic import (
+from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
+from opacus_lastiterate.analysis.last_iterate import weighted_heuristic as wh
+from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
+from opacus_lastiterate.analysis.last_iterate.heuristic import (
     LastIterateHeuristic,
     heuristic_epsilon,
 )
-from opacus_lastiterate.analysis.optimizer_weights import sgd_weights
-from opacus_lastiterate.analysis.run import DPSGDRun
-from opacus_lastiterate.analysis.weighted_heuristic import (
+from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
+from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
     WeightedAccuracyWarning,
     weighted_heuristic_delta,
     weighted_heuristic_epsilon,
     weighted_heuristic_pair,
     weighted_sum_distribution,
 )
+from opacus_lastiterate.analysis.run import DPSGDRun
 from tests.analysis._reference import QuadratureHeuristic
 
 pytestmark = pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")

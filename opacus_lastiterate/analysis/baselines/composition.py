@@ -22,7 +22,10 @@ from opacus_lastiterate.analysis._validation import (
     check_in_interval,
     check_positive,
 )
-from opacus_lastiterate.analysis.gaussian_mechanism import gaussian_delta, gaussian_epsilon
+from opacus_lastiterate.analysis.baselines.gaussian_mechanism import (
+    gaussian_delta,
+    gaussian_epsilon,
+)
 from opacus_lastiterate.analysis.run import DPSGDRun, RunLike, TrainingSegment, as_run
 
 if TYPE_CHECKING:
