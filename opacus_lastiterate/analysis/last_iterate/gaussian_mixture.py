@@ -75,6 +75,27 @@ def _decreasing_root(
     return y  # pragma: no cover
 
 
+def _newton(
+    fun: Callable[[float], tuple[float, float]], target: float, start: float
+) -> float | None:
+    """Root of the strictly monotone fun(y) - target by Newton from a warm start: the root
+    to within 1e-14 (1 + |y|), or None if six steps do not get there, the steps stop
+    shrinking, or a value is not finite."""
+    y, previous = start, math.inf
+    for _ in range(6):
+        value, slope = fun(y)
+        if not (math.isfinite(value) and math.isfinite(slope) and slope != 0.0):
+            return None
+        step = (value - target) / slope
+        y -= step
+        if abs(step) <= _XTOL * (1.0 + abs(y)):
+            return y
+        if abs(step) >= previous:
+            return None
+        previous = abs(step)
+    return None
+
+
 def _log_diff(a: float, b: float) -> float:
     """log(e^a - e^b) for a > b; -inf when the difference vanishes."""
     if not b < a:
@@ -195,6 +216,10 @@ class ShiftedGaussianMixture:
         """:meth:`epsilon` started from the thresholds ``hints`` = (y0, y_PQ, y_QP) of a nearby
         pair (the previous step of a run); returns the epsilon and this pair's thresholds.
         Warm starts change the number of Newton steps only, not the tolerance of the root."""
+        if hints is not None and all(math.isfinite(h) for h in hints):
+            fast = self._epsilon_near(delta, hints)
+            if fast is not None:
+                return fast
         h0, hpq, hqp = hints if hints is not None else (None, None, None)
         y0 = self._loss_inverse(0.0, h0)  # L(y0) = 0: both optimal sets start here at eps = 0
         eps_pq, ypq = self._epsilon_pq(delta, y0, hpq)
@@ -206,6 +231,37 @@ class ShiftedGaussianMixture:
                 return eps_pq, (y0, ypq, y_at)
         eps_qp, yqp = self._epsilon_qp(delta, y0, hqp)
         return max(eps_pq, eps_qp), (y0, ypq, yqp)
+
+    def _epsilon_near(
+        self, delta: float, hints: tuple[float, float, float]
+    ) -> tuple[float, tuple[float, float, float]] | None:
+        """The warm path of :meth:`epsilon_warm`: Newton from the hints without a bracket.
+
+        delta_PQ(y) is strictly decreasing and delta_QP(y) strictly increasing in y (their
+        derivatives are -L' e^L Pr_Q[Y >= y] and L' e^-L Pr_P[Y <= y]), so a converged
+        Newton iteration has found the unique root that the bracketed path finds, to the
+        same tolerance. Returns None (and the caller takes the bracketed path) when Newton
+        does not converge quickly, when eps would be 0, or when the truncated mass exceeds
+        delta."""
+        h0, hpq, hqp = hints
+        target = delta - self._m
+        if target <= 0:
+            return None
+        log_target, log_delta = math.log(target), math.log(delta)
+        ypq = _newton(lambda y: self._log_delta_pq(y), log_target, hpq)
+        if ypq is None:
+            return None
+        eps_pq = self.privacy_loss(ypq)
+        if not (eps_pq > 0.0 and -eps_pq > self._loss_floor):
+            return None
+        y_at = self._loss_inverse(-eps_pq, hqp)
+        if self._log_delta_qp(y_at)[0] <= log_delta:  # eps_QP <= eps_PQ
+            return eps_pq, (h0, ypq, y_at)
+        yqp = _newton(lambda y: self._log_delta_qp(y), log_delta, y_at)
+        if yqp is None:
+            return None
+        eps_qp = -self.privacy_loss(yqp)
+        return (eps_qp, (h0, ypq, yqp)) if eps_qp > eps_pq else None
 
     def _epsilon_pq(
         self, delta: float, y0: float, start: float | None = None
