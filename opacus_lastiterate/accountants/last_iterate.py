@@ -17,7 +17,8 @@ keeps Opacus's bookkeeping.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Generator, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,10 @@ from opacus_lastiterate.analysis.last_iterate.heuristic import (
 )
 from opacus_lastiterate.analysis.last_iterate.incremental import IncrementalHeuristic
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
+from opacus_lastiterate.analysis.last_iterate.suffix_maximum import (
+    SuffixMaximum,
+    suffix_maximum_search,
+)
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import WeightedHeuristicResult
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment
 from opacus_lastiterate.exceptions import (  # defined there, re-exported here
@@ -54,6 +59,9 @@ __all__ = [
 ]
 
 MECHANISM = "last_iterate"
+
+
+_CHECK_SECONDS_PER_CALL = 0.005  # work per get_epsilon call for the multi-segment check
 
 
 class _Sweep:
@@ -146,6 +154,8 @@ class LastIterateAccountant(RunAccountant):
         self._weighted_cache: tuple[tuple[int, float], WeightedHeuristicResult] | None = None
         self._monotone_warned: set[float] = set()
         self._sweeps: dict[float, _Sweep] = {}
+        self._full_checks: dict[float, tuple[Generator[None, None, SuffixMaximum], int, float]] = {}
+        self._full_checked: dict[float, int] = {}
         self.weight_accuracy = 1e-3
         """Requested relative accuracy of the schedule/momentum-weighted epsilon."""
         super().__init__()
@@ -160,6 +170,8 @@ class LastIterateAccountant(RunAccountant):
         self._trace = []  # a history written from outside has no optimizer settings
         self._weighted_cache = None
         self._sweeps = {}
+        self._full_checks = {}
+        self._full_checked = {}
         self._monotone_warned = set()
 
     def _steps(self) -> int:
@@ -246,7 +258,10 @@ class LastIterateAccountant(RunAccountant):
         at which epsilon was asked for. Histories with several segments are checked in full
         by ``get_epsilon(delta, robust=True)`` and :meth:`describe`.
         """
-        if delta in self._monotone_warned or len(self._segments) != 1:
+        if delta in self._monotone_warned:
+            return
+        if len(self._segments) != 1:
+            self._advance_full_check(delta, eps)
             return
         seg = self._segments[0]
         sweep = self._sweeps.get(delta)
@@ -270,6 +285,44 @@ class LastIterateAccountant(RunAccountant):
                 "value; report get_epsilon(delta, robust=True) beside it.",
                 NonMonotoneHeuristicWarning,
             )
+
+    def _advance_full_check(self, delta: float, eps: float) -> None:
+        """The check for histories of several segments: a certified search over all
+        suffixes of the history as it was when the check started (again each time the
+        number of steps has doubled), spread over calls with at most about 5 ms of work
+        per call, so that no training step stalls."""
+        pending = self._full_checks.get(delta)
+        if pending is None:
+            if self._num_steps < 2 * self._full_checked.get(delta, 0):
+                return
+            search = suffix_maximum_search(tuple(self._segments), delta)
+            pending = self._full_checks[delta] = (search, self._num_steps, eps)
+        search, steps, eps_then = pending
+        deadline = time.perf_counter() + _CHECK_SECONDS_PER_CALL
+        while time.perf_counter() < deadline:
+            try:
+                next(search)
+            except StopIteration as done:
+                del self._full_checks[delta]
+                self._full_checked[delta] = steps
+                peak = done.value
+                if eps_then < peak.attained * (1.0 - 1e-9):
+                    self._monotone_warned.add(delta)
+                    warn(
+                        "The last-iterate heuristic is not monotone here: eps_T = "
+                        f"{eps_then:.4f} after T = {steps} steps, but the last "
+                        f"{peak.argmax_steps} steps alone give {peak.attained:.4f}. A "
+                        "regulariser that zeroes the model would expose the larger value; "
+                        "report get_epsilon(delta, robust=True) beside it.",
+                        NonMonotoneHeuristicWarning,
+                    )
+                return
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies and pickles drop a pending multi-segment check (a generator); it restarts."""
+        state = self.__dict__.copy()
+        state["_full_checks"] = {}
+        return state
 
     def _extra_state(self) -> dict[str, Any]:
         return {

@@ -16,6 +16,7 @@ from opacus_lastiterate.accountants import HeuristicCalibrationWarning, LastIter
 from opacus_lastiterate.accountants import last_iterate as last_iterate_module
 from opacus_lastiterate.analysis.baselines import composition
 from opacus_lastiterate.analysis.last_iterate import heuristic
+from opacus_lastiterate.exceptions import NonMonotoneHeuristicWarning
 
 SEQUENCE = [(1.0, 0.1)] * 3 + [(1.2, 0.1)] * 2 + [(1.2, 0.05)] + [(1.0, 0.1)] * 4
 
@@ -355,3 +356,17 @@ def test_module_exports() -> None:
         "LastIterateAccountant",
         "HeuristicCalibrationWarning",
     }
+
+
+def test_multi_segment_non_monotonicity_is_found_by_the_spread_out_check() -> None:
+    # a long, very noisy first segment, then steps with little noise: the last step alone
+    # is far less private than the whole run (eps_T < eps of a short suffix)
+    acc = LastIterateAccountant()
+    acc.history = [(3.0, 0.05, 1000)]
+    acc.load_state_dict(acc.state_dict())  # recorded, not assigned: no calibration warning
+    with pytest.warns(NonMonotoneHeuristicWarning, match="last 1 steps alone"):
+        for _ in range(20):
+            acc.step(noise_multiplier=0.4, sample_rate=0.05)
+            acc.get_epsilon(1e-6)
+    clone = copy.deepcopy(acc)  # a pending check (a generator) is dropped, not copied
+    assert clone.get_epsilon(1e-6) == acc.get_epsilon(1e-6)

@@ -63,7 +63,7 @@ import heapq
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 from opacus_lastiterate.analysis._validation import check_delta, check_in_interval
@@ -71,7 +71,11 @@ from opacus_lastiterate.analysis.last_iterate.canary_count import poisson_binomi
 from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
 from opacus_lastiterate.analysis.run import TrainingSegment, suffix, total_steps
 
-__all__ = ["SuffixMaximum", "certified_suffix_maximum"]
+__all__ = [
+    "SuffixMaximum",
+    "certified_suffix_maximum",
+    "suffix_maximum_search",
+]
 
 _REL_PAD = 1e-12  # safety margin on every bound for the root finder of the engine: relative
 _ABS_PAD = 1e-14  # and absolute (eps near 0); the acceptance target allows 2 * _ABS_PAD
@@ -169,6 +173,21 @@ def certified_suffix_maximum(
     """
     delta = check_delta(delta)
     rtol = check_in_interval("rtol", rtol, 0.0, math.inf, low_open=False)
+    search = suffix_maximum_search(segments, delta, rtol)
+    while True:
+        try:
+            next(search)
+        except StopIteration as done:
+            result: SuffixMaximum = done.value
+            return result
+
+
+def suffix_maximum_search(
+    segments: tuple[TrainingSegment, ...], delta: float, rtol: float = 1e-6
+) -> Generator[None, None, SuffixMaximum]:
+    """:func:`certified_suffix_maximum` as a generator (validated arguments) that yields after
+    every exact evaluation and returns the :class:`SuffixMaximum`: a caller can spread one
+    search over several calls (the accountant's non-monotonicity check does)."""
     n = total_steps(segments)
     if n == 0:
         return SuffixMaximum(0.0, 0.0, 0, 0)
@@ -183,6 +202,7 @@ def certified_suffix_maximum(
         grid = _segment_grid(later, seg.steps)
         for t in grid:
             search.exact(t)
+            yield
         gaps += [(a, b) for a, b in itertools.pairwise(grid) if b - a > 1]
         later += seg.steps
 
@@ -201,9 +221,11 @@ def certified_suffix_maximum(
         if hi - lo - 1 <= _EXHAUSTIVE_INTERIOR:
             for t in range(lo + 1, hi):
                 search.exact(t)
+                yield
             continue
         if not is_exact:
             own = search.bound(lo, hi)
+            yield
             if own <= target:
                 accepted = max(accepted, own)
             else:
@@ -211,6 +233,7 @@ def certified_suffix_maximum(
             continue
         mid = (lo + hi) // 2
         search.exact(mid)
+        yield
         for a, b in ((lo, mid), (mid, hi)):
             if b - a > 1:
                 heapq.heappush(heap, (key, a, b, False))
