@@ -3,17 +3,18 @@
 Importing this package registers them with Opacus (see :mod:`.registration`), so that
 ``PrivacyEngine(accountant="last_iterate")`` (and ``"asgm"``, ``"feasgm"``) works on every
 Opacus 1.x. :func:`use_public_divisor` is the one-line fix for Opacus 1.x's data-dependent
-divisor (``batch-normalization.md``).
+divisor (``docs/normalisation.md``).
 """
 
 from __future__ import annotations
 
+from opacus_lastiterate.accountants.base import RunAccountant
 from opacus_lastiterate.accountants.last_iterate import (
     MECHANISM,
     HeuristicCalibrationWarning,
     LastIterateAccountant,
 )
-from opacus_lastiterate.accountants.normalisation import (  # registers "asgm", "feasgm"
+from opacus_lastiterate.accountants.normalisation import (
     ASGM_MECHANISM,
     FEASGM_MECHANISM,
     STANDARD_ACCOUNTANTS,
@@ -32,7 +33,19 @@ from opacus_lastiterate.accountants.registration import (
     registered_accountants,
 )
 
+ACCOUNTANTS: tuple[type[RunAccountant], ...] = (
+    LastIterateAccountant,
+    FEASGMAccountant,
+    ASGMAccountant,
+)
+"""Every accountant of this package; each is registered under its ``mechanism()`` name."""
+
+for _accountant in ACCOUNTANTS:  # the one place where registration happens
+    register_accountant(_accountant.mechanism(), _accountant)
+del _accountant
+
 __all__ = [
+    "ACCOUNTANTS",
     "ASGM_MECHANISM",
     "FEASGM_MECHANISM",
     "HAS_NATIVE_REGISTRY",
@@ -44,6 +57,7 @@ __all__ = [
     "HeuristicCalibrationWarning",
     "LastIterateAccountant",
     "NormalisationWarning",
+    "RunAccountant",
     "public_divisor_of",
     "register_accountant",
     "registered_accountants",

@@ -30,7 +30,6 @@ from opacus.optimizers import DPOptimizer
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants.base import RunAccountant
 from opacus_lastiterate.accountants.public_divisor import public_divisor_of
-from opacus_lastiterate.accountants.registration import register_accountant
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_epsilon,
@@ -624,6 +623,3 @@ class ASGMAccountant(_NormalisationAccountant):
     def __repr__(self) -> str:
         return f"ASGMAccountant(segments={len(self)}, dataset_size={self._config['dataset_size']})"
 
-
-register_accountant(FEASGM_MECHANISM, FEASGMAccountant)
-register_accountant(ASGM_MECHANISM, ASGMAccountant)

@@ -34,8 +34,6 @@ from typing import cast
 import opacus
 from opacus.accountants import IAccountant
 
-from opacus_lastiterate.accountants.last_iterate import LastIterateAccountant
-
 try:  # Opacus >= 1.6
     from opacus.accountants.registry import register_accountant as _opacus_register_accountant
 except ImportError:  # Opacus 1.0-1.5
@@ -145,4 +143,3 @@ def _install_compat_shim() -> None:
         module.create_accountant = shim  # type: ignore[attr-defined]
 
 
-register_accountant(LastIterateAccountant.mechanism(), LastIterateAccountant)
