@@ -3,9 +3,10 @@
 Trains a small MLP with Opacus (Poisson sampling, per-example clipping, Gaussian noise) and
 prints, as training goes, two epsilons at the same delta:
 
-* the **last-iterate heuristic** (Steinke et al., ICLR 2025; ``last-iterate.md``): the
-  privacy of the *final model only*, exact for linear losses and a heuristic otherwise. It is
-  **not** a differential-privacy guarantee for this (non-linear) network.
+* the **last-iterate heuristic** (Steinke et al., "The Last Iterate Advantage", ICLR 2025,
+  arXiv 2410.06186; ``docs/last_iterate.md``): the privacy of the *final model only*, exact
+  for linear losses and a heuristic otherwise. It is **not** a differential-privacy
+  guarantee for this (non-linear) network.
 * the **standard** composition epsilon (every iterate released), an upper bound computed with
   dp_accounting's PLD accountant. This one is a DP guarantee.
 

@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME|FILE",
         help="learning-rate schedule: constant, step (StepLR, --step-size, --gamma), cosine "
         "(CosineAnnealingLR over T), or a text file with one rate per step; with "
-        "--momentum it adds the weighted heuristic (last-iterate.md, Generalisations 2)",
+        "--momentum it adds the weighted heuristic "
+        "(docs/last_iterate.md, 'Per-step weights: schedules and momentum')",
     )
     eps.add_argument("--momentum", type=float, default=0.0, help="heavy-ball momentum (torch SGD)")
     eps.add_argument("--dampening", type=float, default=0.0, help="momentum dampening (torch SGD)")
@@ -81,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     cex = sub.add_parser(
         "counterexample",
-        help="linear loss + quadratic regulariser against the heuristic (last-iterate.md)",
+        help="linear loss + quadratic regulariser against the heuristic "
+        "(docs/last_iterate.md, 'Known counterexamples')",
         description=(
             "The final model of DP-SGD on a linear loss with regulariser alpha m^2 / 2 "
             "(eta = 1, d = 1) compared with the heuristic eps_T, one step eps_1 (a zeroing "
@@ -99,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="is Opacus 1.x's printed epsilon valid for this data set size? SGM, FEASGM, ASGM",
         description=(
             "Opacus 1.x make_private(poisson_sampling=True) divides the noisy gradient sum by "
-            "int(N / len(DPDataLoader)), a function of the private N (batch-normalization.md). "
+            "int(N / len(DPDataLoader)), a function of the private N "
+            "(docs/normalisation.md, 'FEASGM / EASGM with a data-dependent divisor'). "
             "Prints the SGM epsilon Opacus accounts, the FEASGM verdict over N - 1, N, N + 1, "
             "the corrected epsilon and the ASGM (Opacus 0.x, divide by |B|) epsilon."
         ),

@@ -1,9 +1,14 @@
 """Reproduce the shape of arXiv 2605.15648, Figure 2: audited delta(0) against N, d = 100.
 
+The paper: Wang, Cui, Cui, Yuan, "Rethinking the Security of DP-SGD: A Corrected Analysis of
+Differentially Private Machine Learning" (arXiv 2605.15648); background in
+``docs/normalisation.md``.
+
 Panel (a): ASGM (divide by the realised batch size), q = 0.7.
 Panel (b): EASGM (divide by the expected batch size q N, q public, N private), q = 0.005.
 
-One step, zero-other-gradients configuration of ``batch-normalization.md``, |D| = N and
+One step, zero-other-gradients configuration of ``docs/normalisation.md`` ("FEASGM / EASGM
+with a data-dependent divisor"), |D| = N and
 D' = D + target. For each N the script prints and plots:
 
 * "audited": the likelihood-ratio audit of the simulated 100-dimensional mechanism,
@@ -14,7 +19,7 @@ D' = D + target. For each N the script prints and plots:
 * "SGM": the same q and sigma without normalisation (the curve standard accountants use).
 
 The paper's sigma is not known here; the default sigma = 1 is ours (``--noise-multiplier``).
-Expected shape (spec, "Expected behaviour"): delta(0) decreases with N for both mechanisms
+Expected shape (the paper's Figure 2): delta(0) decreases with N for both mechanisms
 and is far above SGM at small N.
 
     python reproductions/normalisation_figure2.py [--quick] [--no-plot] [--out PATH] [--trials T]

@@ -2,8 +2,8 @@
 
 Importing this package registers them with Opacus (see :mod:`.registration`), so that
 ``PrivacyEngine(accountant="last_iterate")`` (and ``"asgm"``, ``"feasgm"``) works on every
-Opacus 1.x. :func:`use_public_divisor` is the one-line fix for Opacus 1.x's data-dependent
-divisor (``docs/normalisation.md``).
+Opacus 1.x. :func:`use_public_divisor` is the one-line fix for Opacus 1.x's data-dependent divisor
+(``docs/normalisation.md``, "The fix: a public divisor").
 """
 
 from __future__ import annotations

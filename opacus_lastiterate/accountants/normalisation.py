@@ -1,6 +1,6 @@
 """Opacus accountants for normalised DP-SGD: ``"feasgm"`` (Opacus 1.x) and ``"asgm"`` (0.x).
 
-``batch-normalization.md``. Both need facts that Opacus never passes to an accountant:
+``docs/normalisation.md``. Both need facts that Opacus never passes to an accountant:
 
 * **N** (``dataset_size``): always explicit, ``accountant.configure(dataset_size=N)`` or
   ``configure(data_loader=loader)`` (N = len(loader.dataset)).
@@ -303,7 +303,7 @@ def _standard_epsilon(history: History, delta: float, standard: str) -> float:
 class FEASGMAccountant(_NormalisationAccountant):
     """Opacus 1.x's divisor int(N * q): ``PrivacyEngine(accountant="feasgm")``.
 
-    ``batch-normalization.md``, "FEASGM / EASGM with a data-dependent divisor". Configure N
+    ``docs/normalisation.md``, "FEASGM / EASGM with a data-dependent divisor". Configure N
     and L (:meth:`configure`); then :attr:`verdict` compares the divisors and sample rates of
     N - 1, N, N + 1, and :meth:`get_epsilon` returns the SGM epsilon of the recorded history
     from the ``standard`` accountant (default PLD) when safe, and ``inf`` when unsafe (the
@@ -367,8 +367,9 @@ class FEASGMAccountant(_NormalisationAccountant):
             )
 
     def get_epsilon(self, delta: float, **kwargs: Any) -> float:
-        """Corrected epsilon (spec, "FEASGM / EASGM ..."): the ``standard`` SGM epsilon of the
-        history if the verdict is safe, ``inf`` if unsafe (reason: ``verdict.reason``).
+        """Corrected epsilon (``docs/normalisation.md``, "FEASGM / EASGM with a
+        data-dependent divisor"): the ``standard`` SGM epsilon of the history if the verdict
+        is safe, ``inf`` if unsafe (reason: ``verdict.reason``).
 
         Args:
             delta: in (0, 1).
@@ -440,8 +441,9 @@ class FEASGMAccountant(_NormalisationAccountant):
         self, delta: float, *, value_discretization_interval: float | None = None
     ) -> float:
         """Dimension-aware epsilon(delta) of the recorded steps in the zero-other-gradients
-        configuration with d = ``dimension`` (spec, "... compute the exact privacy curve";
-        label :data:`FEASGM_MODEL`): what an audit can reach, a lower bound on the worst case.
+        configuration with d = ``dimension`` (``docs/normalisation.md``, "FEASGM / EASGM
+        with a data-dependent divisor"; label :data:`FEASGM_MODEL`): what an audit can reach,
+        a lower bound on the worst case.
         Varying noise multipliers are composed exactly, segment by segment.
 
         Raises:
@@ -555,7 +557,7 @@ def _public_verdict(
 class ASGMAccountant(_NormalisationAccountant):
     """Division by the realised batch size (Opacus 0.x): ``PrivacyEngine(accountant="asgm")``.
 
-    ``batch-normalization.md``, "ASGM: dividing by the realised batch size": the exact
+    ``docs/normalisation.md``, "ASGM: dividing by the realised batch size": the exact
     "batch size revealed" model (label :data:`ASGM_MODEL`), worst of both neighbours of an
     N-record data set and both directions, composed segment by segment (varying sigma and q
     are exact). Needs only N (:meth:`configure`). Every hooked step counts, empty batches

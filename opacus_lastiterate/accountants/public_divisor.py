@@ -1,6 +1,6 @@
 """The fix for FEASGM: make an Opacus 1.x ``DPOptimizer`` divide by a public constant.
 
-``batch-normalization.md``, "FEASGM / EASGM with a data-dependent divisor": Opacus 1.0-1.6
+``docs/normalisation.md``, "FEASGM / EASGM with a data-dependent divisor": Opacus 1.0-1.6
 ``make_private`` sets ``optimizer.expected_batch_size = int(len(dataset) * sample_rate)``
 with ``sample_rate = 1 / len(data_loader)``, and ``DPOptimizer.scale_grad`` then computes
 (identically in 1.5.4 and 1.6.0, ``loss_reduction="mean"`` only)::
@@ -46,7 +46,7 @@ def _check_optimizer(optimizer: object) -> DPOptimizer:
 def use_public_divisor(optimizer: DPOptimizer, *, expected_batch_size: float) -> DPOptimizer:
     """Make ``optimizer`` divide the noisy gradient sum by the public constant
     ``expected_batch_size`` instead of Opacus's int(len(dataset) * sample_rate)
-    (``batch-normalization.md``, "FEASGM / EASGM ...": "make the divisor public").
+    (``docs/normalisation.md``, "The fix: a public divisor").
 
     Args:
         optimizer: the ``DPOptimizer`` returned by ``make_private`` (any subclass).

@@ -13,8 +13,8 @@
   :mod:`.run_records`: their resumable JSON-lines record files; :mod:`.opacus_training`: a
   ready-made Opacus trainer.
 
-The statistics live in :mod:`opacus_lastiterate.analysis.audit`. References:
-``shared/reference/auditing.md``.
+The statistics live in :mod:`opacus_lastiterate.analysis.audit`. Background, adversaries and
+references: ``docs/auditing.md``.
 """
 
 from opacus_lastiterate.auditing.adversaries import (

@@ -3,8 +3,8 @@
 An *adversary* (frozen dataclass) crafts a :class:`GradientCanary` for a model of a given
 dimension. The canary is its own clipped gradient (norm <= C), written directly into the
 summed clipped gradient of the steps it is in (``insert``), and scores a final model by
-comparing it with the initial one (``score``, higher = "canary was in"). ``auditing.md``,
-"Adversaries in the final-model threat model":
+comparing it with the initial one (``score``, higher = "canary was in"). ``docs/auditing.md``,
+"Adversaries":
 
 - :class:`DiracCanaryAdversary` (A_GC-R): C on one random coordinate, score
   ``theta_0[c] - theta_T[c]`` (descent moves that coordinate down when the canary is in);

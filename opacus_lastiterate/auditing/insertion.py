@@ -1,6 +1,6 @@
 """When a gradient canary enters the batch: Poisson-sampled at a rate, or every k steps.
 
-``auditing.md``, "Adversaries": the canary is either sampled like every other record
+``docs/auditing.md``, "Adversaries": the canary is either sampled like every other record
 (Poisson at the training rate q, the setting of the last-iterate heuristic) or inserted
 deterministically every ``period`` steps (Cebere et al., insertion periodicity k).
 """

@@ -3,7 +3,7 @@
 :class:`OpacusDigitsTrainer` trains a small model (softmax regression or a one-hidden-layer
 MLP) on a subset of scikit-learn's bundled 8x8 digits (no download) with
 ``PrivacyEngine(accountant="last_iterate")``, Poisson sampling and a fixed number of steps,
-and returns the final model only. Two canaries (``auditing.md``, "Adversaries"):
+and returns the final model only. Two canaries (``docs/auditing.md``, "Adversaries"):
 
 * ``"gradient"`` (default): a Dirac gradient canary of norm C = ``max_grad_norm`` added to
   the clipped gradient sum before the noise, Poisson-sampled at the training rate q (like a

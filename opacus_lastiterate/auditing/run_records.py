@@ -1,4 +1,5 @@
-"""Run records of many-run audits: one JSON-lines file per audit (``auditing.md``).
+"""Run records of many-run audits: one JSON-lines file per audit (``docs/auditing.md``,
+"Many-run audits of real training").
 
 A header ``{"type": "header", "format", "config_hash", "config"}`` is written atomically
 (temporary file, fsync, rename), then one ``{"type": "run", "index", "seed",

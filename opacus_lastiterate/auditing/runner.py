@@ -1,4 +1,4 @@
-"""Many-run auditing of a real training function (``auditing.md``, "Pipeline (multi-run)").
+"""Many-run auditing of a real training function (``docs/auditing.md``, "Pipeline (multi-run)").
 
 The user supplies two picklable, top-level callables:
 

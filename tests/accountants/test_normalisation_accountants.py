@@ -1,4 +1,4 @@
-"""The ``"feasgm"`` and ``"asgm"`` Opacus accountants (``batch-normalization.md``)."""
+"""The ``"feasgm"`` and ``"asgm"`` Opacus accountants (``docs/normalisation.md``)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """The fix: ``use_public_divisor`` makes the divisor of an Opacus 1.x DPOptimizer independent of N.
 
 Real ``make_private`` runs with N - 1, N, N + 1 around a data set size for which Opacus's
-``expected_batch_size = int(N / len(DPDataLoader))`` changes (``batch-normalization.md``,
-"FEASGM / EASGM ..."): the same batch, the same initial weights and the same noise draws give
-different ``p.grad`` without the fix and identical ones with it.
+``expected_batch_size = int(N / len(DPDataLoader))`` changes (``docs/normalisation.md``,
+"FEASGM / EASGM with a data-dependent divisor"): the same batch, the same initial weights
+and the same noise draws give different ``p.grad`` without the fix and identical ones with
+it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Exact (Clopper-Pearson) confidence bounds for a binomial proportion.
 
-For k successes in n trials and confidence level c (``auditing-anchors.md`` section 0):
+For k successes in n trials and confidence level c (``docs/auditing.md``,
+"Clopper-Pearson intervals"):
 
     upper(k, n, c) = BetaInv(c; k + 1, n - k)          (1 when k = n)
     lower(k, n, c) = BetaInv(1 - c; k, n - k + 1)      (0 when k = 0)

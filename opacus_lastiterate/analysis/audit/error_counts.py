@@ -1,7 +1,7 @@
 """False-positive / false-negative counts of threshold tests on attack scores.
 
-Convention (``auditing.md``, "Pipeline"): a higher score means "canary was in"; the test with
-threshold t says "in" when ``score >= t``. Then
+Convention (``docs/auditing.md``, "Pipeline (multi-run)"): a higher score means "canary was
+in"; the test with threshold t says "in" when ``score >= t``. Then
 
     FP(t) = #{out-scores >= t},   FN(t) = #{in-scores < t}.
 

@@ -11,7 +11,7 @@ mu-GDP (Dong, Roth, Su 2019, arXiv:1905.02383) means every test has FNR >= Phi(P
 
 is an ESTIMATE of the mechanism's epsilon: it is a bound only when the true trade-off curve
 is Gaussian (e.g. full-batch DP-GD); for other curves it can exceed the truth (a pure eps = 1
-Laplace mechanism audits at about 4; ``auditing-anchors.md`` section 1.6). Results are
+Laplace mechanism audits at about 4; ``docs/auditing.md``, "Gaussian-DP estimates"). Results are
 labelled ``kind="estimate"``.
 """
 

@@ -1,5 +1,5 @@
 """One-run auditing (Steinke, Nasr, Jagielski, "Privacy auditing with one (1) training run",
-NeurIPS 2023, arXiv:2305.08846; ``auditing-anchors.md`` section 2).
+NeurIPS 2023, arXiv:2305.08846; ``docs/auditing.md``, "One run").
 
 m canaries are each included by an independent fair coin; after one training run the auditor
 guesses on r of them (abstaining on the rest) and v guesses are right. Under the null
@@ -34,7 +34,7 @@ __all__ = [
     "one_run_p_value",
 ]
 
-#: ``2 m delta`` above this triggers :class:`OneRunDeltaWarning` (``auditing-anchors.md`` section 8).
+#: ``2 m delta`` above this triggers :class:`OneRunDeltaWarning` (``docs/auditing.md``, "One run").
 ONE_RUN_DELTA_WARNING_LEVEL = 0.1
 
 _EPS_TOL = 1e-10

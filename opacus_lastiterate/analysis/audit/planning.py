@@ -4,11 +4,12 @@
 guessed canary (one-run). Any real attack does worse, so if the planned number is below the
 epsilon you hope to detect (e.g. the heuristic epsilon), the audit cannot detect it.
 
-- Multi-run (``auditing-anchors.md`` section 7.2): R runs, R // 2 without and R - R // 2
-  with the canary (a fair-coin design has about as many), FP = FN = 0, Clopper-Pearson at
+- Multi-run (``docs/auditing.md``, "Planning" and "Reference values"): R runs, R // 2
+  without and R - R // 2 with the canary (a fair-coin design has about as many),
+  FP = FN = 0, Clopper-Pearson at
   the significance the threshold strategy uses, pure (eps, delta) conversion. Rule of
   thumb with a pre-set threshold: eps_max ~ ln(n / ln(2 / a)), n runs per side.
-- One-run (section 7.3): m canaries, r guesses all correct; with delta = 0 this is the
+- One-run (same sections): m canaries, r guesses all correct; with delta = 0 this is the
   saturation value ln(a^(1/r) / (1 - a^(1/r))). For the score-level audit, which only
   guesses "in", r is at most the number of included canaries, about m / 2.
 """

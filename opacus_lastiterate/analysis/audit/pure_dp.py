@@ -1,7 +1,8 @@
 """Error rates -> epsilon lower bound with no assumption on the mechanism's shape.
 
 (eps, delta)-DP implies, for every test with false-positive rate a and false-negative rate b
-(Kairouz, Oh, Viswanath 2015; ``auditing-anchors.md`` section 1.3):
+(Kairouz, Oh, Viswanath, "The Composition Theorem for Differential Privacy",
+arXiv 1311.0776; ``docs/auditing.md``, "From error rates to epsilon"):
 
     a + e^eps b >= 1 - delta   and   b + e^eps a >= 1 - delta,
 

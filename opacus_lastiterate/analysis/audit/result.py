@@ -29,7 +29,7 @@ def result_kind(base: AuditKind, statistically_valid: bool) -> AuditKind:
 
 @dataclass(frozen=True)
 class MultiRunCounts:
-    """Error counts of one threshold test (``auditing.md``, "Pipeline", step 4).
+    """Error counts of one threshold test (``docs/auditing.md``, "Pipeline (multi-run)", step 4).
 
     Attributes:
         num_in: runs (or samples) with the canary included.
@@ -59,7 +59,7 @@ class MultiRunCounts:
 
 @dataclass(frozen=True)
 class OneRunCounts:
-    """Counts of a one-run audit (``auditing.md``, "One run").
+    """Counts of a one-run audit (``docs/auditing.md``, "One run").
 
     Attributes:
         num_canaries: m, canaries each included by an independent fair coin.

@@ -1,7 +1,7 @@
-"""How an audit chooses the threshold of its test (``auditing-anchors.md`` section 1.5).
+"""How an audit chooses the threshold of its test (``docs/auditing.md``, "Threshold selection").
 
 Choosing the best threshold on the same scores and then applying a (1 - a) interval is not
-a (1 - a) procedure (``auditing.md``). The strategies below are valid, except
+a (1 - a) procedure (``docs/auditing.md``). The strategies below are valid, except
 :class:`NaiveMax`, which exists for comparison with published tools and is labelled as
 not statistically valid in every result it produces.
 
@@ -275,7 +275,8 @@ class NaiveMax(ThresholdStrategy):
     """Best threshold chosen on the same scores, no correction. NOT statistically valid.
 
     Offered only to reproduce published tools (bb-audit-dpsgd, TF-privacy, ML Privacy
-    Meter); its failure rate exceeds the nominal one (``auditing-anchors.md`` section 1.5).
+    Meter); its failure rate exceeds the nominal one (``docs/auditing.md``,
+    "Threshold selection").
     """
 
     statistically_valid: ClassVar[bool] = False

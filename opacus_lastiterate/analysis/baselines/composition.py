@@ -1,4 +1,4 @@
-"""Baselines printed beside the heuristic (``last-iterate.md``, "Baselines").
+"""Baselines printed beside the heuristic (``docs/last_iterate.md``, "Baselines").
 
 * Standard composition (every intermediate model released): the Poisson-subsampled Gaussian
   mechanism composed over the history, with Google's ``dp_accounting`` PLD accountant

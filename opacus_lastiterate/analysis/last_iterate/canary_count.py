@@ -3,7 +3,7 @@
 Under the last-iterate heuristic the canary enters the final model K times, where K is the
 number of steps whose Poisson sample contains it: K ~ Binomial(T, q) for a constant rate, and
 a Poisson-binomial sum of Binomial(T_i, q_i) for a history of segments
-(``last-iterate.md``, "Generalisations", item 1).
+(``docs/last_iterate.md``, "Varying noise multipliers and sample rates").
 
 Tails are truncated at a Bernstein bound of about e^-75 per segment; the exact dropped mass
 (from the regularised incomplete beta function) is returned so that callers can add it to

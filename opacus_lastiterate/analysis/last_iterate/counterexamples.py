@@ -1,6 +1,7 @@
 """Analysers for the known counterexamples to the last-iterate heuristic.
 
-``last-iterate.md``, "Known counterexamples", and Section 4 of the paper:
+``docs/last_iterate.md``, "Known counterexamples", and Section 4 of Steinke et al., "The Last
+Iterate Advantage" (arXiv 2410.06186):
 
 * **Linear loss + quadratic regulariser** alpha m^2 / 2 (eta = 1, d = 1). Each step
   multiplies the model by (1 - alpha), so the canary and the noise of the step i-th from
@@ -340,7 +341,8 @@ def zeroing_regulariser_epsilon(
 def robust_heuristic_epsilon(
     delta: float, *, steps: int, sample_rate: float, noise_multiplier: float
 ) -> float:
-    """max_{t<=T} eps_t: ``heuristic_epsilon(..., robust=True)`` (``last-iterate.md``, item 3).
+    """max_{t<=T} eps_t: ``heuristic_epsilon(..., robust=True)`` (``docs/last_iterate.md``,
+    "Robust variant").
 
     A regulariser that zeroes the model makes the final model equal to the last step(s), so
     this is the value to report beside eps_T when such regularisers cannot be ruled out.

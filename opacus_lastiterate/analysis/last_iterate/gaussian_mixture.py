@@ -3,8 +3,9 @@
     P = sum_k w_k N(x_k, s^2)   (x_k >= 0, sum_k w_k = 1 - m, m = truncated mass)
     Q = N(0, s^2)
 
-is the pair behind the last-iterate heuristic (``last-iterate.md``, "Computing it"): x_k is
-the number of times (or the total weight with which) the canary entered the final model.
+is the pair behind the last-iterate heuristic (``docs/last_iterate.md``, "How we compute
+it"): x_k is the number of times (or the total weight with which) the canary entered the
+final model.
 The privacy loss ln p/q at output y is
 
     L(y) = log sum_k exp(a_k y + b_k),   a_k = x_k / s^2,   b_k = log w_k - x_k^2 / (2 s^2),

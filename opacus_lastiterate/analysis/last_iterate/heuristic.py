@@ -4,7 +4,10 @@ For linear losses the final model of T steps of DP-SGD (Poisson rate q, noise mu
 sigma, add/remove neighbours) is exactly as private as distinguishing
 
     P = Binomial(T, q) + N(0, sigma^2 T)   from   Q = N(0, sigma^2 T),
-    delta(eps) = max(H_{e^eps}(P, Q), H_{e^eps}(Q, P))          (``last-iterate.md``).
+    delta(eps) = max(H_{e^eps}(P, Q), H_{e^eps}(Q, P))
+
+(``docs/last_iterate.md``, "Statement and threat model"; Steinke et al., "The Last Iterate
+Advantage", arXiv 2410.06186).
 
 For a history of segments (sigma_i, q_i, T_i) at a constant learning rate the count is the
 Poisson-binomial sum of Binomial(T_i, q_i) and the noise variance is sum_i T_i sigma_i^2.
@@ -12,7 +15,7 @@ Poisson-binomial sum of Binomial(T_i, q_i) and the noise variance is sum_i T_i s
 The number is exact for linear losses and a *heuristic* for real networks: it is not a
 proven differential-privacy guarantee for deep models, and it describes the release of the
 final model only. ``robust=True`` returns max over the last t <= T steps, the value a
-regulariser that zeroes the model would expose (``last-iterate.md``, "Robust variant"), as a
+regulariser that zeroes the model would expose (``docs/last_iterate.md``, "Robust variant"), as a
 certified upper bound (:mod:`.suffix_maximum`).
 """
 

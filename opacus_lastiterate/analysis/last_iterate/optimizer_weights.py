@@ -6,7 +6,8 @@ gradients g_1, ..., g_T, so the final model is
     m_T = A m_0 - sum_t w_t g_t
 
 for weights w_t that depend only on the learning rates and the optimiser's hyperparameters
-(``last-iterate.md``, "Generalisations", item 2). The canary then enters the final model as
+(``docs/last_iterate.md``, "Per-step weights: schedules and momentum"). The canary then
+enters the final model as
 sum_t w_t Bernoulli(q_t) and the noise as N(0, sum_t w_t^2 sigma_t^2), which is the pair of
 :mod:`opacus_lastiterate.analysis.last_iterate.weighted_heuristic`.
 
@@ -27,7 +28,7 @@ so at constant eta and d = 0, w_t = eta (1 - beta^(T-t+1)) / (1 - beta) as in th
 Momentum, dampening and weight decay may also vary per step (``OneCycleLR`` cycles the
 momentum); the buffer is created at the first step with beta_t != 0 and left untouched at
 steps with beta_t == 0, as in torch. Weight decay makes the model the "linear loss +
-quadratic regulariser" example of ``last-iterate.md`` ("Known counterexamples"). In these
+quadratic regulariser" example of ``docs/last_iterate.md``, "Known counterexamples". In these
 general cases the weights come from running the linear recursion backwards (the adjoint);
 they are exact for the linear model.
 
@@ -252,7 +253,8 @@ def _adjoint_weights(
 def momentum_weights_closed_form(
     steps: int, *, learning_rate: float, momentum: float
 ) -> np.ndarray:
-    """eta (1 - beta^(T-t+1)) / (1 - beta) for t = 1..T (``last-iterate.md``, item 2).
+    """eta (1 - beta^(T-t+1)) / (1 - beta) for t = 1..T (``docs/last_iterate.md``,
+    "Per-step weights: schedules and momentum").
 
     Heavy-ball momentum at a constant rate without dampening; for beta == 1 the limit
     eta (T - t + 1).

@@ -2,7 +2,7 @@
 
 With a linear loss the final model is m_0 minus a weighted sum of the noisy gradients
 (:mod:`opacus_lastiterate.analysis.last_iterate.optimizer_weights`), so the heuristic pair becomes
-(``last-iterate.md``, "Generalisations", item 2)
+(``docs/last_iterate.md``, "Per-step weights: schedules and momentum")
 
     P = sum_t w_t Bernoulli(q_t) + N(0, s^2),   Q = N(0, s^2),   s^2 = sum_t w_t^2 sigma_t^2,
 
@@ -19,8 +19,10 @@ Computation
   to k_t / N, k_t = ceil(N u_t), and the integer variable K = sum_t k_t Bernoulli(q_t) is
   computed exactly on the grid {0, 1, 2, ...}; its law, with shifts K / N, goes to
   :class:`ShiftedGaussianMixture` with the exact noise s. Rounding shifts up can only make
-  the pair easier to distinguish (Lemma 4.5 of Choquette-Choo, Ganesh, Steinke, Thakurta
-  2024, as used in Section 4.2 of the paper), so the returned value is on the safe side of
+  the pair easier to distinguish (Lemma 4.5 of Choquette-Choo, Ganesh, Steinke, Thakurta,
+  "Privacy Amplification for Matrix Mechanisms", arXiv 2310.15526, as used in Section 4.2
+  of the paper; ``docs/last_iterate.md``, "Rounding up by stochastic domination"), so the
+  returned value is on the safe side of
   the exact weighted heuristic. Rounding *down* (k_t = floor(N u_t)) gives a lower bound
   by the same lemma, so ``(upper - lower) / upper`` bounds the relative over-estimate. N
   starts at 64 and jumps to the resolution predicted from the first gap (the gap shrinks

@@ -1,4 +1,4 @@
-"""Normalised DP-SGD: the divisor of (sum + Z) / c leaks (``batch-normalization.md``).
+"""Normalised DP-SGD: the divisor of (sum + Z) / c leaks (``docs/normalisation.md``).
 
 numpy / scipy / dp_accounting only. Each number names its model:
 

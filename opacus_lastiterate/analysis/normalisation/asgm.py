@@ -1,6 +1,6 @@
 """ASGM, "batch size revealed" model: DP-SGD that divides by the realised batch size.
 
-Model (``batch-normalization.md``, "ASGM: dividing by the realised batch size"). The target
+Model (``docs/normalisation.md``, "ASGM: dividing by the realised batch size"). The target
 record x has clipped gradient of norm C along e, the n other records contribute zero
 gradient, each record is in the batch independently with probability q. In units of C the
 adversary sees, at every step, the batch size m and the projection y on e:
@@ -16,11 +16,12 @@ and the privacy loss log(p_with / p_without) is, with r_m = m / (n - m + 1),
 This is the d -> infinity limit of (sum + Z) / |B| (the norm of the noise reveals |B|); for
 finite d the released vector is a post-processing of (m, y), so the curve here is an upper
 bound for every d, exact for this configuration, and it is what batch-size audits reach. It
-is not a worst case over all data sets (spec, same section); label numbers "ASGM (batch size
+is not a worst case over all data sets (same section); label numbers "ASGM (batch size
 revealed, other gradients zero)".
 
 Empty batches (m = 0). Opacus 0.9-0.13 crash on an empty batch and the 0.14/0.15 Poisson
-sampler silently drops it (``opacus-versions.md`` section 4); dividing by 0 would give NaN.
+sampler silently drops it (``docs/normalisation.md``, "Empty batches"); dividing by 0 would
+give NaN.
 With m = 0 the canary was not sampled in either world, so whatever the implementation then
 does (crash, skip, NaN, divide by 1) reveals at most the event "m = 0", whose loss is
 log(1 - q) (the formula at m = 0). The model therefore treats every *drawn* batch as a step
@@ -90,7 +91,8 @@ EMPTY_BATCH_BEHAVIOUR: dict[str, str] = {
     "model": "every drawn batch is a step that reveals its size; m = 0 has loss log(1 - q); "
     "`steps` counts drawn batches",
 }
-"""What Opacus 0.x does with |B| = 0 (``opacus-versions.md`` section 4) and how it is modelled."""
+"""What Opacus 0.x does with |B| = 0 (``docs/normalisation.md``, "Empty batches") and how it is
+modelled."""
 
 _BINOMIAL_TAIL = 1e-20  # batch sizes beyond these binomial tails are sent to +inf
 _SQRT_HALF = math.sqrt(0.5)

@@ -1,8 +1,8 @@
 """Pessimistic discretisation of a one-step privacy loss distribution.
 
 A one-step mechanism compared on a pair of neighbours is described here by the tails of its
-privacy loss L = log(p_upper / p_lower) (``batch-normalization.md``: "discretise
-pessimistically"):
+privacy loss L = log(p_upper / p_lower) (``docs/normalisation.md``,
+"Pessimistic discretisation"):
 
     S_up(t)  = P_upper(L > t)    (including the mass of L = +inf)
     S_low(t) = P_lower(L > t)
@@ -12,11 +12,12 @@ On the grid t_k = k * interval two pessimistic discretisations are offered; both
 discrete PLD whose delta(epsilon) after any number of compositions is an upper bound:
 
 * ``"round_up"``: every loss is rounded up to the next grid point, i.e. the mass
-  S_up(t_{k-1}) - S_up(t_k) is put at t_k and S_up(t_max) at +inf. Exactly the rule of the
-  spec, but the rounding adds about ``interval / 2`` to every step's loss, so after T steps
-  epsilon is inflated by about ``T * interval / 2``.
+  S_up(t_{k-1}) - S_up(t_k) is put at t_k and S_up(t_max) at +inf. The simplest rule, but
+  the rounding adds about ``interval / 2`` to every step's loss, so after T steps epsilon is
+  inflated by about ``T * interval / 2``.
 * ``"connect_dots"`` (default): dp_accounting's pessimistic connect-the-dots PMF (Doroshenko
-  et al. 2022, Algorithm 1) built from the exact delta(t_k). It dominates the true pair for
+  et al., "Connect the Dots", arXiv 2207.04380, Algorithm 1) built from the exact
+  delta(t_k). It dominates the true pair for
   every epsilon and its error is second order in ``interval``; it is what dp_accounting uses
   for the Gaussian mechanism. Measured on SGM at T = 10,000 it is within 0.03% of the
   converged epsilon at ``interval = 3e-4`` where rounding up is 20% off at 1e-4.

@@ -1,7 +1,7 @@
 """Exact dimension-aware privacy curve of (sum + Z) / c with a data-dependent divisor c.
 
-Zero-other-gradients configuration of ``batch-normalization.md`` ("FEASGM / EASGM with a
-data-dependent divisor"): units of C, target direction e, the other records contribute zero
+Zero-other-gradients configuration of ``docs/normalisation.md``, "FEASGM / EASGM with a
+data-dependent divisor": units of C, target direction e, the other records contribute zero
 gradient, c1 = divisor without the target, c2 = divisor with it, q = the target's sampling
 rate in the world with it, d = number of parameters, Z ~ N(0, sigma^2 I_d):
 

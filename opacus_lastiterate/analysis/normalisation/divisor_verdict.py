@@ -1,6 +1,6 @@
 """Is the divisor of (sum + Z) / c public? The FEASGM / EASGM verdict for one data set size.
 
-``batch-normalization.md``, "FEASGM / EASGM with a data-dependent divisor": compare the
+``docs/normalisation.md``, "FEASGM / EASGM with a data-dependent divisor": compare the
 neighbours N - 1, N, N + 1.
 
 * If the divisor c and the sampling rate q are the same for all three, the released vector

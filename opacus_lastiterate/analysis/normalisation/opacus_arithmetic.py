@@ -1,7 +1,7 @@
 """Opacus 1.x's sample rate and divisor, reproduced to the last floating-point bit.
 
-``make_private(poisson_sampling=True)`` (Opacus 1.0-1.6; ``opacus-versions.md`` family D and
-"Bugs and surprises" 1; 1.6.0 privacy_engine.py:440-441, data_loader.py:349,
+``make_private(poisson_sampling=True)`` (Opacus 1.0-1.6; ``docs/normalisation.md``,
+"Opacus's divisor arithmetic"; 1.6.0 privacy_engine.py:440-441, data_loader.py:349,
 utils/uniform_sampler.py:52-55) computes, from N = len(dataset) and the user's batch size L:
 
     k        = len(DataLoader(dataset, batch_size=L))   = ceil(N / L)   (N // L with drop_last)

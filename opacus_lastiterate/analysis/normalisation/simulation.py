@@ -1,7 +1,7 @@
 """Monte Carlo simulation of the normalised mechanisms and their exact log-likelihood ratios.
 
 Each simulator draws the mechanism's output in the zero-other-gradients configuration of
-``batch-normalization.md`` (units of C, target gradient e, n other records with zero
+``docs/normalisation.md`` (units of C, target gradient e, n other records with zero
 gradient) for ``trials`` independent runs of ``steps`` steps, in the world with the target
 (``with_target=True``) or without it, and returns the exact log(p_with / p_without) of each
 run's whole output (a sum over steps, which are independent here). Thresholding these values

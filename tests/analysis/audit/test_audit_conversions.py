@@ -77,7 +77,7 @@ def test_pure_bound_from_counts_is_cp_then_conversion() -> None:
     [(50, 2.570), (100, 3.281), (250, 4.209), (500, 4.906), (1000, 5.601), (5000, 7.212)],
 )
 def test_pure_perfect_separation_anchor_table(n: int, expected: float) -> None:
-    # auditing-anchors.md section 7.2 (computed there with scipy): FP = FN = 0, 95%, delta = 1e-5.
+    # docs/auditing.md, "Reference values": FP = FN = 0, 95%, delta = 1e-5.
     assert epsilon_bound_from_counts(0, n, 0, n, delta=1e-5).epsilon == pytest.approx(
         expected, abs=6e-4
     )
@@ -121,7 +121,7 @@ def test_gdp_epsilon_matches_dp_accounting_and_direct_root(mu: float, delta: flo
     ],
 )
 def test_gdp_anchor_table(mu: float, e5: float, e6: float) -> None:
-    # auditing-anchors.md section 7.4.
+    # docs/auditing.md, "Reference values" (Gaussian DP).
     assert gaussian_dp_epsilon(mu, 1e-5) == pytest.approx(e5, abs=1.5e-4)
     assert gaussian_dp_epsilon(mu, 1e-6) == pytest.approx(e6, abs=1.5e-3)
 
@@ -136,7 +136,7 @@ def test_gdp_small_mu_gives_zero_and_delta_edge_cases() -> None:
 
 def test_gdp_estimate_from_counts_is_labelled() -> None:
     res = gaussian_dp_estimate_from_counts(0, 50, 0, 50, delta=1e-5)
-    # anchors section 7.2: mu_lb = 2.9350, eps_GDP = 16.21 at n = 50 per side.
+    # docs/auditing.md, "Reference values": mu_lb = 2.9350, eps_GDP = 16.21 at n = 50 per side.
     assert res.mu == pytest.approx(2.9350, abs=1e-4)
     assert res.epsilon == pytest.approx(16.21, abs=6e-3)
     assert res.kind == "estimate" and not res.is_bound

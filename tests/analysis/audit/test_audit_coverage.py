@@ -9,7 +9,7 @@ Cor. 2.13)
 
 solved for eps below independently of the package. Because every threshold of this pair is
 tight for the GDP mu bound, it is the setting where threshold overfitting shows most
-(``auditing-anchors.md`` section 1.5: naive 8.5-10.7% at n = 1000 per side).
+(``docs/auditing.md``, "Threshold selection": naive about 8% at n = 1000 per side).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Soundness on the exact last-iterate mechanism (``last-iterate.md``, Theorem).
+"""Soundness on the exact last-iterate mechanism (``docs/last_iterate.md``,
+"Statement and threat model").
 
 For a linear loss the final model of T DP-SGD steps reduces to one coordinate distributed as
 
@@ -41,7 +42,7 @@ def sample(
 
 
 def test_heuristic_matches_anchor_value() -> None:
-    # auditing-anchors.md section 7.5 (dp_accounting mixture PLD): T=1000, q=0.01, sigma=1.
+    # docs/last_iterate.md, "Baselines" (also dp_accounting's mixture PLD): T=1000, q=0.01, sigma=1.
     assert heuristic_epsilon(
         1e-5, steps=1000, sample_rate=0.01, noise_multiplier=1.0
     ) == pytest.approx(1.2778, abs=2e-4)

@@ -89,7 +89,7 @@ def test_saturation_value_when_all_guesses_right(r: int, confidence: float) -> N
     ],
 )
 def test_anchor_table_all_correct(m: int, r: int, e0: float, e5: float) -> None:
-    # auditing-anchors.md section 7.3 (their port and jax_privacy agree).
+    # docs/auditing.md, "Reference values" (one run, all guesses right).
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OneRunDeltaWarning)
         assert one_run_epsilon_bound(m, r, r, delta=0.0).epsilon == pytest.approx(e0, abs=1e-4)

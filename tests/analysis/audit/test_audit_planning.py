@@ -34,7 +34,7 @@ def perfect_cp_eps(n_out: int, n_in: int, delta: float, sig_per_rate: float) -> 
 @pytest.mark.parametrize("n,expected", [(50, 2.570), (100, 3.281), (500, 4.906), (1000, 5.601)])
 def test_preset_threshold_plan_matches_anchor_table(n: int, expected: float) -> None:
     plan = plan_multi_run_audit(2 * n, delta=1e-5, threshold_strategy=ExplicitThreshold(0.0))
-    assert plan.epsilon == pytest.approx(expected, abs=6e-4)  # auditing-anchors.md section 7.2
+    assert plan.epsilon == pytest.approx(expected, abs=6e-4)  # docs/auditing.md, "Reference values"
     assert plan.epsilon == pytest.approx(perfect_cp_eps(n, n, 1e-5, 0.025), rel=1e-9)
 
 
@@ -68,7 +68,7 @@ def test_one_run_plan_with_preset_guesses_is_the_saturation_value() -> None:
         x = a ** (1 / r)
         plan = plan_one_run_audit(2 * r, delta=0.0, num_guesses=r)
         assert plan.epsilon == pytest.approx(math.log(x / (1 - x)), abs=1e-8)
-    # auditing-anchors.md section 7.3: m = r = 1000, delta = 1e-5 -> 5.7823.
+    # docs/auditing.md, "Reference values": m = r = 1000, delta = 1e-5 -> 5.7823.
     assert plan_one_run_audit(1000, delta=1e-5, num_guesses=1000).epsilon == pytest.approx(
         5.7823, abs=1e-4
     )

@@ -61,7 +61,8 @@ def _reference_weights(lrs, **kw):
 @pytest.mark.parametrize("beta", [0.0, 0.5, 0.9, 0.99])
 @pytest.mark.parametrize("eta", [1.0, 0.03])
 def test_closed_form_of_the_reference_note(T, beta, eta):
-    """eta (1 - beta^(T-t+1)) / (1 - beta) at constant eta (``last-iterate.md``, item 2)."""
+    """eta (1 - beta^(T-t+1)) / (1 - beta) at constant eta (``docs/last_iterate.md``,
+    "Per-step weights: schedules and momentum")."""
     t = np.arange(1, T + 1)
     note = eta * (1 - beta ** (T - t + 1)) / (1 - beta)
     assert np.allclose(sgd_weights(np.full(T, eta), momentum=beta), note, rtol=1e-12, atol=0)

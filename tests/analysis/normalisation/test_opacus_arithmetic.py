@@ -69,7 +69,8 @@ def _ours(n: int, batch_size: int, drop_last: bool = False):
     )
 
 
-# (N, L, expected divisor): the float artefacts of opacus-versions.md section 1
+# (N, L, expected divisor): the float artefacts in docs/normalisation.md, "Opacus's divisor
+# arithmetic"
 KNOWN = [
     (60000, 256, 255),
     (50000, 250, 250),
