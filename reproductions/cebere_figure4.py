@@ -16,11 +16,11 @@ shape: ratio near 1 for B = 16 (no amplification), well below 1 for small B. del
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import time
 from pathlib import Path
 
 import numpy as np
+from _plotting import plotting_available
 
 from opacus_lastiterate.auditing import (
     WorstCaseLandscape,
@@ -34,17 +34,6 @@ STEPS = 25
 BATCHES = [1, 2, 4, 8, 16]
 SIGMAS = [1.0, 2.0, 4.0, 8.0]
 DEFAULT_OUT = Path(__file__).resolve().parent / "output" / "cebere_figure4"
-
-
-def plotting_available(no_plot: bool) -> bool:
-    """False (with a note) under ``--no-plot`` or without matplotlib: the table is the result."""
-    if no_plot:
-        return False
-    if importlib.util.find_spec("matplotlib") is None:
-        print("note: matplotlib is not installed; table printed, plot skipped "
-              "(pip install matplotlib, or pass --no-plot).")
-        return False
-    return True
 
 
 def main() -> None:

@@ -23,11 +23,11 @@ bound = Clopper-Pearson 95% lower bound; GDP est. = estimate (Gaussian trade-off
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import time
 from pathlib import Path
 
 import numpy as np
+from _plotting import plotting_available
 from sklearn.datasets import load_digits
 
 from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
@@ -79,17 +79,6 @@ def train(x, y, runs, steps, q, sigma, lr, rng, canary: DiracCanary | None, nois
         if record_updates:
             updates.append(step[0])
     return (w, np.array(updates)) if record_updates else w
-
-
-def plotting_available(no_plot: bool) -> bool:
-    """False (with a note) under ``--no-plot`` or without matplotlib: the table is the result."""
-    if no_plot:
-        return False
-    if importlib.util.find_spec("matplotlib") is None:
-        print("note: matplotlib is not installed; table printed, plot skipped "
-              "(pip install matplotlib, or pass --no-plot).")
-        return False
-    return True
 
 
 def main() -> None:

@@ -22,12 +22,12 @@ The paper does not state its target epsilon here; 4 is our default.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import time
 from pathlib import Path
 
 import numpy as np
+from _plotting import plotting_available
 from scipy import optimize
 
 from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
@@ -62,17 +62,6 @@ def calibrate_sigma(target: float, steps: int, q: float) -> float:
     while gap(hi) > 0:
         hi += 0.5
     return math.exp(optimize.brentq(gap, lo, hi, xtol=1e-3))
-
-
-def plotting_available(no_plot: bool) -> bool:
-    """False (with a note) under ``--no-plot`` or without matplotlib: the table is the result."""
-    if no_plot:
-        return False
-    if importlib.util.find_spec("matplotlib") is None:
-        print("note: matplotlib is not installed; table printed, plot skipped "
-              "(pip install matplotlib, or pass --no-plot).")
-        return False
-    return True
 
 
 def main() -> None:

@@ -16,11 +16,11 @@ T = 100, q = 0.01, sigma swept (our configuration; the paper's is not stated). d
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import time
 from pathlib import Path
 
 import numpy as np
+from _plotting import plotting_available
 
 from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
 from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
@@ -47,17 +47,6 @@ def run(sigma: float, tau: float, trials: int, rng: np.random.Generator):
     ins = simulate_malicious_dataset(attack, arith, trials=trials, rng=rng, canary_in=True)
     outs = simulate_malicious_dataset(attack, arith, trials=trials, rng=rng, canary_in=False)
     return audit_scores(ins, outs, delta=DELTA)
-
-
-def plotting_available(no_plot: bool) -> bool:
-    """False (with a note) under ``--no-plot`` or without matplotlib: the table is the result."""
-    if no_plot:
-        return False
-    if importlib.util.find_spec("matplotlib") is None:
-        print("note: matplotlib is not installed; table printed, plot skipped "
-              "(pip install matplotlib, or pass --no-plot).")
-        return False
-    return True
 
 
 def main() -> None:

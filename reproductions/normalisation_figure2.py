@@ -28,12 +28,12 @@ and is far above SGM at small N.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import time
 from pathlib import Path
 
 import numpy as np
+from _plotting import plotting_available
 from dp_accounting.pld import privacy_loss_distribution
 
 from opacus_lastiterate.analysis.normalisation import (
@@ -143,17 +143,6 @@ def plot(
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def plotting_available(no_plot: bool) -> bool:
-    """False (with a note) under ``--no-plot`` or without matplotlib: the table is the result."""
-    if no_plot:
-        return False
-    if importlib.util.find_spec("matplotlib") is None:
-        print("note: matplotlib is not installed; table printed, plot skipped "
-              "(pip install matplotlib, or pass --no-plot).")
-        return False
-    return True
 
 
 def main() -> None:

@@ -15,11 +15,11 @@ likelihood-ratio test is audited, and three delta(eps) columns are printed per d
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import time
 from pathlib import Path
 
 import numpy as np
+from _plotting import plotting_available
 
 from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
 from opacus_lastiterate.analysis.normalisation import (
@@ -53,17 +53,6 @@ def configurations(quick: bool):
         divisor_leak_pld(**leak),
         standard_epsilon(1e-5, steps=leak["steps"], sample_rate=1 / 235, noise_multiplier=1.0),
     )
-
-
-def plotting_available(no_plot: bool) -> bool:
-    """False (with a note) under ``--no-plot`` or without matplotlib: the table is the result."""
-    if no_plot:
-        return False
-    if importlib.util.find_spec("matplotlib") is None:
-        print("note: matplotlib is not installed; table printed, plot skipped "
-              "(pip install matplotlib, or pass --no-plot).")
-        return False
-    return True
 
 
 def main() -> None:

@@ -25,7 +25,9 @@ def main() -> int:
     parser.add_argument("--only", default=None, help="run only scripts whose name contains this")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per script")
     args = parser.parse_args()
-    scripts = sorted(p for folder in FOLDERS for p in (ROOT / folder).glob("*.py"))
+    scripts = sorted(
+        p for folder in FOLDERS for p in (ROOT / folder).glob("*.py") if not p.name.startswith("_")
+    )
     if args.only:
         scripts = [p for p in scripts if args.only in p.name]
     failures = []
