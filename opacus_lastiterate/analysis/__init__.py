@@ -80,11 +80,15 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         public_divisor_verdict,
     )
     from opacus_lastiterate.analysis.normalisation.asgm import ASGM
+    from opacus_lastiterate.analysis.normalisation.divisor_leak import FEASGM
+    from opacus_lastiterate.analysis.privacy_model import PrivacyModel
     from opacus_lastiterate.analysis.run import DPSGDRun, Normalisation, TrainingSegment
 
 # Public name -> the submodule that defines it.
 _LAZY: dict[str, str] = {
     "DPSGDRun": "run",
+    "FEASGM": "normalisation.divisor_leak",
+    "PrivacyModel": "privacy_model",
     "Normalisation": "run",
     "LastIterateHeuristic": "last_iterate.heuristic",
     "RobustLastIterateHeuristic": "last_iterate.heuristic",
@@ -128,6 +132,8 @@ _LAZY: dict[str, str] = {
 }
 
 __all__ = [
+    "FEASGM",
+    "PrivacyModel",
     "ASGM",
     "DPSGDRun",
     "DivisorVerdict",

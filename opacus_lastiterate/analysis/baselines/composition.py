@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING
 from scipy import special
 
 from opacus_lastiterate.analysis._validation import (
-    check_delta,
-    check_epsilon,
     check_in_interval,
     check_positive,
 )
@@ -26,6 +24,7 @@ from opacus_lastiterate.analysis.baselines.gaussian_mechanism import (
     gaussian_delta,
     gaussian_epsilon,
 )
+from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.run import DPSGDRun, RunLike, TrainingSegment, as_run
 
 if TYPE_CHECKING:
@@ -88,7 +87,7 @@ def full_batch_epsilon(
 # -- privacy models ------------------------------------------------------------------------
 
 
-class StandardComposition:
+class StandardComposition(PrivacyModel):
     """Every intermediate model released: the Poisson-subsampled Gaussian mechanism composed
     over the run with dp_accounting's PLD accountant (pessimistic, an upper bound). A step
     without noise releases its gradient sum exactly: epsilon = inf, delta = 1. Per-step
@@ -117,29 +116,17 @@ class StandardComposition:
             self._pld = accountant.compose(_dp_sgd_event(self.run.segments))
         return self._pld
 
-    def epsilon(self, delta: float) -> float:
-        """Composition epsilon at ``delta`` in (0, 1)."""
-        d = check_delta(delta)
-        if self.run.num_steps == 0:
-            return 0.0
-        if self.run.has_zero_noise:
-            return math.inf
-        return float(self._composed().get_epsilon(d))
+    def _epsilon(self, delta: float) -> float:
+        return float(self._composed().get_epsilon(delta))
 
-    def delta(self, epsilon: float) -> float:
-        """Composition delta(epsilon) for epsilon >= 0."""
-        e = check_epsilon(epsilon)
-        if self.run.num_steps == 0:
-            return 0.0
-        if self.run.has_zero_noise:
-            return 1.0
-        return float(self._composed().get_delta(e))
+    def _delta(self, epsilon: float) -> float:
+        return float(self._composed().get_delta(epsilon))
 
     def __repr__(self) -> str:
         return f"StandardComposition(steps={self.run.num_steps}, interval={self.interval:g})"
 
 
-class FullBatchGaussian:
+class FullBatchGaussian(PrivacyModel):
     """Full-batch DP-GD with the same expected step and noise: mu-GDP with
     mu^2 = sum_t (q_t / sigma_t)^2, in closed form (exact for that mechanism)."""
 
@@ -155,19 +142,13 @@ class FullBatchGaussian:
                 sum(s.steps * (s.sample_rate / s.noise_multiplier) ** 2 for s in self.run.segments)
             )
 
-    def epsilon(self, delta: float) -> float:
+    def _epsilon(self, delta: float) -> float:
         """epsilon of mu-GDP at ``delta``."""
-        d = check_delta(delta)
-        if self.mu == 0.0:
-            return 0.0
-        return math.inf if math.isinf(self.mu) else gaussian_epsilon(d, mu=self.mu)
+        return 0.0 if self.mu == 0.0 else gaussian_epsilon(delta, mu=self.mu)
 
-    def delta(self, epsilon: float) -> float:
+    def _delta(self, epsilon: float) -> float:
         """delta(epsilon) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)."""
-        e = check_epsilon(epsilon)
-        if self.mu == 0.0:
-            return 0.0
-        return 1.0 if math.isinf(self.mu) else gaussian_delta(e, mu=self.mu)
+        return 0.0 if self.mu == 0.0 else gaussian_delta(epsilon, mu=self.mu)
 
     def beta(self, alpha: float) -> float:
         """Trade-off curve of mu-GDP: Phi(Phi^{-1}(1 - alpha) - mu)."""

@@ -27,12 +27,12 @@ from functools import lru_cache
 
 from opacus_lastiterate.analysis._validation import (
     check_delta,
-    check_epsilon,
     check_in_interval,
     check_noise_multiplier,
 )
 from opacus_lastiterate.analysis.last_iterate.canary_count import poisson_binomial_count
 from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
+from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.run import (
     RunLike,
     TrainingSegment,
@@ -109,7 +109,7 @@ def heuristic_epsilon(
 # -- privacy models ------------------------------------------------------------------------
 
 
-class LastIterateHeuristic:
+class LastIterateHeuristic(PrivacyModel):
     """The last-iterate heuristic of a run: ``epsilon(delta)``, ``delta(epsilon)``,
     ``beta(alpha)`` (``docs/last_iterate.md``).
 
@@ -142,22 +142,18 @@ class LastIterateHeuristic:
         keep = w > 0
         return solve_trusted(quantity, argument, w[keep], q[keep], sigma[keep], self.accuracy)
 
-    def epsilon(self, delta: float) -> float:
-        """Heuristic epsilon at ``delta`` in (0, 1); never below the exact value of the pair."""
-        d = check_delta(delta)
+    def _epsilon(self, delta: float) -> float:
+        """Never below the exact epsilon of the pair."""
         if self.run.weights is not None:
-            return float(self._weighted("epsilon", d).value)
-        return _epsilon(self.run.segments, d)
+            return float(self._weighted("epsilon", delta).value)
+        return _epsilon(self.run.segments, delta)
 
-    def delta(self, epsilon: float) -> float:
-        """Heuristic delta(epsilon) for epsilon >= 0 (an upper bound on the exact value)."""
-        e = check_epsilon(epsilon)
+    def _delta(self, epsilon: float) -> float:
+        """An upper bound on the exact delta of the pair."""
         if self.run.weights is not None:
-            return float(self._weighted("delta", e).value)
-        if _noiseless(self.run.segments):
-            return 1.0
+            return float(self._weighted("delta", epsilon).value)
         pair = _pair(self.run.segments)
-        return 0.0 if pair is None else pair.delta(e)
+        return 0.0 if pair is None else pair.delta(epsilon)
 
     def beta(self, alpha: float) -> float:
         """Trade-off curve T(P, Q)(alpha): the smallest false-negative rate of a test that says
@@ -177,7 +173,7 @@ class LastIterateHeuristic:
         return f"LastIterateHeuristic(steps={self.run.num_steps}, segments={len(self.run.segments)})"
 
 
-class RobustLastIterateHeuristic:
+class RobustLastIterateHeuristic(PrivacyModel):
     """max over t <= T of the heuristic of the last t steps (``docs/last_iterate.md``,
     "Robust variant"): what a regulariser that zeroes the model would expose. Runs without
     per-step weights only."""
@@ -193,19 +189,14 @@ class RobustLastIterateHeuristic:
                 "constant-rate formula."
             )
 
-    def epsilon(self, delta: float) -> float:
+    def _epsilon(self, delta: float) -> float:
         """max_t eps_t(delta), an upper bound on the exact maximum."""
-        d = check_delta(delta)
-        if _noiseless(self.run.segments):
-            return math.inf
-        return _robust_epsilon(self.run.segments, d)
+        return _robust_epsilon(self.run.segments, delta)
 
-    def delta(self, epsilon: float) -> float:
+    def _delta(self, epsilon: float) -> float:
         """max_t delta_t(epsilon): the smallest delta whose robust epsilon is <= ``epsilon``,
         by bisection on log delta (to 1e-6 relative, rounded up)."""
-        e = check_epsilon(epsilon)
-        if self.run.num_steps == 0:
-            return 0.0
+        e = epsilon
         if self.epsilon(1.0 - 1e-15) > e:
             return 1.0
         lo, hi = math.log(1e-300), math.log(1.0 - 1e-15)  # eps(lo) > e >= eps(hi)

@@ -67,6 +67,7 @@ from opacus_lastiterate.analysis.normalisation.discretisation import (
     worst_delta,
     worst_epsilon,
 )
+from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.run import RunLike, as_run
 
 __all__ = [
@@ -339,7 +340,7 @@ def asgm_delta(
     return worst_delta(plds, e)
 
 
-class ASGM:
+class ASGM(PrivacyModel):
     """Division by the realised batch size (Opacus 0.x) for a run: the exact "batch size
     revealed" model (:data:`ASGM_MODEL`), worst of both neighbours of the N-record data set
     (``run.normalisation.dataset_size``) and both directions, composed segment by segment.
@@ -389,23 +390,13 @@ class ASGM:
             self._plds = out
         return self._plds
 
-    def epsilon(self, delta: float) -> float:
+    def _epsilon(self, delta: float) -> float:
         """ASGM epsilon(delta) (inf when the all-sampled mass exceeds delta)."""
-        d = check_delta(delta)
-        if self.run.num_steps == 0:
-            return 0.0
-        if self.run.has_zero_noise:
-            return math.inf
-        return worst_epsilon(self._composed(), d)
+        return worst_epsilon(self._composed(), delta)
 
-    def delta(self, epsilon: float) -> float:
+    def _delta(self, epsilon: float) -> float:
         """ASGM delta(epsilon), an upper bound."""
-        e = check_epsilon(epsilon)
-        if self.run.num_steps == 0:
-            return 0.0
-        if self.run.has_zero_noise:
-            return 1.0
-        return worst_delta(self._composed(), e)
+        return worst_delta(self._composed(), epsilon)
 
     def __repr__(self) -> str:
         return f"ASGM(steps={self.run.num_steps}, dataset_size={self.dataset_size})"

@@ -60,6 +60,7 @@ from opacus_lastiterate.analysis.normalisation.discretisation import (
 from opacus_lastiterate.analysis.normalisation.opacus_arithmetic import (
     opacus1x_batch_arithmetic,
 )
+from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.run import RunLike, as_run
 
 __all__ = [
@@ -394,7 +395,7 @@ def _pld_interval(pld: PrivacyLossDistribution) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-class FEASGM:
+class FEASGM(PrivacyModel):
     """Opacus 1.x's floor-based expected-batch divisor for a run: the dimension-aware curve
     of the zero-other-gradients configuration (:data:`FEASGM_MODEL`), worst of the pairs
     (N-1, N), (N, N+1) and both directions, segment by segment (``docs/normalisation.md``).
@@ -489,23 +490,13 @@ class FEASGM:
             self._plds = plds
         return self._plds
 
-    def epsilon(self, delta: float) -> float:
+    def _epsilon(self, delta: float) -> float:
         """epsilon(delta) of the curve (inf where a divisor is 0 in one world only)."""
-        d = check_delta(delta)
-        if self.run.num_steps == 0:
-            return 0.0
-        if self.run.has_zero_noise:
-            return math.inf
-        return worst_epsilon(self._composed(), d)
+        return worst_epsilon(self._composed(), delta)
 
-    def delta(self, epsilon: float) -> float:
+    def _delta(self, epsilon: float) -> float:
         """delta(epsilon) of the curve."""
-        e = check_epsilon(epsilon)
-        if self.run.num_steps == 0:
-            return 0.0
-        if self.run.has_zero_noise:
-            return 1.0
-        return worst_delta(self._composed(), e)
+        return worst_delta(self._composed(), epsilon)
 
     def __repr__(self) -> str:
         return f"FEASGM(steps={self.run.num_steps}, {self.normalisation})"

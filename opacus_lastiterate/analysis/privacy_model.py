@@ -1,0 +1,59 @@
+"""The one query shape of every privacy model (``docs/run_description.md``, "Privacy models").
+
+A model is built from a :class:`~opacus_lastiterate.analysis.run.DPSGDRun` and answers
+``epsilon(delta)`` and ``delta(epsilon)``; :class:`PrivacyModel` validates the argument once,
+answers the cases every model shares (an empty run: 0; a step without noise: epsilon = inf,
+delta = 1, ``docs/run_description.md``, "Zero noise") and hands the rest to the subclass's
+``_epsilon``/``_delta``, which trust their arguments.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+from opacus_lastiterate.analysis._validation import check_delta, check_epsilon
+from opacus_lastiterate.analysis.run import DPSGDRun
+
+__all__ = ["PrivacyModel"]
+
+
+class PrivacyModel:
+    """Base of the privacy models: ``epsilon(delta)`` and ``delta(epsilon)`` of ``run``.
+
+    Attributes:
+        kind: what the number is: "exact", "heuristic", "upper_bound" or "model".
+        label: one line saying what the number describes.
+    """
+
+    kind: ClassVar[str] = ""
+    run: DPSGDRun
+
+    @property
+    def label(self) -> str:
+        """One line saying what the number describes (subclasses override it)."""
+        return ""
+
+    def epsilon(self, delta: float) -> float:
+        """Smallest epsilon >= 0 with delta(epsilon) <= ``delta``, for ``delta`` in (0, 1)."""
+        d = check_delta(delta)
+        if self.run.num_steps == 0:
+            return 0.0
+        if self.run.has_zero_noise:
+            return math.inf
+        return self._epsilon(d)
+
+    def delta(self, epsilon: float) -> float:
+        """delta(epsilon) for ``epsilon`` >= 0."""
+        e = check_epsilon(epsilon)
+        if self.run.num_steps == 0:
+            return 0.0
+        if self.run.has_zero_noise:
+            return 1.0
+        return self._delta(e)
+
+    def _epsilon(self, delta: float) -> float:
+        raise NotImplementedError
+
+    def _delta(self, epsilon: float) -> float:
+        raise NotImplementedError
