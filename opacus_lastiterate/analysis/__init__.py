@@ -132,9 +132,8 @@ _LAZY: dict[str, str] = {
 }
 
 __all__ = [
-    "FEASGM",
-    "PrivacyModel",
     "ASGM",
+    "FEASGM",
     "DPSGDRun",
     "DivisorVerdict",
     "EpsilonComparison",
@@ -143,6 +142,7 @@ __all__ = [
     "LastIterateHeuristic",
     "MonotonicityCheck",
     "Normalisation",
+    "PrivacyModel",
     "QuadraticComparison",
     "QuadraticResult",
     "RobustLastIterateHeuristic",
