@@ -96,6 +96,7 @@ _TRIM_EVERY = 8  # folds between trims
 _BLOCK_WORK = 3_000_000  # frozen steps are folded in blocks of about this many grid updates
 _MAX_BLOCK = 32
 _MIN_EXPONENT = -12
+_MAX_FINE = 32.0  # at most _MAX_FINE / accuracy fine points per largest weight
 _RAISE = 2.5  # coarsen when the gap is below accuracy / _RAISE
 _MAX_EXPONENT = 20
 _ROUND = 1e-12  # relative margin so that float rounding of w / h never crosses a grid point
@@ -459,8 +460,9 @@ class IncrementalWeightedHeuristic:
                 break
             if e <= _MIN_EXPONENT or not math.isfinite(rel):
                 self.fallbacks += 1
-                self._fine_points *= 2.0  # refine the fine grid at the next query
-                self._state = None
+                if self._fine_points < _MAX_FINE / acc:  # refine the fine grid (bounded)
+                    self._fine_points *= 2.0
+                    self._state = None
                 return self._scratch(quantity, argument)
             e -= 1
         self._hints[(quantity, argument)] = (h_up, h_low)
