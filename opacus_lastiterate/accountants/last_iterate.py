@@ -37,6 +37,9 @@ from opacus_lastiterate.analysis.last_iterate.heuristic import (
     RobustLastIterateHeuristic,
 )
 from opacus_lastiterate.analysis.last_iterate.incremental import IncrementalHeuristic
+from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
+    IncrementalWeightedHeuristic,
+)
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
 from opacus_lastiterate.analysis.last_iterate.suffix_maximum import (
     SuffixMaximum,
@@ -152,6 +155,7 @@ class LastIterateAccountant(RunAccountant):
         self._trace: list[TraceEntry] = []
         self._trace_disabled = False
         self._weighted_cache: tuple[tuple[int, float], WeightedHeuristicResult] | None = None
+        self._weighted_engine: IncrementalWeightedHeuristic | None = None
         self._monotone_warned: set[float] = set()
         self._sweeps: dict[float, _Sweep] = {}
         self._full_checks: dict[float, tuple[Generator[None, None, SuffixMaximum], int, float]] = {}
@@ -164,11 +168,21 @@ class LastIterateAccountant(RunAccountant):
 
     def _after_step(self, noise_multiplier: float, sample_rate: float) -> None:
         self._engine.append(noise_multiplier, sample_rate)
+        engine = self._weighted_engine
+        if engine is not None:  # keep the weighted engine in step with the trace
+            if self._trace_disabled or engine.num_steps + 1 != self._steps() or not self._trace:
+                self._weighted_engine = None
+            else:
+                lr, momentum, dampening, nesterov, weight_decay, _ = self._trace[-1]
+                engine.append(
+                    noise_multiplier, sample_rate, lr, momentum, dampening, nesterov, weight_decay
+                )
 
     def _after_reset(self) -> None:
         self._engine = IncrementalHeuristic.from_run(self.run)
         self._trace = []  # a history written from outside has no optimizer settings
         self._weighted_cache = None
+        self._weighted_engine = None
         self._sweeps = {}
         self._full_checks = {}
         self._full_checked = {}
@@ -234,9 +248,36 @@ class LastIterateAccountant(RunAccountant):
         weights.setflags(write=False)
         return DPSGDRun._trusted(self.run.segments, weights)
 
+    def _weighted_engine_in_sync(self) -> IncrementalWeightedHeuristic:
+        """The incremental weighted engine for the recorded trace; rebuilt from the trace
+        and the run when it is missing (loaded state, assigned history) or out of step."""
+        engine = self._weighted_engine
+        if (
+            engine is None
+            or engine.num_steps != self._steps()
+            or engine.accuracy != self.weight_accuracy
+        ):
+            engine = IncrementalWeightedHeuristic(self.weight_accuracy)
+            sigma, q = self.run.per_step()
+            t = 0
+            for lr, momentum, dampening, nesterov, weight_decay, steps in self._trace:
+                for _ in range(steps):
+                    engine.append(
+                        float(sigma[t]), float(q[t]), lr, momentum, dampening, nesterov,
+                        weight_decay,
+                    )  # fmt: skip
+                    t += 1
+            self._weighted_engine = engine
+        return engine
+
     def weighted_result(self, delta: float) -> WeightedHeuristicResult:
         """The schedule/momentum-weighted heuristic with its achieved accuracy (cached for
-        the current number of steps). Requires recorded optimizer settings."""
+        the current number of steps). Requires recorded optimizer settings.
+
+        Answered incrementally by :class:`~opacus_lastiterate.analysis.last_iterate.incremental_weighted.
+        IncrementalWeightedHeuristic` (SGD without weight decay at one momentum, dampening and
+        nesterov setting); other traces are solved from scratch. Either way ``value`` is an
+        upper bound with a certified lower bound within :attr:`weight_accuracy` relative."""
         d = check_delta(delta)
         if not self._weights_in_use():
             raise ValueError(
@@ -245,8 +286,7 @@ class LastIterateAccountant(RunAccountant):
             )
         key = (self._steps(), d)
         if self._weighted_cache is None or self._weighted_cache[0] != key:
-            model = LastIterateHeuristic(self._weighted_run(), accuracy=self.weight_accuracy)
-            self._weighted_cache = (key, model._weighted("epsilon", d))
+            self._weighted_cache = (key, self._weighted_engine_in_sync().epsilon(d))
         return self._weighted_cache[1]
 
     def _warn_if_non_monotone(self, delta: float, eps: float) -> None:

@@ -1,0 +1,189 @@
+"""Incremental weighted heuristic: step-by-step brackets against the from-scratch solve and
+an exact 2^T enumeration, rebuilds, and the fallback for traces outside its scope."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
+from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
+    IncrementalWeightedHeuristic,
+)
+from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
+    cosine_schedule,
+    sgd_weights,
+    step_schedule,
+)
+from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import weighted_heuristic_epsilon
+
+ACC = 1e-3
+FAST = 1e-2  # accuracy of the default (fast) comparisons; the slow sweep uses ACC
+
+
+def _run(lrs, q, sigma, *, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0,
+         delta=1e-5, check=None, accuracy=ACC):  # fmt: skip
+    """Feed the steps one by one; call ``check(t, result)`` at the steps listed in ``check``."""
+    n = len(lrs)
+    q = np.broadcast_to(np.asarray(q, float), (n,))
+    sigma = np.broadcast_to(np.asarray(sigma, float), (n,))
+    inc = IncrementalWeightedHeuristic(accuracy)
+    out = {}
+    for t in range(n):
+        inc.append(float(sigma[t]), float(q[t]), float(lrs[t]), momentum, dampening, nesterov,
+                   weight_decay)  # fmt: skip
+        r = inc.epsilon(delta)
+        if check is None or t + 1 in check:
+            out[t + 1] = r
+    return inc, out
+
+
+def _scratch(lrs, q, sigma, t, delta=1e-5, accuracy=ACC, **opt):
+    w = sgd_weights(np.asarray(lrs[:t], float), **opt)
+    n = w.size
+    qq = np.broadcast_to(np.asarray(q, float), (len(lrs),))[:n]
+    ss = np.broadcast_to(np.asarray(sigma, float), (len(lrs),))[:n]
+    return weighted_heuristic_epsilon(
+        delta, weights=w, sample_rates=qq, noise_multipliers=ss, accuracy=accuracy
+    )
+
+
+def _bracketed(r, ref, accuracy=FAST):
+    assert r.lower_bound <= r.value
+    assert r.relative_accuracy <= accuracy
+    # the exact value lies in both brackets, so they must overlap
+    assert r.value >= ref.lower_bound * (1 - 1e-12)
+    assert r.lower_bound <= ref.value * (1 + 1e-12)
+
+
+CASES = {
+    "momentum-cosine": (lambda n: cosine_schedule(0.1, n), {"momentum": 0.9}),
+    "nesterov-cosine": (lambda n: cosine_schedule(0.05, n), {"momentum": 0.9, "nesterov": True}),
+    "dampening": (lambda n: cosine_schedule(0.1, n), {"momentum": 0.8, "dampening": 0.3}),
+    "plain-step": (lambda n: step_schedule(0.4, n, step_size=40, gamma=0.5), {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_step_by_step_against_from_scratch(name):
+    sched, opt = CASES[name]
+    n = 160
+    lrs = sched(n)
+    steps = {1, 2, 7, 30, 100, 131, 160}
+    _, got = _run(lrs, 0.02, 1.0, check=steps, accuracy=FAST, **opt)
+    for t in sorted(steps):
+        _bracketed(got[t], _scratch(lrs, 0.02, 1.0, t, accuracy=FAST, **opt))
+
+
+def test_varying_sample_rate_and_noise():
+    n = 150
+    lrs = cosine_schedule(0.1, n)
+    rng = np.random.default_rng(3)
+    q = rng.choice([0.01, 0.05], n)
+    sigma = rng.choice([0.8, 1.5], n)
+    steps = {5, 60, 150}
+    _, got = _run(lrs, q, sigma, momentum=0.9, check=steps, accuracy=FAST)
+    for t in sorted(steps):
+        _bracketed(got[t], _scratch(lrs, q, sigma, t, momentum=0.9, accuracy=FAST))
+
+
+def _exact(weights, q, sigma, delta):
+    w = np.asarray(weights, float)
+    bits = np.array(list(itertools.product([0, 1], repeat=w.size)), dtype=float)
+    probs = np.prod(np.where(bits == 1, q, 1 - q), axis=1)
+    s = math.sqrt(float(np.sum((w * sigma) ** 2)))
+    return ShiftedGaussianMixture(bits @ w, np.log(probs), s).epsilon(delta)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_against_enumeration_up_to_14_steps(seed):
+    rng = np.random.default_rng(seed)
+    n = 14
+    lrs = rng.uniform(0.02, 0.2, n)
+    q = float(rng.choice([0.1, 0.3, 0.6]))
+    opt = [{"momentum": 0.9}, {"momentum": 0.5, "nesterov": True}, {"momentum": 0.7,
+           "dampening": 0.5}][seed]  # fmt: skip
+    _, got = _run(lrs, q, 1.0, delta=1e-4, **opt)
+    for t in (1, 3, 8, 14):
+        exact = _exact(sgd_weights(lrs[:t], **opt), q, 1.0, 1e-4)
+        r = got[t]
+        assert r.lower_bound * (1 - 1e-9) <= exact <= r.value * (1 + 1e-9)
+        assert r.relative_accuracy <= ACC
+
+
+def test_frozen_steps_are_used_and_stay_bracketed():
+    n = 400
+    lrs = cosine_schedule(0.1, n)
+    inc, got = _run(lrs, 0.01, 1.0, momentum=0.9, check={400}, accuracy=FAST)
+    state = inc._state
+    assert state is not None and state.frozen > 200  # most steps are frozen
+    _bracketed(got[400], _scratch(lrs, 0.01, 1.0, 400, momentum=0.9, accuracy=FAST))
+
+
+def test_warmup_rebuilds_and_stays_correct():
+    n = 260
+    lrs = np.r_[np.linspace(0.005, 0.1, 60), cosine_schedule(0.1, n - 60)]
+    steps = {30, 61, 200, 260}
+    inc, got = _run(lrs, 0.02, 1.0, momentum=0.9, check=steps, accuracy=FAST)
+    assert inc.rebuilds >= 3  # the rate rose above eta_bar several times
+    for t in sorted(steps):
+        _bracketed(got[t], _scratch(lrs, 0.02, 1.0, t, momentum=0.9, accuracy=FAST))
+
+
+def test_late_rate_jump_rebuilds():
+    lrs = np.r_[np.full(130, 0.01), np.full(20, 0.1)]  # 10x above eta_bar after freezing
+    inc, got = _run(lrs, 0.02, 1.0, momentum=0.9, check={129, 131, 150}, accuracy=FAST)
+    assert inc.rebuilds >= 2
+    for t in (129, 131, 150):
+        _bracketed(got[t], _scratch(lrs, 0.02, 1.0, t, momentum=0.9, accuracy=FAST))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"weight_decay": 0.01, "momentum": 0.9},
+        {"momentum": "cycle"},
+    ],
+)
+def test_fallback_equals_from_scratch(kw):
+    n = 40
+    lrs = cosine_schedule(0.1, n)
+    inc = IncrementalWeightedHeuristic()
+    moms = np.linspace(0.95, 0.85, n) if kw.get("momentum") == "cycle" else np.full(n, 0.9)
+    wd = kw.get("weight_decay", 0.0)
+    for t in range(n):
+        inc.append(1.0, 0.05, float(lrs[t]), float(moms[t]), 0.0, False, wd)
+    assert not inc.supported
+    got = inc.epsilon(1e-5)
+    w = sgd_weights(lrs, momentum=moms, weight_decay=wd)
+    ref = weighted_heuristic_epsilon(1e-5, weights=w, sample_rates=0.05, noise_multipliers=1.0)
+    assert got.value == ref.value and got.lower_bound == ref.lower_bound
+
+
+def test_empty_and_delta_query():
+    inc = IncrementalWeightedHeuristic()
+    assert inc.epsilon(1e-5).value == 0.0
+    lrs = cosine_schedule(0.1, 50)
+    for t in range(50):
+        inc.append(1.0, 0.05, float(lrs[t]), 0.9)
+    r = inc.delta(1.0)
+    w = sgd_weights(lrs, momentum=0.9)
+    from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import weighted_heuristic_delta
+
+    ref = weighted_heuristic_delta(1.0, weights=w, sample_rates=0.05, noise_multipliers=1.0)
+    assert r.value >= ref.lower_bound and r.lower_bound <= ref.value
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_long_sweep_against_from_scratch(name):
+    sched, opt = CASES[name]
+    n = 800
+    lrs = sched(n)
+    steps = set(range(50, n + 1, 75))
+    _, got = _run(lrs, 0.01, 0.9, check=steps, **opt)
+    for t in sorted(steps):
+        _bracketed(got[t], _scratch(lrs, 0.01, 0.9, t, **opt), ACC)
