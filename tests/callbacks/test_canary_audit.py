@@ -129,13 +129,27 @@ def test_known_answer_large_noise_bound_about_zero() -> None:
     report = run.audit.report(delta=DELTA)
     grad = report.audit("gradient")
     assert report.heuristic_epsilon is not None
-    # The true epsilon here is the heuristic's (about 0.12): the bound cannot exceed it.
+    # The true epsilon here is the heuristic's (0.111): the bound cannot exceed it.
     assert report.heuristic_epsilon < 0.2
     assert report.standard_epsilon is not None
     assert report.heuristic_epsilon <= report.standard_epsilon
     for result in (grad.one_run, grad.one_run_fdp):
         assert result.is_bound
         assert result.epsilon <= report.heuristic_epsilon
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(4))
+def test_known_answer_larger(seed: int) -> None:
+    # m = 1000, T = 100, sigma = 1: heuristic about 5.4, bound about 1 on every seed.
+    run = _linear_setup(m=1000, sigma=1.0, seed=seed)
+    _train(run, 100)
+    assert run.audit is not None
+    report = run.audit.report(delta=DELTA)
+    assert report.heuristic_epsilon is not None and report.standard_epsilon is not None
+    grad = report.audit("gradient")
+    for result in (grad.one_run, grad.one_run_fdp):
+        assert 0.5 < result.epsilon <= report.heuristic_epsilon <= report.standard_epsilon
 
 
 def test_placement_and_scaling_without_noise() -> None:
