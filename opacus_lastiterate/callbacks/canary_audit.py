@@ -464,9 +464,16 @@ class InTrainingCanaryAudit:
 
     # -- the hot path ---------------------------------------------------------------------
 
-    @torch.no_grad()
     def _add_noise(self) -> None:
         """Add the sampled, included canaries to ``p.summed_grad``, then Opacus's noise."""
+        self._insert()
+        assert self._original_add_noise is not None
+        self._original_add_noise()
+        self._record_step(float(self._optimizer.noise_multiplier))
+
+    @torch.no_grad()
+    def _insert(self) -> None:
+        """One step's canaries: sample on the device, ``index_add_`` into the clipped sums."""
         opt = self._optimizer
         sampled = torch.rand(
             self._num_canaries, generator=self._generator, device=self._device
@@ -484,9 +491,6 @@ class InTrainingCanaryAudit:
             flat = summed.view(-1)
             values = present.index_select(0, pos).to(flat.device, flat.dtype) * norm
             flat.index_add_(0, local, values)
-        assert self._original_add_noise is not None
-        self._original_add_noise()
-        self._record_step(float(opt.noise_multiplier))
 
     def _record_step(self, sigma: float) -> None:
         self._steps += 1

@@ -268,15 +268,18 @@ def test_cuda_steps_do_not_synchronise() -> None:  # pragma: no cover - GPU only
         optimizer, num_canaries=m, sample_rate=0.1, seed=0, candidates=np.arange(m, d)
     )
     batches = [(xb.to(device), yb.to(device)) for xb, yb in dp_loader]
-    torch.cuda.synchronize()
-    optimizer.zero_grad()
-    nn.functional.mse_loss(private(batches[0][0]), batches[0][1]).backward()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        audit._add_noise()  # the canaries' per-step work, then Opacus's noise
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    for xb, yb in batches[:5]:
+        optimizer.zero_grad()
+        nn.functional.mse_loss(private(xb), yb).backward()
+        optimizer.clip_and_accumulate()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            audit._insert()  # the canaries' per-step work: raises on any synchronisation
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     assert audit.insertions().shape == (m,)
+    assert audit.insertions().sum() > 0
 
 
 def test_mixed_precision_autocast() -> None:
@@ -401,6 +404,10 @@ def test_argument_checks() -> None:
         InTrainingCanaryAudit(opt, num_canaries=1, sample_rate=0.1, seed=0, candidates=[3, 3])
     with pytest.raises(TypeError, match="`input_canaries`"):
         InTrainingCanaryAudit(opt, num_canaries=1, sample_rate=0.1, seed=0, input_canaries=[])  # type: ignore[arg-type]
+    opt.rank = 0  # what Opacus's distributed optimizers carry
+    with pytest.raises(TypeError, match="distributed"):
+        InTrainingCanaryAudit(opt, num_canaries=1, sample_rate=0.1, seed=0)
+    del opt.rank
     audit = InTrainingCanaryAudit(opt, num_canaries=2, sample_rate=0.1, seed=0)
     with pytest.raises(ValueError, match="already"):
         InTrainingCanaryAudit(opt, num_canaries=2, sample_rate=0.1, seed=1)
