@@ -1,0 +1,631 @@
+"""In-training canary audit of the final model, in one training run.
+
+Steinke, Nasr, Jagielski, *Privacy Auditing with One (1) Training Run* (arXiv 2305.08846):
+m canaries, each included by an independent fair coin recorded up front, go through the
+real training; at the end every canary is scored on the final model only and the scores and
+coins give a one-run epsilon lower bound (and the f-DP one-run bound of Mahloujifar, Melis,
+Chaudhuri, *Auditing f-Differential Privacy in One Run*, arXiv 2410.22235), reported beside
+the heuristic and standard epsilons at the same delta (``docs/auditing.md``, "In-training
+audit"). Two kinds of canaries:
+
+* **gradient canaries** (:class:`InTrainingCanaryAudit`): Dirac gradients of norm
+  C = ``max_grad_norm`` on distinct coordinates of the flattened parameter vector, added to
+  the summed clipped gradient after clipping and before the noise (so the divisor
+  ``expected_batch_size`` applies to them as to a real example), each included canary
+  Poisson-sampled at every step at the training rate q. Score ``theta_0[c] - theta_T[c]``.
+* **input canaries** (:func:`make_input_canaries`): mislabelled copies of examples that are
+  not otherwise in the training set, added to it by the coins. Score: minus the final
+  model's loss on the canary.
+
+Per step nothing leaves the parameters' device and nothing waits for it: the sampling uses a
+dedicated ``torch.Generator`` on that device and the insertion is an ``index_add_``; scores
+are read back once, in :meth:`InTrainingCanaryAudit.report`. The audit never touches the
+global random number generators, so ``enabled=False`` (or ``num_canaries=0``) leaves training
+bit-for-bit identical.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import ArrayLike, NDArray
+from torch import nn
+from torch.utils.data import ConcatDataset, Dataset, TensorDataset
+
+from opacus_lastiterate.analysis._validation import (
+    check_delta,
+    check_in_interval,
+    check_int,
+    check_sample_rate,
+)
+from opacus_lastiterate.analysis.audit.result import AuditResult
+from opacus_lastiterate.analysis.audit.score_audit import ScoreAudit
+from opacus_lastiterate.analysis.run import DPSGDRun
+
+__all__ = [
+    "CanaryAuditResult",
+    "InTrainingAuditReport",
+    "InTrainingCanaryAudit",
+    "InputCanaries",
+    "make_input_canaries",
+]
+
+_HEURISTIC_NOTE = "last-iterate heuristic, final model only; not a DP guarantee for deep networks"
+_STANDARD_NOTE = "standard composition (all iterates released), PLD upper bound"
+
+
+def _check_seed(seed: object) -> int:
+    return check_int("seed", seed)
+
+
+def _coins(seed: int, m: int, salt: int) -> NDArray[np.bool_]:
+    """m fair coins from a generator of its own (``salt`` separates the canary kinds)."""
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(salt,)))
+    return rng.random(m) < 0.5
+
+
+# ------------------------------------------------------------------------------ results
+
+
+@dataclass(frozen=True)
+class CanaryAuditResult:
+    """The one-run audit of one kind of canary.
+
+    Attributes:
+        canaries: ``"gradient"`` or ``"input"``.
+        num_canaries: m, canaries with a coin (included or not).
+        num_included: canaries whose coin said "in".
+        one_run: Steinke, Nasr, Jagielski one-run result (``kind="bound"`` when valid).
+        one_run_fdp: Mahloujifar, Melis, Chaudhuri one-run result against the (eps, delta)
+            trade-off curve (``kind="bound"`` when valid).
+    """
+
+    canaries: str
+    num_canaries: int
+    num_included: int
+    one_run: AuditResult
+    one_run_fdp: AuditResult
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-friendly summary."""
+        return {
+            "canaries": self.canaries,
+            "num_canaries": self.num_canaries,
+            "num_included": self.num_included,
+            "one_run": _result_dict(self.one_run),
+            "one_run_fdp": _result_dict(self.one_run_fdp),
+        }
+
+
+def _result_dict(result: AuditResult) -> dict[str, Any]:
+    counts = result.counts
+    return {
+        "epsilon": result.epsilon,
+        "delta": result.delta,
+        "confidence": result.confidence,
+        "method": result.method,
+        "kind": result.kind,
+        "num_guesses": getattr(counts, "num_guesses", None),
+        "num_correct": getattr(counts, "num_correct", None),
+        "threshold": result.threshold,
+        "notes": list(result.notes),
+    }
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "inf" if math.isinf(value) else f"{value:.4g}"
+
+
+@dataclass(frozen=True)
+class InTrainingAuditReport:
+    """One-run lower bounds of one training run beside the epsilons it is held against.
+
+    Attributes:
+        delta: the delta of every number here.
+        confidence: confidence of each audit separately (two audits hold together at
+            ``1 - 2 (1 - confidence)``).
+        steps: optimizer steps taken while the gradient canaries were attached (None when
+            they were not).
+        sample_rate: q, the canaries' (and the training's) Poisson sampling rate.
+        heuristic_epsilon: last-iterate heuristic epsilon of the reference run (None
+            without a run to account).
+        robust_heuristic_epsilon: its robust variant (max over the last t <= T steps).
+        standard_epsilon: standard composition epsilon (an upper bound, all iterates).
+        audits: one :class:`CanaryAuditResult` per kind of canary used.
+    """
+
+    delta: float
+    confidence: float
+    steps: int | None
+    sample_rate: float | None
+    heuristic_epsilon: float | None
+    robust_heuristic_epsilon: float | None
+    standard_epsilon: float | None
+    audits: tuple[CanaryAuditResult, ...] = ()
+
+    def audit(self, canaries: str) -> CanaryAuditResult:
+        """The result for ``"gradient"`` or ``"input"`` canaries (KeyError if absent)."""
+        for a in self.audits:
+            if a.canaries == canaries:
+                return a
+        raise KeyError(f"no {canaries!r} canaries in this report.")
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (``json.dumps`` works on it; inf is written as Infinity)."""
+        return {
+            "delta": self.delta,
+            "confidence": self.confidence,
+            "steps": self.steps,
+            "sample_rate": self.sample_rate,
+            "heuristic_epsilon": self.heuristic_epsilon,
+            "robust_heuristic_epsilon": self.robust_heuristic_epsilon,
+            "standard_epsilon": self.standard_epsilon,
+            "audits": [a.as_dict() for a in self.audits],
+        }
+
+    def __str__(self) -> str:
+        lines = [
+            f"In-training canary audit at delta = {self.delta:g} "
+            f"({100 * self.confidence:.4g}% confidence per audit)"
+            + (f", {self.steps} steps" if self.steps is not None else "")
+            + (f", q = {self.sample_rate:.4g}" if self.sample_rate is not None else ""),
+            f"  epsilon {_fmt(self.heuristic_epsilon):>8}  ({_HEURISTIC_NOTE})",
+            f"  epsilon {_fmt(self.robust_heuristic_epsilon):>8}  (robust heuristic, max over "
+            "the last t <= T steps)",
+            f"  epsilon {_fmt(self.standard_epsilon):>8}  ({_STANDARD_NOTE})",
+        ]
+        for a in self.audits:
+            lines.append(
+                f"  {a.canaries} canaries: {a.num_canaries} ({a.num_included} included by fair "
+                "coins)"
+            )
+            for name, r in (("one-run", a.one_run), ("one-run f-DP", a.one_run_fdp)):
+                label = "lower bound" if r.is_bound else f"{r.kind.upper()}, NOT A VALID BOUND"
+                counts = r.counts
+                lines.append(
+                    f"    {name:<13} epsilon >= {_fmt(r.epsilon):>8}  ({label}; "
+                    f"{getattr(counts, 'num_correct', '?')}/{getattr(counts, 'num_guesses', '?')}"
+                    " guesses correct)"
+                )
+        if not self.audits:
+            lines.append("  no canaries: nothing audited")
+        return "\n".join(lines)
+
+
+def _canary_audit(
+    name: str,
+    scores: NDArray[np.float64],
+    coins: NDArray[np.bool_],
+    delta: float,
+    confidence: float,
+) -> CanaryAuditResult:
+    audit = ScoreAudit.from_canaries(scores, coins)
+    return CanaryAuditResult(
+        canaries=name,
+        num_canaries=int(coins.size),
+        num_included=int(coins.sum()),
+        one_run=audit.one_run(delta=delta, confidence=confidence),
+        one_run_fdp=audit.one_run_fdp(delta=delta, confidence=confidence),
+    )
+
+
+# ------------------------------------------------------------------------------ input canaries
+
+
+def _per_example_cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(output, target, reduction="none")
+
+
+@dataclass(frozen=True, eq=False)
+class InputCanaries:
+    """Mislabelled input canaries and their coins (built by :func:`make_input_canaries`).
+
+    Attributes:
+        features: every canary's input, included or not, shape ``(m, ...)``.
+        labels: their (wrong) labels, shape ``(m,)``.
+        included: the fair coins, True = added to the training set.
+        source_indices: index of each canary's example in the source data set.
+    """
+
+    features: torch.Tensor = field(repr=False)
+    labels: torch.Tensor = field(repr=False)
+    included: NDArray[np.bool_] = field(repr=False)
+    source_indices: NDArray[np.int64] = field(repr=False)
+
+    @property
+    def num_canaries(self) -> int:
+        return int(self.included.size)
+
+    @torch.no_grad()
+    def scores(
+        self,
+        model: nn.Module,
+        *,
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _per_example_cross_entropy,
+        batch_size: int = 1024,
+    ) -> NDArray[np.float64]:
+        """Minus the per-example ``loss`` of ``model`` on every canary (higher = "in").
+
+        ``loss(output, labels)`` must return one value per example. The model is put in eval
+        mode for the scoring and its mode restored afterwards.
+        """
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}.")
+        b = check_int("batch_size", batch_size, minimum=1)
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        was_training = model.training
+        model.eval()
+        try:
+            out = []
+            for start in range(0, self.num_canaries, b):
+                x = self.features[start : start + b].to(device)
+                y = self.labels[start : start + b].to(device)
+                values = loss(model(x), y)
+                if values.shape != y.shape:
+                    raise ValueError(
+                        f"`loss` must return one value per example (shape {tuple(y.shape)}), "
+                        f"got shape {tuple(values.shape)}."
+                    )
+                out.append(-values.detach().double())
+            return torch.cat(out).cpu().numpy() if out else np.zeros(0)
+        finally:
+            model.train(was_training)
+
+
+def make_input_canaries(
+    train: Dataset,
+    source: Dataset,
+    num_canaries: int,
+    *,
+    num_classes: int,
+    seed: int,
+) -> tuple[Dataset, InputCanaries]:
+    """Training set augmented with mislabelled canaries, and the record of their coins.
+
+    ``num_canaries`` distinct examples ``(x, y)`` are drawn from ``source`` (a data set of
+    examples *not* in ``train``, e.g. a held-out split: a copy of a training example would
+    be in the data whatever its coin), each relabelled to a uniformly drawn wrong class, and
+    each appended to ``train`` if its fair coin says so. All draws come from ``seed``; the
+    global random number generators are not used.
+
+    Returns:
+        ``(ConcatDataset([train, included canaries]), InputCanaries)``.
+    """
+    m = check_int("num_canaries", num_canaries, minimum=1)
+    k = check_int("num_classes", num_classes, minimum=2)
+    s = _check_seed(seed)
+    try:
+        n_source = len(source)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError("`source` must be a map-style data set with a length.") from None
+    if m > n_source:
+        raise ValueError(
+            f"`num_canaries` must be at most len(source) = {n_source}, got {m}."
+        )
+    rng = np.random.default_rng(np.random.SeedSequence(s, spawn_key=(1,)))
+    idx = np.sort(rng.choice(n_source, size=m, replace=False)).astype(np.int64)
+    shift = rng.integers(1, k, size=m)
+    xs, ys = [], []
+    for i, j in zip(idx, shift, strict=True):
+        x, y = source[int(i)]
+        label = int(y)
+        if not 0 <= label < k:
+            raise ValueError(f"label {label} of source example {int(i)} is not in [0, {k}).")
+        xs.append(torch.as_tensor(x))
+        ys.append((label + int(j)) % k)
+    features = torch.stack(xs)
+    labels = torch.tensor(ys, dtype=torch.int64)
+    coins = _coins(s, m, salt=2)
+    canaries = InputCanaries(features, labels, coins, idx)
+    keep = torch.from_numpy(np.flatnonzero(coins))
+    augmented: Dataset = ConcatDataset([train, TensorDataset(features[keep], labels[keep])])
+    return augmented, canaries
+
+
+# ------------------------------------------------------------------------------ gradient canaries
+
+
+def _check_dp_optimizer(optimizer: object) -> Any:
+    from opacus.optimizers import DPOptimizer
+
+    if not isinstance(optimizer, DPOptimizer):
+        raise TypeError(
+            "`optimizer` must be an Opacus DPOptimizer (returned by "
+            f"PrivacyEngine.make_private), got {type(optimizer).__name__}."
+        )
+    if hasattr(optimizer, "rank") or hasattr(optimizer, "world_size"):
+        raise TypeError(
+            "`optimizer` is a distributed DPOptimizer; in-training gradient canaries support "
+            f"single-process optimizers only, got {type(optimizer).__name__}."
+        )
+    if "add_noise" in vars(optimizer):
+        raise ValueError(
+            "`optimizer.add_noise` is already replaced (another canary audit is attached?); "
+            "attach one InTrainingCanaryAudit per optimizer."
+        )
+    return optimizer
+
+
+def _check_candidates(candidates: ArrayLike | None, dimension: int, m: int) -> NDArray[np.int64]:
+    if candidates is None:
+        return np.arange(dimension, dtype=np.int64)
+    c = np.asarray(candidates)
+    if c.ndim != 1 or not (c.size == 0 or np.issubdtype(c.dtype, np.integer)):
+        raise TypeError(f"`candidates` must be a 1-D integer array, got {c.dtype} {c.shape}.")
+    c = c.astype(np.int64)
+    if c.size and (c.min() < 0 or c.max() >= dimension):
+        raise ValueError(f"`candidates` must lie in [0, {dimension}), the flat parameter indices.")
+    if np.unique(c).size != c.size:
+        raise ValueError("`candidates` must be distinct.")
+    if c.size < m:
+        raise ValueError(f"`candidates` has {c.size} coordinates, fewer than num_canaries = {m}.")
+    return c
+
+
+class InTrainingCanaryAudit:
+    """Gradient (and optionally input) canaries in one Opacus training run, audited at the end.
+
+    Attach it after ``PrivacyEngine.make_private`` and before the first step; train as
+    usual; call :meth:`report` on the final model. The gradient canaries' coordinates and
+    coins are drawn here from ``seed`` (numpy), their per-step sampling from a
+    ``torch.Generator`` on the parameters' device seeded from ``seed``.
+
+    Args:
+        optimizer: the :class:`opacus.optimizers.DPOptimizer` of the run.
+        num_canaries: m, gradient canaries (0: none; at most the number of parameters).
+        sample_rate: q, the training's Poisson rate (``1 / len(data_loader)`` for Opacus's
+            DPDataLoader); every included canary is in each step with probability q.
+        seed: seed of the coordinates, coins and per-step sampling.
+        accountant: the PrivacyEngine's accountant (``engine.accountant``), whose history
+            gives the reference epsilons; None: the steps recorded by this audit.
+        input_canaries: the record returned by :func:`make_input_canaries`, if any.
+        candidates: flat parameter indices the canary coordinates are drawn from (None:
+            all), e.g. coordinates the real data do not move.
+        enabled: False makes the audit inert (nothing attached; training unchanged).
+    """
+
+    def __init__(
+        self,
+        optimizer: Any,
+        *,
+        num_canaries: int,
+        sample_rate: float,
+        seed: int,
+        accountant: Any = None,
+        input_canaries: InputCanaries | None = None,
+        candidates: ArrayLike | None = None,
+        enabled: bool = True,
+    ) -> None:
+        if not isinstance(enabled, bool):
+            raise TypeError(f"`enabled` must be a bool, got {enabled!r}.")
+        self._optimizer = _check_dp_optimizer(optimizer)
+        m = check_int("num_canaries", num_canaries)
+        self._sample_rate = check_sample_rate(sample_rate)
+        self._seed = _check_seed(seed)
+        if input_canaries is not None and not isinstance(input_canaries, InputCanaries):
+            raise TypeError(
+                "`input_canaries` must be an InputCanaries (from make_input_canaries) or None, "
+                f"got {type(input_canaries).__name__}."
+            )
+        if accountant is not None and not hasattr(accountant, "history"):
+            raise TypeError(
+                f"`accountant` must be an Opacus accountant or None, got {type(accountant).__name__}."
+            )
+        self._accountant = accountant
+        self._input = input_canaries
+        params: list[torch.Tensor] = list(optimizer.params)
+        dimension = sum(p.numel() for p in params)
+        if m > dimension:
+            raise ValueError(
+                f"`num_canaries` must be at most the number of parameters ({dimension}), got {m}."
+            )
+        pool = _check_candidates(candidates, dimension, m)
+        self._enabled = enabled and m > 0
+        self._num_canaries = m if self._enabled else 0
+        self._steps = 0
+        self._history: list[list[float | int]] = []  # [sigma, q, steps], run-length
+        self._original_add_noise: Callable[[], None] | None = None
+        if not self._enabled:
+            self._coordinates = np.zeros(0, dtype=np.int64)
+            self._coins = np.zeros(0, dtype=bool)
+            return
+
+        rng = np.random.default_rng(np.random.SeedSequence(self._seed, spawn_key=(0,)))
+        self._coordinates = rng.choice(pool, size=m, replace=False).astype(np.int64)
+        self._coins = _coins(self._seed, m, salt=3)
+        self._device = params[0].device
+        sampling_seed = int(np.random.SeedSequence(self._seed, spawn_key=(4,)).generate_state(1)[0])
+        self._generator = torch.Generator(device=self._device).manual_seed(sampling_seed)
+        self._included = torch.as_tensor(self._coins, device=self._device)
+        self._insertions = torch.zeros(m, dtype=torch.int64, device=self._device)
+        # (parameter, local flat indices, canary positions, initial values) per parameter.
+        self._groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        offset = 0
+        for p in params:
+            n = p.numel()
+            pos = np.flatnonzero((self._coordinates >= offset) & (self._coordinates < offset + n))
+            if pos.size:
+                local = torch.as_tensor(self._coordinates[pos] - offset, device=p.device)
+                with torch.no_grad():
+                    initial = p.detach().reshape(-1).index_select(0, local).clone()
+                self._groups.append(
+                    (p, local, torch.as_tensor(pos, device=self._device), initial)
+                )
+            offset += n
+        self._original_add_noise = optimizer.add_noise
+        optimizer.add_noise = self._add_noise
+
+    # -- the hot path ---------------------------------------------------------------------
+
+    def _add_noise(self) -> None:
+        """Add the sampled, included canaries to ``p.summed_grad``, then Opacus's noise."""
+        self._insert()
+        assert self._original_add_noise is not None
+        self._original_add_noise()
+        self._record_step(float(self._optimizer.noise_multiplier))
+
+    @torch.no_grad()
+    def _insert(self) -> None:
+        """One step's canaries: sample on the device, ``index_add_`` into the clipped sums."""
+        opt = self._optimizer
+        sampled = torch.rand(
+            self._num_canaries, generator=self._generator, device=self._device
+        ) < self._sample_rate
+        present = sampled & self._included
+        self._insertions += present
+        norm = float(opt.max_grad_norm)  # C, a Python number: no synchronisation
+        for p, local, pos, _ in self._groups:
+            summed: torch.Tensor | None = getattr(p, "summed_grad", None)
+            if summed is None:  # pragma: no cover - Opacus always sets it before add_noise
+                continue
+            if not summed.is_contiguous():
+                summed = summed.contiguous()
+                p.summed_grad = summed  # type: ignore[attr-defined]
+            flat = summed.view(-1)
+            values = present.index_select(0, pos).to(flat.device, flat.dtype) * norm
+            flat.index_add_(0, local, values)
+
+    def _record_step(self, sigma: float) -> None:
+        self._steps += 1
+        if self._history and self._history[-1][0] == sigma:
+            self._history[-1][2] = int(self._history[-1][2]) + 1
+        else:
+            self._history.append([sigma, self._sample_rate, 1])
+
+    # -- state --------------------------------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        """True if gradient canaries are attached (enabled and m > 0)."""
+        return self._enabled
+
+    @property
+    def num_canaries(self) -> int:
+        """m, the gradient canaries (0 when disabled)."""
+        return self._num_canaries
+
+    @property
+    def steps(self) -> int:
+        """Steps taken with the gradient canaries attached."""
+        return self._steps
+
+    @property
+    def coordinates(self) -> NDArray[np.int64]:
+        """Flat parameter index of each gradient canary (a copy)."""
+        return self._coordinates.copy()
+
+    @property
+    def coins(self) -> NDArray[np.bool_]:
+        """Inclusion coin of each gradient canary, True = included (a copy)."""
+        return self._coins.copy()
+
+    def insertions(self) -> NDArray[np.int64]:
+        """How many steps each gradient canary was in (0 for excluded ones). Synchronises."""
+        if not self._enabled:
+            return np.zeros(0, dtype=np.int64)
+        return self._insertions.cpu().numpy()
+
+    @torch.no_grad()
+    def gradient_scores(self) -> NDArray[np.float64]:
+        """``theta_0[c] - theta_T[c]`` per gradient canary, on the current parameters."""
+        if not self._enabled:
+            return np.zeros(0)
+        scores = torch.zeros(self._num_canaries, dtype=torch.float64, device=self._device)
+        for p, local, pos, initial in self._groups:
+            final = p.detach().reshape(-1).index_select(0, local)
+            diff = (initial.double() - final.double()).to(self._device)
+            scores.index_copy_(0, pos, diff)
+        return scores.cpu().numpy()
+
+    def detach(self) -> None:
+        """Stop inserting gradient canaries (Opacus's own ``add_noise`` is restored)."""
+        if self._original_add_noise is not None:
+            del self._optimizer.add_noise  # the instance attribute; the class method returns
+            self._original_add_noise = None
+
+    # -- the report -----------------------------------------------------------------------
+
+    def _reference_run(self) -> DPSGDRun | None:
+        if self._accountant is not None:
+            return DPSGDRun.from_history(self._accountant.history)
+        if self._history:
+            return DPSGDRun.from_history([tuple(h) for h in self._history])
+        return None
+
+    def _reference_epsilons(
+        self, delta: float, standard: bool
+    ) -> tuple[float | None, float | None, float | None]:
+        from opacus_lastiterate.accountants.last_iterate import LastIterateAccountant
+        from opacus_lastiterate.analysis.baselines.composition import StandardComposition
+        from opacus_lastiterate.analysis.last_iterate.heuristic import (
+            LastIterateHeuristic,
+            RobustLastIterateHeuristic,
+        )
+
+        run = self._reference_run()
+        if run is None or run.num_steps == 0:
+            return None, None, None
+        if isinstance(self._accountant, LastIterateAccountant):
+            heuristic = self._accountant.get_epsilon(delta)  # schedule / momentum aware
+        else:
+            heuristic = LastIterateHeuristic(run).epsilon(delta)
+        robust = RobustLastIterateHeuristic(run).epsilon(delta)
+        upper = float(StandardComposition(run).epsilon(delta)) if standard else None
+        return float(heuristic), float(robust), upper
+
+    def report(
+        self,
+        *,
+        delta: float,
+        confidence: float = 0.95,
+        model: nn.Module | None = None,
+        input_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        standard: bool = True,
+    ) -> InTrainingAuditReport:
+        """Score every canary on the final model and audit them (one run).
+
+        Args:
+            delta: delta of the bounds and of the reference epsilons, in (0, 1).
+            confidence: confidence of each one-run audit.
+            model: the final model; needed when input canaries were given.
+            input_loss: per-example loss for the input canaries (default cross-entropy).
+            standard: also compute the standard composition epsilon (a PLD accountant:
+                seconds for long runs at large epsilon); False leaves it None.
+        """
+        if not isinstance(standard, bool):
+            raise TypeError(f"`standard` must be a bool, got {standard!r}.")
+        d = check_delta(delta)
+        c = check_in_interval("confidence", confidence, 0.0, 1.0)
+        audits = []
+        if self._enabled:
+            audits.append(_canary_audit("gradient", self.gradient_scores(), self._coins, d, c))
+        if self._input is not None:
+            if model is None:
+                raise ValueError("`model` is required to score the input canaries.")
+            scores = self._input.scores(model, loss=input_loss or _per_example_cross_entropy)
+            audits.append(_canary_audit("input", scores, self._input.included, d, c))
+        heuristic, robust, upper = self._reference_epsilons(d, standard)
+        return InTrainingAuditReport(
+            delta=d,
+            confidence=c,
+            steps=self._steps if self._enabled else None,
+            sample_rate=self._sample_rate,
+            heuristic_epsilon=heuristic,
+            robust_heuristic_epsilon=robust,
+            standard_epsilon=upper,
+            audits=tuple(audits),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"InTrainingCanaryAudit(num_canaries={self._num_canaries}, "
+            f"sample_rate={self._sample_rate:g}, steps={self._steps}, "
+            f"input_canaries={0 if self._input is None else self._input.num_canaries})"
+        )
