@@ -1,14 +1,20 @@
 """DP-SGD on scikit-learn's digits with the last-iterate accountant.
 
 Trains a small MLP with Opacus (Poisson sampling, per-example clipping, Gaussian noise) and
-prints, as training goes, two epsilons at the same delta:
+prints, after every step, through a ``PrivacyMonitor`` (``opacus_lastiterate.callbacks``)
+rather than a hand-written loop, these epsilons at the same delta:
 
 * the **last-iterate heuristic** (Steinke et al., "The Last Iterate Advantage", ICLR 2025,
   arXiv 2410.06186; ``docs/last_iterate.md``): the privacy of the *final model only*, exact
   for linear losses and a heuristic otherwise. It is **not** a differential-privacy
   guarantee for this (non-linear) network.
-* the **standard** composition epsilon (every iterate released), an upper bound computed with
-  dp_accounting's PLD accountant. This one is a DP guarantee.
+* its **robust** variant (certified max over the last t <= T steps), every
+  ``--robust-every`` steps and at the end;
+* the **standard** composition epsilon (every iterate released): an RDP upper bound every
+  step, and the tight PLD value (dp_accounting) every ``--standard-every`` steps and at the
+  end. These are DP guarantees.
+
+``--log-csv``/``--log-jsonl`` append every record to a file (whole lines even if killed).
 
 Run ``python examples/train_digits.py --help`` for the options; ``--quick`` takes a few
 seconds. The data ship with scikit-learn (no download).
@@ -17,14 +23,11 @@ seconds. The data ship with scikit-learn (no download).
 from __future__ import annotations
 
 import argparse
-import csv
-import math
 import sys
 import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
 
 import numpy as np
 import torch
@@ -35,12 +38,13 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import opacus_lastiterate.accountants  # noqa: F401  (registers accountant="last_iterate")
-from opacus_lastiterate.analysis.baselines.composition import (
-    StandardComposition,
+from opacus_lastiterate.callbacks import (
+    LABELS,
+    CsvSink,
+    EpsilonRecord,
+    JsonlSink,
+    PrivacyMonitor,
 )
-
-HEURISTIC_LABEL = "heuristic, final model only, not a DP guarantee"
-STANDARD_LABEL = "standard (all iterates, PLD upper bound)"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -61,7 +65,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--standard-every",
         type=int,
         default=10,
-        help="compute the (slower) standard epsilon every k steps, and at the end",
+        help="compute the (slower) tight PLD standard epsilon every k steps, and at the end",
+    )
+    parser.add_argument(
+        "--robust-every",
+        type=int,
+        default=10,
+        help="compute the robust heuristic epsilon every k steps, and at the end",
     )
     parser.add_argument("--test-size", type=float, default=0.2, help="held-out fraction")
     parser.add_argument("--seed", type=int, default=0, help="seed of the split and of torch")
@@ -76,7 +86,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=None,
         metavar="PATH",
-        help="also write step,heuristic_epsilon,standard_epsilon rows to this CSV file",
+        help="also append every record (all epsilons, lr, sigma, q) to this CSV file",
+    )
+    parser.add_argument(
+        "--log-jsonl", type=Path, default=None, metavar="PATH", help="the same as JSON lines"
     )
     parser.add_argument(
         "--quick", action="store_true", help="one epoch (overrides --epochs), for CI"
@@ -84,7 +97,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.epochs = 1
-    for name in ("epochs", "batch_size", "hidden", "log_every", "standard_every"):
+    for name in ("epochs", "batch_size", "hidden", "log_every", "standard_every", "robust_every"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -132,8 +145,29 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+class TablePrinter:
+    """A monitor sink that prints one table row per record (every ``every`` steps)."""
+
+    HEADER = (
+        f"{'step':>6} {'eps_heuristic':>14} {'eps_robust':>11} {'eps_std_rdp':>12} "
+        f"{'eps_std_pld':>12}"
+    )
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+
+    def __call__(self, r: EpsilonRecord) -> None:
+        if r.final or r.step % self.every == 0 or r.robust_epsilon is not None:
+            print(
+                f"{r.step:>6} {_fmt(r.heuristic_epsilon):>14} {_fmt(r.robust_epsilon):>11} "
+                f"{_fmt(r.standard_epsilon_rdp):>12} {_fmt(r.standard_epsilon_pld):>12}"
+                + ("  (final)" if r.final else ""),
+                flush=True,
+            )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Train, print the two epsilons as training goes, and report test accuracy."""
+    """Train, print the epsilons after every step through the monitor, report accuracy."""
     args = parse_args(argv)
     warnings.filterwarnings("ignore", message="Secure RNG turned off")
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
@@ -155,7 +189,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_grad_norm=args.max_grad_norm,
         poisson_sampling=True,
     )
-    accountant = engine.accountant
     sample_rate = 1 / len(train_loader)
     total_steps = args.epochs * len(train_loader)
     print(
@@ -167,68 +200,54 @@ def main(argv: Sequence[str] | None = None) -> int:
         "The heuristic epsilon is exact only for linear losses; for this network it is NOT a "
         "DP guarantee, and it covers the final model only."
     )
-    print(f"columns: eps_heuristic = {HEURISTIC_LABEL}")
-    print(f"         eps_standard  = {STANDARD_LABEL}, every {args.standard_every} steps")
-    print(f"{'step':>6} {'epoch':>5} {'loss':>8} {'eps_heuristic':>14} {'eps_standard':>13}")
+    print(f"columns: eps_heuristic = {LABELS['heuristic_epsilon']}")
+    print(f"         eps_robust    = {LABELS['robust_epsilon']}, every {args.robust_every} steps")
+    print(f"         eps_std_rdp   = {LABELS['standard_epsilon_rdp']}")
+    print(
+        f"         eps_std_pld   = {LABELS['standard_epsilon_pld']}, every "
+        f"{args.standard_every} steps"
+    )
+    print(TablePrinter.HEADER)
 
-    csv_file: TextIO | None = None
-    writer = None
+    sinks: list = [TablePrinter(args.log_every)]
     if args.log_csv is not None:
-        args.log_csv.parent.mkdir(parents=True, exist_ok=True)
-        csv_file = args.log_csv.open("w", newline="")
-        writer = csv.writer(csv_file)
-        writer.writerow(["step", "heuristic_epsilon", "standard_epsilon"])
+        sinks.append(CsvSink(args.log_csv))
+    if args.log_jsonl is not None:
+        sinks.append(JsonlSink(args.log_jsonl))
+    # The in-training canary audit plugs in here: PrivacyMonitor(..., audit=...) calls its
+    # on_step(record) after every step and finish() at monitor.finish().
+    monitor = PrivacyMonitor(
+        engine,
+        delta=args.delta,
+        sinks=sinks,
+        robust_every=args.robust_every,
+        standard_every=args.standard_every,
+        optimizer=optimizer,
+    )
 
     criterion = nn.CrossEntropyLoss()
     start = time.perf_counter()
-    accounting_seconds = 0.0
-    heuristic_eps = standard_eps = math.nan
-    step = 0
-    try:
-        for epoch in range(1, args.epochs + 1):
-            for x, y in train_loader:
-                optimizer.zero_grad()
-                loss = criterion(model(x.to(device)), y.to(device))
-                loss.backward()
-                optimizer.step()  # the accountant's hook records (sigma, q) here
-                step += 1
-
-                last = step == total_steps
-                want_standard = last or step % args.standard_every == 0
-                if not (last or want_standard or step % args.log_every == 0):
-                    continue
-                t0 = time.perf_counter()
-                heuristic_eps = engine.get_epsilon(args.delta)
-                standard: float | None = None
-                if want_standard:
-                    standard = StandardComposition(accountant.history).epsilon(args.delta)
-                    standard_eps = standard
-                accounting_seconds += time.perf_counter() - t0
-                print(
-                    f"{step:>6} {epoch:>5} {loss.item():>8.4f} {_fmt(heuristic_eps):>14}"
-                    f" {_fmt(standard):>13}",
-                    flush=True,
-                )
-                if writer is not None:
-                    writer.writerow([step, heuristic_eps, "" if standard is None else standard])
-    finally:
-        if csv_file is not None:
-            csv_file.close()
-
-    # This script audits nothing; examples/in_training_audit.py trains the same kind of model
-    # with gradient and input canaries and prints one-run lower bounds beside these numbers.
+    for _ in range(args.epochs):
+        for x, y in train_loader:
+            optimizer.zero_grad()
+            loss = criterion(model(x.to(device)), y.to(device))
+            loss.backward()
+            optimizer.step()  # the accountant records the step; the monitor prints a row
+    final = monitor.finish()
+    elapsed = time.perf_counter() - start
 
     test_acc = accuracy(model, test_loader, device)
-    robust_eps = accountant.get_epsilon(args.delta, robust=True)
-    elapsed = time.perf_counter() - start
-    print(f"\nafter {accountant.num_steps} steps at delta={args.delta:g}:")
-    print(f"  epsilon {heuristic_eps:.4f}  ({HEURISTIC_LABEL})")
-    print(f"  epsilon {robust_eps:.4f}  (robust heuristic: max over the last t <= T steps)")
-    print(f"  epsilon {standard_eps:.4f}  ({STANDARD_LABEL})")
+    assert final is not None
+    print(f"\nafter {final.step} steps at delta={args.delta:g}:")
+    print(f"  epsilon {final.heuristic_epsilon:.4f}  ({LABELS['heuristic_epsilon']})")
+    print(f"  epsilon {final.robust_epsilon:.4f}  ({LABELS['robust_epsilon']})")
+    print(f"  epsilon {final.standard_epsilon_pld:.4f}  ({LABELS['standard_epsilon_pld']})")
+    print(f"  epsilon {final.standard_epsilon_rdp:.4f}  ({LABELS['standard_epsilon_rdp']})")
     print(f"test accuracy: {test_acc:.4f}")
-    print(f"time: {elapsed:.1f} s ({accounting_seconds:.1f} s in accounting)")
-    if args.log_csv is not None:
-        print(f"wrote {args.log_csv}")
+    print(f"time: {elapsed:.1f} s (training with the monitor)")
+    for path in (args.log_csv, args.log_jsonl):
+        if path is not None:
+            print(f"wrote {path}")
     return 0
 
 

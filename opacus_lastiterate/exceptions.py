@@ -24,6 +24,7 @@ __all__ = [
     "OneRunDeltaWarning",
     "OpacusLastIterateWarning",
     "OptimizerTraceWarning",
+    "PrivacyBudgetExceededError",
     "TruncatedRecordWarning",
     "UnsupportedOptimizerError",
     "WeightedAccuracyWarning",
@@ -110,3 +111,17 @@ class UnsupportedOptimizerError(ValueError):
 
     A ``ValueError``, so ``except ValueError`` keeps catching it.
     """
+
+
+class PrivacyBudgetExceededError(RuntimeError):
+    """The next optimizer step would push the monitored epsilon past the budget.
+
+    Raised by :class:`~opacus_lastiterate.callbacks.PrivacyMonitor` (``action="raise"``)
+    from ``optimizer.step()`` *before* the parameters are updated: the model and the
+    accountant are left as they were after the last allowed step. Attributes: ``step`` (the
+    refused step's number), ``metric``, ``value`` (epsilon it would have reached), ``limit``.
+    """
+
+    def __init__(self, message: str, *, step: int, metric: str, value: float, limit: float):
+        super().__init__(message)
+        self.step, self.metric, self.value, self.limit = step, metric, value, limit

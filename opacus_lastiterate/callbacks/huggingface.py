@@ -1,0 +1,136 @@
+"""Hugging Face ``transformers`` 5.x adapter of :class:`~opacus_lastiterate.callbacks.PrivacyMonitor`.
+
+Extra ``hf`` (``pip install opacus-lastiterate[hf]``). Use Opacus 1.6's non-wrapping mode so
+that the ``Trainer`` keeps the user's model::
+
+    engine = PrivacyEngine(accountant="last_iterate")
+    hooks, dp_optimizer, _ = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(train_set, batch_size=B), noise_multiplier=1.0,
+        max_grad_norm=1.0, wrap_model=False)
+    monitor = PrivacyMonitor(engine, delta=1e-5, sinks=[JsonlSink("privacy.jsonl")],
+                             budget=PrivacyBudget(8.0, action="stop"))
+    trainer = Trainer(model=model, args=TrainingArguments(..., max_grad_norm=0.0),
+                      train_dataset=train_set, optimizers=(dp_optimizer, None),
+                      callbacks=[HFPrivacyCallback(monitor)])
+
+``max_grad_norm=0.0`` turns off the Trainer's own clipping of ``p.grad`` (Opacus clips per
+example). The Trainer's data loader samples fixed-size shuffled batches, not Poisson
+batches: the accountant records q = 1 / len(data_loader) all the same.
+
+Events: ``on_train_begin`` attaches the monitor to the ``DPOptimizer`` (unwrapping
+Accelerate's ``AcceleratedOptimizer``); ``on_optimizer_step`` clears Opacus's per-sample
+gradients (the Trainer calls ``model.zero_grad()``, which leaves ``p.grad_sample`` in place);
+``on_step_end`` turns a budget stop into ``control.should_training_stop``; ``on_train_end``
+calls ``monitor.finish()``.
+
+Checkpoints: the callback is an ``ExportableState``; the Trainer saves its :meth:`state` in
+``trainer_state.json`` (``stateful_callbacks``) and, on ``resume_from_checkpoint``, rebuilds
+it as ``HFPrivacyCallback(key=...)`` and sets ``monitor_state``: the rebuilt callback finds
+the live monitor registered under the same ``key`` and loads the state (accountant history
+included) into it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+
+from opacus_lastiterate.callbacks.monitor import PrivacyMonitor
+
+__all__ = ["HFPrivacyCallback"]
+
+_MONITORS: weakref.WeakValueDictionary[str, PrivacyMonitor] = weakref.WeakValueDictionary()
+
+
+def _find_dp_optimizer(optimizer: Any) -> Any:
+    from opacus.optimizers import DPOptimizer
+
+    seen = 0
+    while optimizer is not None and not isinstance(optimizer, DPOptimizer) and seen < 8:
+        optimizer, seen = getattr(optimizer, "optimizer", None), seen + 1
+    if not isinstance(optimizer, DPOptimizer):
+        raise ValueError(
+            "HFPrivacyCallback: the Trainer's optimizer is not an Opacus DPOptimizer; pass "
+            "optimizers=(dp_optimizer, None) with the optimizer make_private returned."
+        )
+    return optimizer
+
+
+class HFPrivacyCallback(TrainerCallback, ExportableState):
+    """``transformers.TrainerCallback`` that drives a :class:`PrivacyMonitor` (module docs).
+
+    Args:
+        monitor: the monitor; None only when the Trainer rebuilds the callback from a
+            checkpoint (then the monitor registered under ``key`` is used).
+        key: the name under which the monitor is registered for that rebuild (one per
+            monitor in a process).
+        finish_on_train_end: call ``monitor.finish()`` when training ends.
+    """
+
+    def __init__(
+        self,
+        monitor: PrivacyMonitor | None = None,
+        *,
+        key: str = "privacy",
+        finish_on_train_end: bool = True,
+    ) -> None:
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"`key` must be a non-empty str, got {key!r}.")
+        if monitor is None:
+            found = _MONITORS.get(key)
+            if found is None:
+                raise ValueError(
+                    f"`monitor` is None and no PrivacyMonitor is registered under key={key!r}."
+                )
+            monitor = found
+        if not isinstance(monitor, PrivacyMonitor):
+            raise TypeError(f"`monitor` must be a PrivacyMonitor, got {type(monitor).__name__}.")
+        _MONITORS[key] = monitor
+        self.monitor, self.key, self.finish_on_train_end = monitor, key, finish_on_train_end
+
+    # -- state (ExportableState) ------------------------------------------------------------
+
+    @property
+    def monitor_state(self) -> dict[str, Any]:
+        """The monitor's :meth:`~PrivacyMonitor.state_dict`; assigning loads it."""
+        return self.monitor.state_dict()
+
+    @monitor_state.setter
+    def monitor_state(self, state: dict[str, Any]) -> None:
+        self.monitor.load_state_dict(state)
+
+    def state(self) -> dict[str, Any]:
+        """What the Trainer stores in ``trainer_state.json``."""
+        return {
+            "args": {"key": self.key, "finish_on_train_end": self.finish_on_train_end},
+            "attributes": {"monitor_state": self.monitor_state},
+        }
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if not self.monitor.attached:
+            self.monitor.attach(_find_dp_optimizer(kwargs.get("optimizer")))
+        if self.monitor.should_stop:
+            control.should_training_stop = True
+        return control
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        opt = self.monitor._optimizer
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)  # clears p.grad_sample, which model.zero_grad keeps
+        return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.monitor.should_stop:
+            control.should_training_stop = True
+        return control
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.finish_on_train_end:
+            self.monitor.finish()
+        return control

@@ -1,0 +1,306 @@
+"""Where a :class:`~opacus_lastiterate.callbacks.monitor.PrivacyMonitor` sends its records.
+
+A sink is any callable taking an :class:`~opacus_lastiterate.callbacks.monitor.EpsilonRecord`
+(``close()`` is called by ``monitor.finish()`` when present). This module has:
+
+* :class:`LoggingSink`: Python :mod:`logging`, one line per record (formatted only if the
+  level is enabled);
+* :class:`JsonlSink`, :class:`CsvSink`: append-only files. **Durability:** each record (or
+  each batch of ``flush_every`` records) is written with one ``os.write`` on a file opened
+  with ``O_APPEND``, never through a Python buffer, so a killed process leaves only whole
+  lines (the kernel completes a write system call it has started); ``fsync_every=k`` also
+  calls ``os.fsync`` every k writes, for a machine crash. Records still buffered when the
+  process dies (``flush_every > 1``) are lost, never truncated. JSON lines use ``null`` for
+  a value not computed at that step and ``Infinity`` for an infinite epsilon (Python's
+  :mod:`json` reads both); CSV leaves such cells empty (``inf`` for infinity);
+* :class:`TensorBoardSink`: a ``torch.utils.tensorboard.SummaryWriter`` (optional import);
+* :class:`WandbSink`, :class:`MlflowSink`: Weights & Biases and MLflow, imported only when
+  such a sink is created.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from opacus_lastiterate.callbacks.monitor import FIELDS, LABELS, EpsilonRecord
+
+__all__ = [
+    "CsvSink",
+    "JsonlSink",
+    "LoggingSink",
+    "MlflowSink",
+    "TensorBoardSink",
+    "WandbSink",
+]
+
+_SCALARS = (*LABELS, "lr", "noise_multiplier", "sample_rate")
+
+
+def _check_every(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(
+            f"`{name}` must be an integer >= 1, got {value!r}."
+        )
+    return value
+
+
+def _scalars(record: EpsilonRecord) -> dict[str, float]:
+    return {k: v for k in _SCALARS if (v := getattr(record, k)) is not None}
+
+
+class LoggingSink:
+    """One log line per record (every ``every``-th record, and always the final one).
+
+    Args:
+        logger: a :class:`logging.Logger` or its name (default ``"opacus_lastiterate.privacy"``).
+        level: the logging level (default INFO).
+        every: log every k-th record.
+    """
+
+    def __init__(
+        self, logger: logging.Logger | str | None = None, *, level: int = logging.INFO, every: int = 1
+    ) -> None:
+        if logger is None or isinstance(logger, str):
+            logger = logging.getLogger(logger or "opacus_lastiterate.privacy")
+        if not isinstance(logger, logging.Logger):
+            raise TypeError(f"`logger` must be a logging.Logger or a name, got {logger!r}.")
+        self.logger, self.level = logger, level
+        self.every = _check_every("every", every)
+        self._labelled = False
+
+    def __call__(self, record: EpsilonRecord) -> None:
+        if not (record.final or record.step % self.every == 0):
+            return
+        if not self.logger.isEnabledFor(self.level):
+            return
+        if not self._labelled:
+            self._labelled = True
+            for key, label in LABELS.items():
+                self.logger.log(self.level, "privacy column %s = %s", key, label)
+        parts = [f"step {record.step}"] + [
+            f"{k}={v:.4f}" for k, v in record.epsilons().items()
+        ]
+        if record.lr is not None:
+            parts.append(f"lr={record.lr:.4g}")
+        parts.append(f"delta={record.delta:g}")
+        self.logger.log(self.level, "privacy%s: %s", " (final)" if record.final else "", ", ".join(parts))
+
+
+class _AppendFile:
+    """Whole-line appends with one ``os.write`` per flush (module docs, "Durability")."""
+
+    def __init__(self, path: str | os.PathLike[str], flush_every: int, fsync_every: int | None):
+        self.path = Path(path)
+        self.flush_every = _check_every("flush_every", flush_every)
+        self.fsync_every = None if fsync_every is None else _check_every("fsync_every", fsync_every)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._buffer: list[str] = []
+        self._writes = 0
+
+    @property
+    def empty(self) -> bool:
+        return self.path.stat().st_size == 0
+
+    def add(self, line: str) -> None:
+        self._buffer.append(line)
+        if len(self._buffer) >= self.flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._fd is None:
+            raise ValueError(f"the sink writing {self.path} is closed.")
+        if not self._buffer:
+            return
+        data = "".join(self._buffer).encode()
+        self._buffer = []
+        view = memoryview(data)
+        while view:  # a regular file takes all of it at once; loop for completeness
+            view = view[os.write(self._fd, view) :]
+        self._writes += 1
+        if self.fsync_every is not None and self._writes % self.fsync_every == 0:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd is None:
+            return
+        self.flush()
+        if self.fsync_every is not None:
+            os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = None
+
+
+class JsonlSink:
+    """One JSON object per line, appended to ``path`` (module docs, "Durability").
+
+    Args:
+        path: the file; created with its parent directories, appended to if it exists.
+        flush_every: write every k records (1: each record is on disk when the step ends).
+        fsync_every: also ``fsync`` every k writes (None: never; the OS writes back).
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, flush_every: int = 1, fsync_every: int | None = None
+    ) -> None:
+        self._file = _AppendFile(path, flush_every, fsync_every)
+        self.path = self._file.path
+
+    def __call__(self, record: EpsilonRecord) -> None:
+        self._file.add(json.dumps(record.as_dict()) + "\n")
+
+    def flush(self) -> None:
+        """Write buffered records now."""
+        self._file.flush()
+
+    def close(self) -> None:
+        """Write buffered records and close the file."""
+        self._file.close()
+
+
+class CsvSink:
+    """One CSV row per record (header :data:`~.monitor.FIELDS` on a new file), appended.
+
+    Arguments as :class:`JsonlSink`. Appending to a file with another header is refused.
+
+    Raises:
+        ValueError: if ``path`` is not empty and its first line is not the header.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, flush_every: int = 1, fsync_every: int | None = None
+    ) -> None:
+        self.path = Path(path)
+        header = self._row(FIELDS)
+        if self.path.exists() and self.path.stat().st_size > 0:
+            with self.path.open(newline="") as f:
+                first = f.readline()
+            if first != header:
+                raise ValueError(
+                    f"`path` {str(self.path)!r} has another header ({first.strip()!r}); "
+                    "a CsvSink appends only to its own files."
+                )
+        self._file = _AppendFile(path, flush_every, fsync_every)
+        if self._file.empty:
+            self._file.add(header)
+            self._file.flush()
+
+    @staticmethod
+    def _row(values: Sequence[Any]) -> str:
+        buffer = io.StringIO()
+        csv.writer(buffer, lineterminator="\n").writerow(values)
+        return buffer.getvalue()
+
+    @staticmethod
+    def _cell(value: Any) -> Any:
+        if value is None:
+            return ""
+        if isinstance(value, float) and math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return value
+
+    def __call__(self, record: EpsilonRecord) -> None:
+        self._file.add(self._row([self._cell(getattr(record, f)) for f in FIELDS]))
+
+    def flush(self) -> None:
+        """Write buffered records now."""
+        self._file.flush()
+
+    def close(self) -> None:
+        """Write buffered records and close the file."""
+        self._file.close()
+
+
+class TensorBoardSink:
+    """Scalars ``<prefix>/<field>`` at global step ``record.step`` in a TensorBoard log.
+
+    Args:
+        writer: a ``torch.utils.tensorboard.SummaryWriter`` (or anything with
+            ``add_scalar(tag, value, step)``), or a log directory to create one in (needs
+            the ``tensorboard`` package).
+        prefix: the tag prefix.
+    """
+
+    def __init__(self, writer: Any, *, prefix: str = "privacy") -> None:
+        if isinstance(writer, (str, os.PathLike)):
+            from torch.utils.tensorboard import SummaryWriter  # needs `tensorboard`
+
+            writer = SummaryWriter(log_dir=os.fspath(writer))
+            self._owned = True
+        else:
+            self._owned = False
+        if not callable(getattr(writer, "add_scalar", None)):
+            raise TypeError(
+                f"`writer` must be a SummaryWriter or a log directory, got {type(writer).__name__}."
+            )
+        self.writer, self.prefix = writer, prefix
+
+    def __call__(self, record: EpsilonRecord) -> None:
+        for key, value in _scalars(record).items():
+            self.writer.add_scalar(f"{self.prefix}/{key}", value, record.step)
+
+    def close(self) -> None:
+        """Flush the writer (and close it if this sink created it)."""
+        self.writer.flush()
+        if self._owned:
+            self.writer.close()
+
+
+class WandbSink:
+    """``wandb.log`` of the scalars under ``<prefix>/``, with ``<prefix>/step``.
+
+    Args:
+        run: a ``wandb`` run (default: the active run, ``wandb.run``).
+        prefix: the key prefix.
+
+    Raises:
+        ImportError: if ``wandb`` is not installed.
+        ValueError: if no run is given and none is active (call ``wandb.init`` first).
+    """
+
+    def __init__(self, run: Any = None, *, prefix: str = "privacy") -> None:
+        if run is None:
+            import wandb
+
+            run = wandb.run
+            if run is None:
+                raise ValueError("`run` is None and no wandb run is active: call wandb.init().")
+        self.run, self.prefix = run, prefix
+
+    def __call__(self, record: EpsilonRecord) -> None:
+        data = {f"{self.prefix}/{k}": v for k, v in _scalars(record).items()}
+        data[f"{self.prefix}/step"] = record.step
+        self.run.log(data, commit=False)
+
+
+class MlflowSink:
+    """``mlflow.log_metrics`` of the scalars (keys ``<prefix>_<field>``) at ``step``.
+
+    Args:
+        client: the ``mlflow`` module (default) or anything with ``log_metrics(dict, step=)``.
+        prefix: the key prefix.
+
+    Raises:
+        ImportError: if ``client`` is None and ``mlflow`` is not installed.
+    """
+
+    def __init__(self, client: Any = None, *, prefix: str = "privacy") -> None:
+        if client is None:
+            import mlflow
+
+            client = mlflow
+        self.client, self.prefix = client, prefix
+
+    def __call__(self, record: EpsilonRecord) -> None:
+        metrics = {
+            f"{self.prefix}_{k}": v for k, v in _scalars(record).items() if math.isfinite(v)
+        }
+        self.client.log_metrics(metrics, step=record.step)

@@ -1,0 +1,126 @@
+"""Hugging Face adapter: transformers 5.x Trainer with Opacus 1.6's wrap_model=False mode;
+logged epsilon equals the accountant's at each step; budget stop; state in checkpoints."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from opacus_lastiterate.callbacks import EpsilonRecord, PrivacyBudget, PrivacyMonitor
+from tests.callbacks.conftest import DELTA
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+
+class _Data(Dataset):
+    def __init__(self, n: int = 256) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(n, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, Any]:
+        logits = self.net(x)
+        out: dict[str, Any] = {"logits": logits}
+        if labels is not None:
+            out["loss"] = nn.functional.cross_entropy(logits, labels)
+        return out
+
+
+def _setup(tmp_path: Path, max_steps: int, budget: PrivacyBudget | None = None, **kw: Any):
+    from opacus import PrivacyEngine
+
+    from opacus_lastiterate.callbacks import HFPrivacyCallback
+
+    torch.manual_seed(0)
+    data, model = _Data(), _Net()
+    engine = PrivacyEngine(accountant="last_iterate")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hooks, optimizer, _ = engine.make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(data, batch_size=32), noise_multiplier=1.0,
+            max_grad_norm=1.0, wrap_model=False,
+        )
+    records: list[EpsilonRecord] = []
+    expected: list[tuple[int, float]] = []
+
+    def check(record: EpsilonRecord) -> None:
+        records.append(record)
+        expected.append((engine.accountant.num_steps, engine.accountant.get_epsilon(DELTA)))
+
+    monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[check], budget=budget, robust_every=2)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=max_steps, per_device_train_batch_size=32,
+        learning_rate=0.1, max_grad_norm=0.0, report_to=[], use_cpu=True,
+        logging_strategy="no", disable_tqdm=True, seed=0, **kw,
+    )
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=data, optimizers=(optimizer, None),
+        callbacks=[HFPrivacyCallback(monitor, key=f"test-{tmp_path.name}")],
+    )
+    return engine, monitor, trainer, records, expected, hooks
+
+
+def test_trainer_logs_the_accountant_epsilon(tmp_path: Path) -> None:
+    engine, _monitor, trainer, records, expected, _ = _setup(tmp_path, 4, save_strategy="no")
+    trainer.train()
+    assert [r.step for r in records] == [1, 2, 3, 4, 4] and records[-1].final
+    for r, (n, eps) in zip(records, expected, strict=True):
+        assert r.step == n and r.heuristic_epsilon == eps
+    lrs = [r.lr for r in records[:4]]
+    assert lrs[0] == pytest.approx(0.1) and lrs == sorted(lrs, reverse=True)  # linear decay
+    assert engine.accountant.num_steps == 4 == trainer.state.global_step
+
+
+def test_budget_stop_sets_should_training_stop(tmp_path: Path) -> None:
+    _engine0, _, trainer0, records0, _, _ = _setup(tmp_path / "ref", 3, save_strategy="no")
+    trainer0.train()
+    limit = records0[1].heuristic_epsilon  # after step 2
+    assert limit is not None
+    engine, monitor, trainer, _records, _, _ = _setup(
+        tmp_path / "run", 10, PrivacyBudget(limit, action="stop"), save_strategy="no"
+    )
+    trainer.train()
+    assert monitor.should_stop and engine.accountant.num_steps == 2
+    assert trainer.state.global_step == 3  # the refused step ends training, unapplied
+
+
+def test_state_is_saved_in_trainer_checkpoints_and_restored(tmp_path: Path) -> None:
+    from opacus_lastiterate.callbacks import HFPrivacyCallback
+
+    engine, _monitor, trainer, _, _, _ = _setup(tmp_path, 3, save_strategy="steps", save_steps=3)
+    trainer.train()
+    state_file = tmp_path / "checkpoint-3" / "trainer_state.json"
+    saved = json.loads(state_file.read_text())["stateful_callbacks"]["HFPrivacyCallback"]
+    assert saved["attributes"]["monitor_state"]["accountant"]["history"] == [[1.0, 0.125, 3]]
+    # what Trainer._load_callback_state does on resume: rebuild from args, set attributes
+    from opacus import PrivacyEngine
+
+    fresh = PrivacyEngine(accountant="last_iterate")
+    original = HFPrivacyCallback(PrivacyMonitor(fresh, delta=DELTA), key="resume")
+    rebuilt = HFPrivacyCallback(**{**saved["args"], "key": "resume"})
+    for name, value in saved["attributes"].items():
+        setattr(rebuilt, name, value)
+    assert rebuilt.monitor is original.monitor
+    assert fresh.accountant.history == engine.accountant.history
+    with pytest.raises(ValueError, match="no PrivacyMonitor is registered"):
+        HFPrivacyCallback(key="nobody")
