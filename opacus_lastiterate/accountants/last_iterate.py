@@ -153,6 +153,7 @@ class LastIterateAccountant(RunAccountant):
         self._engine = IncrementalHeuristic()
         self._calibration_warned = False
         self._trace: list[TraceEntry] = []
+        self._summary: tuple[int, int, bool, set[float]] | None = None
         self._trace_disabled = False
         self._weighted_cache: tuple[tuple[int, float], WeightedHeuristicResult] | None = None
         self._weighted_engine: IncrementalWeightedHeuristic | None = None
@@ -181,6 +182,7 @@ class LastIterateAccountant(RunAccountant):
     def _after_reset(self) -> None:
         self._engine = IncrementalHeuristic.from_run(self.run)
         self._trace = []  # a history written from outside has no optimizer settings
+        self._summary = None
         self._weighted_cache = None
         self._weighted_engine = None
         self._sweeps = {}
@@ -206,7 +208,7 @@ class LastIterateAccountant(RunAccountant):
         try:
             st = sgd_settings(optim)
         except ValueError as err:  # UnsupportedOptimizerError or differing parameter groups
-            self._trace_disabled, self._trace = True, []
+            self._trace_disabled, self._trace, self._summary = True, [], None
             warn(
                 f"{err} The last-iterate accountant falls back to the constant-rate formula, "
                 "which does not describe this optimizer.",
@@ -216,8 +218,16 @@ class LastIterateAccountant(RunAccountant):
         key = (st.lr, st.momentum, st.dampening, st.nesterov, st.weight_decay)
         if self._trace and self._trace[-1][:5] == key:
             self._trace[-1] = (*key, self._trace[-1][5] + 1)
+            if self._summary is not None:
+                n, steps, varies, lrs = self._summary
+                self._summary = (n, steps + 1, varies, lrs)
         else:
             self._trace.append((*key, 1))
+            if self._summary is not None and self._summary[0] == len(self._trace) - 1:
+                n, steps, varies, lrs = self._summary
+                lrs.add(key[0])
+                varies = varies or len(lrs) > 1 or key[1] != 0.0 or key[4] != 0.0
+                self._summary = (n + 1, steps + 1, varies, lrs)
 
     @property
     def optimizer_trace(self) -> list[TraceEntry]:
@@ -230,10 +240,17 @@ class LastIterateAccountant(RunAccountant):
         (varying learning rate, momentum or weight decay) and cover every recorded step."""
         if self._trace_disabled or not self._trace:
             return False
-        if sum(e[5] for e in self._trace) != self._steps():
-            return False
-        lrs = {e[0] for e in self._trace}
-        return len(lrs) > 1 or any(e[1] != 0.0 or e[4] != 0.0 for e in self._trace)
+        steps, varies = self._trace_summary()
+        return steps == self._steps() and varies
+
+    def _trace_summary(self) -> tuple[int, bool]:
+        """(steps covered by the trace, whether its settings change the weights), kept up to
+        date as the trace grows, so that a step does not rescan the whole trace."""
+        if self._summary is None or self._summary[0] != len(self._trace):
+            lrs = {e[0] for e in self._trace}
+            varies = len(lrs) > 1 or any(e[1] != 0.0 or e[4] != 0.0 for e in self._trace)
+            self._summary = (len(self._trace), sum(e[5] for e in self._trace), varies, lrs)
+        return self._summary[1], self._summary[2]
 
     def _weighted_run(self) -> DPSGDRun:
         """The recorded run with the per-step weights of the recorded SGD settings."""
@@ -383,6 +400,7 @@ class LastIterateAccountant(RunAccountant):
 
     def _load_extra_state(self, checked: Any) -> None:
         self._trace, self._trace_disabled = checked
+        self._summary = None
         self._calibration_warned = False
 
     # -- privacy ----------------------------------------------------------------------------
