@@ -158,13 +158,19 @@ class ShiftedGaussianMixture:
         """The y with L(y) = value (requires value > lim_{y->-inf} L); ``start``: a warm start."""
         pos = self._a > 0
         # L(y) >= a_k y + b_k for every k, so L(y_hi) >= value at y_hi below.
-        y = float(np.min((value - self._b[pos]) / self._a[pos]))
-        if start is not None and math.isfinite(start) and start < y:
+        cold = float(np.min((value - self._b[pos]) / self._a[pos]))
+        y = cold
+        if start is not None and math.isfinite(start) and start < cold:
             y = start  # Newton from the left overshoots past the root, then is monotone
         # Newton from the right on a convex increasing function converges monotonically.
         previous = math.inf
         for _ in range(200):
             loss, slope = self._loss_and_slope(y)
+            if not (slope > 0.0 and math.isfinite(loss)) and y != cold:
+                # far left, all weight sits on the shift-0 component and the slope underflows
+                # to 0: a warm start there is useless, so start cold (the slope is > 0 there)
+                y, previous = cold, math.inf
+                continue
             step = (loss - value) / slope
             y -= step
             # converged, or the steps stopped shrinking: rounding noise of L (a warm start

@@ -181,7 +181,10 @@ class IncrementalHeuristic:
         else:
             pair = self.pair()
             assert pair is not None
-            eps, hints = pair.epsilon_warm(delta, self._predicted_hints(delta))
+            try:
+                eps, hints = pair.epsilon_warm(delta, self._predicted_hints(delta))
+            except ArithmeticError:  # a warm start must never cost a step: solve cold
+                eps, hints = pair.epsilon_warm(delta, None)
             if all(math.isfinite(h) for h in hints):
                 last = self._hints.get(delta)
                 previous = None if last is None else (last[0], last[1], None)

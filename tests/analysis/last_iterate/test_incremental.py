@@ -78,3 +78,15 @@ def test_suffix_peak_tracks_the_largest_value_of_a_single_segment() -> None:
     assert peak.epsilon == max(values) and peak.steps == int(np.argmax(values)) + 1
     engine.append(2.0, 0.05)  # a new segment: suffixes of the old one no longer apply
     assert engine.suffix_peak(1e-6) is None
+
+
+def test_warm_starts_where_the_loss_slope_underflows() -> None:
+    # q = 0.001: around T = 1674 the extrapolated threshold lay so far left that the slope
+    # of the privacy loss underflowed to 0 (a ZeroDivisionError before the fix)
+    engine = IncrementalHeuristic()
+    for t in range(1, 2001):
+        engine.append(1.0, 0.001)
+        eps = engine.epsilon(1e-5)
+        if t % 400 == 0 or 1670 <= t <= 1680:
+            scratch = LastIterateHeuristic([(1.0, 0.001, t)]).epsilon(1e-5)
+            assert eps == pytest.approx(scratch, rel=REL)
