@@ -90,3 +90,23 @@ def test_warm_starts_where_the_loss_slope_underflows() -> None:
         if t % 400 == 0 or 1670 <= t <= 1680:
             scratch = LastIterateHeuristic([(1.0, 0.001, t)]).epsilon(1e-5)
             assert eps == pytest.approx(scratch, rel=REL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(40))
+def test_fuzz_long_constant_runs_never_fail_and_match(seed: int) -> None:
+    """Random (q, sigma, delta), every step asked: no exception, and the sampled steps equal
+    the from-scratch value (the warm path is only a faster route to the same root)."""
+    rng = np.random.default_rng(1000 + seed)
+    q = float(10 ** rng.uniform(-4, -0.3))
+    sigma = float(10 ** rng.uniform(-0.5, 0.7))
+    delta = float(10 ** rng.uniform(-10, -3))
+    steps = int(rng.integers(500, 6000))
+    engine = IncrementalHeuristic()
+    checks = set(np.unique(np.geomspace(1, steps, 15).astype(int)).tolist())
+    for t in range(1, steps + 1):
+        engine.append(sigma, q)
+        eps = engine.epsilon(delta)
+        if t in checks:
+            scratch = LastIterateHeuristic([(sigma, q, t)]).epsilon(delta)
+            assert eps == pytest.approx(scratch, rel=REL, abs=1e-12), (q, sigma, delta, t)
