@@ -1,6 +1,7 @@
 # Entry points; each one installs what it needs into a virtual environment first.
-#   make demo        train a small DP-SGD model with the last-iterate accountant (per-step
-#                    epsilon log), then a many-run canary audit of such training
+#   make demo        train a small DP-SGD model with the last-iterate accountant, a privacy
+#                    monitor logging heuristic, robust and standard epsilon every step, and
+#                    gradient canaries; ends with the in-training audit of the final model
 #   make test        the default test suite (what CI runs first)
 #   make lint        ruff and mypy
 #   make test-slow   statistical / reproduction tests (marked `slow`)
@@ -19,8 +20,7 @@ venv:
 	PYTHON=$(PYTHON) scripts/bootstrap.sh $(VENV) dev
 
 demo: venv
-	$(PY) examples/train_digits.py
-	$(PY) examples/audit_digits.py --quick --out runs/audit_digits
+	$(PY) examples/train_digits.py --canaries 1000 --robust-every 1
 
 test: venv
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
