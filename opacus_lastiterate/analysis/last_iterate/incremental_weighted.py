@@ -99,6 +99,7 @@ _MIN_EXPONENT = -12
 _MAX_FINE = 32.0  # at most _MAX_FINE / accuracy fine points per largest weight
 _RAISE = 2.5  # coarsen when the gap is below accuracy / _RAISE
 _MAX_EXPONENT = 20
+_MAX_POINTS = 4_000_000  # a query grid finer than this answers from scratch (bounded memory)
 _ROUND = 1e-12  # relative margin so that float rounding of w / h never crosses a grid point
 _NOISE = 1e-9  # relative margin on the noise variance sums
 Hints = tuple[float, float, float]
@@ -458,7 +459,8 @@ class IncrementalWeightedHeuristic:
                 rel = 0.0 if upper == 0 else math.inf
             if rel <= acc:
                 break
-            if e <= _MIN_EXPONENT or not math.isfinite(rel):
+            finer = state.up.p.size * 2.0 ** max(0, -(e - 1))
+            if e <= _MIN_EXPONENT or not math.isfinite(rel) or finer > _MAX_POINTS:
                 self.fallbacks += 1
                 if self._fine_points < _MAX_FINE / acc:  # refine the fine grid (bounded)
                     self._fine_points *= 2.0
