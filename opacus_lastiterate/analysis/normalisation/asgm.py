@@ -60,6 +60,7 @@ from opacus_lastiterate.analysis.normalisation.discretisation import (
     DEFAULT_INTERVAL,
     Discretisation,
     LossTails,
+    WorstOfPLDs,
     check_discretisation,
     check_interval,
     identity_pld,
@@ -67,7 +68,6 @@ from opacus_lastiterate.analysis.normalisation.discretisation import (
     worst_delta,
     worst_epsilon,
 )
-from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.run import RunLike, as_run
 
 __all__ = [
@@ -340,7 +340,7 @@ def asgm_delta(
     return worst_delta(plds, e)
 
 
-class ASGM(PrivacyModel):
+class ASGM(WorstOfPLDs):
     """Division by the realised batch size (Opacus 0.x) for a run: the exact "batch size
     revealed" model (:data:`ASGM_MODEL`), worst of both neighbours of the N-record data set
     (``run.normalisation.dataset_size``) and both directions, composed segment by segment.
@@ -389,14 +389,6 @@ class ASGM(PrivacyModel):
                 out.append(composed)
             self._plds = out
         return self._plds
-
-    def _epsilon(self, delta: float) -> float:
-        """ASGM epsilon(delta) (inf when the all-sampled mass exceeds delta)."""
-        return worst_epsilon(self._composed(), delta)
-
-    def _delta(self, epsilon: float) -> float:
-        """ASGM delta(epsilon), an upper bound."""
-        return worst_delta(self._composed(), epsilon)
 
     def __repr__(self) -> str:
         return f"ASGM(steps={self.run.num_steps}, dataset_size={self.dataset_size})"

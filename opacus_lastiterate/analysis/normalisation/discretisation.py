@@ -42,11 +42,13 @@ from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from numpy.typing import NDArray
 
 from opacus_lastiterate.analysis._validation import check_in_interval
+from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 
 __all__ = [
     "DEFAULT_INTERVAL",
     "Discretisation",
     "LossTails",
+    "WorstOfPLDs",
     "check_discretisation",
     "check_interval",
     "discretise",
@@ -241,3 +243,18 @@ def worst_epsilon(plds: Iterable[PrivacyLossDistribution | None], delta: float) 
 def worst_delta(plds: Iterable[PrivacyLossDistribution | None], epsilon: float) -> float:
     """max over the PLDs of delta(epsilon), at most 1; None stands for delta = 1."""
     return float(min(1.0, max(1.0 if p is None else p.get_delta_for_epsilon(epsilon) for p in plds)))
+
+
+class WorstOfPLDs(PrivacyModel):
+    """A privacy model whose curve is the worst, in both directions, of several composed PLDs
+    (neighbouring pairs; ``None`` stands for a pair with no finite epsilon): subclasses
+    provide :meth:`_composed`."""
+
+    def _composed(self) -> list[PrivacyLossDistribution | None]:
+        raise NotImplementedError
+
+    def _epsilon(self, delta: float) -> float:
+        return worst_epsilon(self._composed(), delta)
+
+    def _delta(self, epsilon: float) -> float:
+        return worst_delta(self._composed(), epsilon)

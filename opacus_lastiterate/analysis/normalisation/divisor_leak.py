@@ -50,6 +50,7 @@ from opacus_lastiterate.analysis.normalisation.discretisation import (
     DEFAULT_INTERVAL,
     Discretisation,
     LossTails,
+    WorstOfPLDs,
     check_discretisation,
     check_interval,
     identity_pld,
@@ -60,7 +61,6 @@ from opacus_lastiterate.analysis.normalisation.discretisation import (
 from opacus_lastiterate.analysis.normalisation.opacus_arithmetic import (
     opacus1x_batch_arithmetic,
 )
-from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.run import RunLike, as_run
 
 __all__ = [
@@ -395,7 +395,7 @@ def _pld_interval(pld: PrivacyLossDistribution) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-class FEASGM(PrivacyModel):
+class FEASGM(WorstOfPLDs):
     """Opacus 1.x's floor-based expected-batch divisor for a run: the dimension-aware curve
     of the zero-other-gradients configuration (:data:`FEASGM_MODEL`), worst of the pairs
     (N-1, N), (N, N+1) and both directions, segment by segment (``docs/normalisation.md``).
@@ -489,14 +489,6 @@ class FEASGM(PrivacyModel):
                     plds = self._build(common)
             self._plds = plds
         return self._plds
-
-    def _epsilon(self, delta: float) -> float:
-        """epsilon(delta) of the curve (inf where a divisor is 0 in one world only)."""
-        return worst_epsilon(self._composed(), delta)
-
-    def _delta(self, epsilon: float) -> float:
-        """delta(epsilon) of the curve."""
-        return worst_delta(self._composed(), epsilon)
 
     def __repr__(self) -> str:
         return f"FEASGM(steps={self.run.num_steps}, {self.normalisation})"
