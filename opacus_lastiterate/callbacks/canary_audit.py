@@ -22,6 +22,16 @@ dedicated ``torch.Generator`` on that device and the insertion is an ``index_add
 are read back once, in :meth:`InTrainingCanaryAudit.report`. The audit never touches the
 global random number generators, so ``enabled=False`` (or ``num_canaries=0``) leaves training
 bit-for-bit identical.
+
+Distributed training (Opacus's ``DistributedDPOptimizer``, ``make_private`` on a
+``DifferentiallyPrivateDistributedDataParallel`` or ``DistributedDataParallel`` module):
+build the audit on every rank with the same ``seed``. The coordinates, coins and per-step
+samples are then the same on every rank (the same seeded generators, advanced by one draw
+per step on every rank); the sampled canaries are added to the clipped sum of rank 0 only,
+the rank that adds the noise, so after Opacus's all-reduce each canary is in the global sum
+exactly once, divided by the global expected batch size, as in one process. (Adding
+``C / world_size`` on every rank instead would round C for most world sizes.) Other
+distributed optimizers are refused with a ``TypeError`` that says why.
 """
 
 from __future__ import annotations
@@ -340,17 +350,60 @@ def _check_dp_optimizer(optimizer: object) -> Any:
             "`optimizer` must be an Opacus DPOptimizer (returned by "
             f"PrivacyEngine.make_private), got {type(optimizer).__name__}."
         )
-    if hasattr(optimizer, "rank") or hasattr(optimizer, "world_size"):
-        raise TypeError(
-            "`optimizer` is a distributed DPOptimizer; in-training gradient canaries support "
-            f"single-process optimizers only, got {type(optimizer).__name__}."
-        )
     if "add_noise" in vars(optimizer):
         raise ValueError(
             "`optimizer.add_noise` is already replaced (another canary audit is attached?); "
             "attach one InTrainingCanaryAudit per optimizer."
         )
     return optimizer
+
+
+def _distributed_rank(optimizer: Any) -> int | None:
+    """None for a single-process optimizer; the rank of a supported distributed one.
+
+    Supported: Opacus's ``DistributedDPOptimizer`` (flat clipping) as it is, whose rank 0
+    adds the noise to its local clipped sum and whose ``reduce_gradients`` then sums
+    ``p.grad`` over the ranks (divided by ``world_size`` with ``loss_reduction="mean"``,
+    each rank having divided by its per-worker ``expected_batch_size``). Everything else
+    that carries a ``rank`` is refused with the reason.
+    """
+    if not (hasattr(optimizer, "rank") or hasattr(optimizer, "world_size")):
+        return None
+    from opacus.optimizers import DistributedDPOptimizer, DPPerLayerOptimizer
+    from opacus.optimizers.optimizer_fast_gradient_clipping import (
+        DPOptimizerFastGradientClipping,
+    )
+
+    name = type(optimizer).__name__
+    prefix = f"`optimizer` is a distributed DPOptimizer ({name}); "
+    if isinstance(optimizer, DPPerLayerOptimizer):
+        raise TypeError(
+            prefix + "per-layer clipping is not supported: a gradient canary of norm "
+            "max_grad_norm on one layer would exceed that layer's clipping bound."
+        )
+    if isinstance(optimizer, DPOptimizerFastGradientClipping):
+        raise TypeError(
+            prefix + "ghost clipping (DDP or FSDP) is not supported: FSDP shards the "
+            "parameters (a flat coordinate is not the same parameter on every rank) and the "
+            "distributed ghost-clipping path is not validated with canaries."
+        )
+    if not isinstance(optimizer, DistributedDPOptimizer):
+        raise TypeError(
+            prefix + "only Opacus's DistributedDPOptimizer (flat clipping) is supported; "
+            "this one adds its noise elsewhere (e.g. per parameter in backward hooks), so "
+            "there is no add_noise step to put the canaries into."
+        )
+    cls = type(optimizer)
+    for method in ("add_noise", "reduce_gradients", "step"):
+        if getattr(cls, method) is not getattr(DistributedDPOptimizer, method):
+            raise TypeError(
+                prefix + f"it overrides {method}(), so where the ranks' sums meet is "
+                "unknown; only DistributedDPOptimizer's own aggregation is supported."
+            )
+    rank = optimizer.rank
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        raise TypeError(f"`optimizer.rank` must be an integer >= 0, got {rank!r}.")
+    return rank
 
 
 def _check_candidates(candidates: ArrayLike | None, dimension: int, m: int) -> NDArray[np.int64]:
@@ -389,6 +442,9 @@ class InTrainingCanaryAudit:
         candidates: flat parameter indices the canary coordinates are drawn from (None:
             all), e.g. coordinates the real data do not move.
         enabled: False makes the audit inert (nothing attached; training unchanged).
+
+    With a ``DistributedDPOptimizer``, create it on every rank with the same arguments
+    (module docs, "Distributed training"); every rank then reports the same audit.
     """
 
     def __init__(
@@ -406,6 +462,11 @@ class InTrainingCanaryAudit:
         if not isinstance(enabled, bool):
             raise TypeError(f"`enabled` must be a bool, got {enabled!r}.")
         self._optimizer = _check_dp_optimizer(optimizer)
+        self._rank = _distributed_rank(optimizer)
+        # The canaries enter the clipped sum on one process only: the single process, or
+        # rank 0 of a DistributedDPOptimizer (the rank that adds the noise); the others
+        # draw the same per-step samples and count the same insertions without adding.
+        self._inserts = self._rank is None or self._rank == 0
         m = check_int("num_canaries", num_canaries)
         self._sample_rate = check_sample_rate(sample_rate)
         self._seed = _check_seed(seed)
@@ -480,6 +541,8 @@ class InTrainingCanaryAudit:
         ) < self._sample_rate
         present = sampled & self._included
         self._insertions += present
+        if not self._inserts:  # another rank adds them to the global sum
+            return
         norm = float(opt.max_grad_norm)  # C, a Python number: no synchronisation
         for p, local, pos, _ in self._groups:
             summed: torch.Tensor | None = getattr(p, "summed_grad", None)
@@ -510,6 +573,12 @@ class InTrainingCanaryAudit:
     def num_canaries(self) -> int:
         """m, the gradient canaries (0 when disabled)."""
         return self._num_canaries
+
+    @property
+    def rank(self) -> int | None:
+        """The optimizer's ``torch.distributed`` rank (None for a single-process one); the
+        canaries are added to the clipped sum on rank 0 only."""
+        return self._rank
 
     @property
     def steps(self) -> int:
@@ -627,5 +696,6 @@ class InTrainingCanaryAudit:
         return (
             f"InTrainingCanaryAudit(num_canaries={self._num_canaries}, "
             f"sample_rate={self._sample_rate:g}, steps={self._steps}, "
-            f"input_canaries={0 if self._input is None else self._input.num_canaries})"
+            + ("" if self._rank is None else f"rank={self._rank}, ")
+            + f"input_canaries={0 if self._input is None else self._input.num_canaries})"
         )

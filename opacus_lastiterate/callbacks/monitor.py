@@ -30,6 +30,14 @@ emitted after it). A step refused by the budget is taken back from the accountan
 update is not applied. Every value is a Python float computed on the host from the
 accountant's bookkeeping: the monitor never reads a tensor (no ``.item()``, ``.cpu()``,
 ``.tolist()``), so it adds no device synchronisation to a GPU training step.
+
+Distributed training (Opacus's ``DistributedDPOptimizer`` under ``torch.distributed``):
+create the monitor on every rank. Every rank's accountant records every step (each rank's
+optimizer calls its hook with the same noise multiplier and sample rate), so the histories,
+the epsilons and the budget guard's decisions are the same on every rank: a refused step is
+refused everywhere, before the gradients' all-reduce for ``action="raise"`` and at the update
+for ``action="stop"``, and no rank is left waiting in a collective. Only the sinks are
+rank-dependent: by default they are called on rank 0 only (``sink_rank``).
 """
 
 from __future__ import annotations
@@ -261,6 +269,23 @@ def _num_steps(accountant: Any) -> int:
     return int(sum(h[2] for h in accountant.history))
 
 
+def _process_rank() -> int:
+    """This process's ``torch.distributed`` rank; 0 without an initialised process group."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return 0
+
+
+def _check_sink_rank(value: object) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"`sink_rank` must be an integer >= 0 or None, got {value!r}.")
+    return int(value)
+
+
 def _resolve_accountant(source: object) -> Any:
     from opacus.accountants import IAccountant
 
@@ -301,6 +326,10 @@ class PrivacyMonitor:
         audit: an object with ``on_step(record)`` and ``finish()`` (:class:`MonitorAudit`),
             e.g. an in-training canary audit.
         optimizer: if given, :meth:`attach` to it now.
+        sink_rank: under ``torch.distributed``, the rank whose process calls the sinks
+            (default 0); the other ranks still account, build the records, check the budget
+            and call the audit, identically. A process without an initialised process group
+            counts as rank 0. None: call the sinks on every rank.
     """
 
     def __init__(
@@ -315,6 +344,7 @@ class PrivacyMonitor:
         budget: PrivacyBudget | None = None,
         audit: MonitorAudit | None = None,
         optimizer: object = None,
+        sink_rank: int | None = 0,
     ) -> None:
         from opacus_lastiterate.accountants import LastIterateAccountant
         from opacus_lastiterate.accountants.normalisation import (
@@ -329,6 +359,7 @@ class PrivacyMonitor:
             if not callable(sink):
                 raise TypeError(f"`sinks[{i}]` must be callable, got {type(sink).__name__}.")
             self.sinks.append(sink)
+        self.sink_rank = _check_sink_rank(sink_rank)
         self.robust_every = _check_cadence("robust_every", robust_every)
         self.standard_every = _check_cadence("standard_every", standard_every)
         normalisation = (ASGMAccountant, FEASGMAccountant)
@@ -371,6 +402,16 @@ class PrivacyMonitor:
             self.attach(optimizer)
 
     # -- attaching ------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        """This process's ``torch.distributed`` rank (0 without a process group)."""
+        return _process_rank()
+
+    @property
+    def calls_sinks(self) -> bool:
+        """Whether this process calls the sinks (``sink_rank`` None or this rank)."""
+        return self.sink_rank is None or _process_rank() == self.sink_rank
 
     @property
     def attached(self) -> bool:
@@ -522,8 +563,9 @@ class PrivacyMonitor:
     def _emit(self, record: EpsilonRecord) -> None:
         self.last_record = record
         self.records_emitted += 1
-        for sink in self.sinks:
-            sink(record)
+        if self.calls_sinks:
+            for sink in self.sinks:
+                sink(record)
         if self.audit is not None:
             self.audit.on_step(record)
 
@@ -532,7 +574,8 @@ class PrivacyMonitor:
     def finish(self) -> EpsilonRecord | None:
         """Emit a final record with every epsilon (robust, PLD, corrected), call the audit's
         ``finish`` (its result in :attr:`audit_result`) and close the sinks that have a
-        ``close`` method. Returns the final record (None before any step)."""
+        ``close`` method (on every rank, also those that ``sink_rank`` kept silent).
+        Returns the final record (None before any step)."""
         self._flush_pending()
         record = None
         history = self.accountant.history
