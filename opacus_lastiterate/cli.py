@@ -5,6 +5,7 @@ Subcommands:
                     schedule/momentum-weighted heuristic with --lr-schedule / --momentum)
     counterexample  the quadratic-regulariser counterexample beside the heuristic
     normalisation   Opacus 1.x divisor verdict: SGM, FEASGM (corrected, curve) and ASGM epsilons
+    compare-versions  one row per Opacus release 0.9.0-1.6.0: what it reports, corrected, warnings
 """
 
 from __future__ import annotations
@@ -122,6 +123,35 @@ def build_parser() -> argparse.ArgumentParser:
     norm.add_argument("--drop-last", action="store_true", help="the DataLoader has drop_last=True")
     norm.add_argument("--json", action="store_true", help="print one JSON object (inf as \"inf\")")
     norm.set_defaults(handler=_run_normalisation)
+
+    ver = sub.add_parser(
+        "compare-versions",
+        help="one row per Opacus release (0.9.0-1.6.0): reported vs corrected epsilon, warnings",
+        description=(
+            "For one training configuration, what each Opacus release runs (mechanism, "
+            "divisor), what it reports with its own default accountant, the corrected "
+            "epsilon, the last-iterate heuristic and warnings (docs/opacus_versions.md)."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ver.add_argument("--dataset-size", type=_positive_int, required=True, help="N = len(dataset)")
+    ver.add_argument("--batch-size", type=_positive_int, required=True, help="DataLoader batch size L")
+    ver.add_argument("--noise-multiplier", type=float, required=True, help="noise multiplier sigma > 0")
+    ver.add_argument("--delta", type=float, required=True, help="target delta in (0, 1)")
+    span = ver.add_mutually_exclusive_group()
+    span.add_argument("--epochs", type=_positive_int, default=None, help="epochs (default 1)")
+    span.add_argument("--steps", type=_positive_int, default=None, help="fixed number of steps")
+    ver.add_argument("--dimension", type=_positive_int, default=None,
+                     help="trainable parameters d: adds the FEASGM curve epsilon (1.x)")
+    ver.add_argument("--loss-reduction", choices=("mean", "sum"), default="mean")
+    ver.add_argument("--no-poisson", action="store_true",
+                     help="fixed-size shuffled batches (1.x poisson_sampling=False)")
+    ver.add_argument("--drop-last", action="store_true", help="the DataLoader has drop_last=True")
+    ver.add_argument("--versions", default=None,
+                     help="range A..B (inclusive), list A,B or one version; default all 26")
+    ver.add_argument("--json", action="store_true", help="print one JSON object (inf as \"inf\")")
+    ver.add_argument("--plot", default=None, metavar="FILE", help="save a plot (needs matplotlib)")
+    ver.set_defaults(handler=_run_compare_versions)
     return parser
 
 
@@ -398,6 +428,88 @@ def _run_normalisation(args: argparse.Namespace) -> int:
     asgm = report["asgm"]
     print(f"  ASGM epsilon       {_fmt_eps(asgm['epsilon'])}   [{asgm['model']}]")
     return 0
+
+
+def _run_compare_versions(args: argparse.Namespace) -> int:
+    from opacus_lastiterate.analysis.opacus_versions import (
+        ACCOUNTANT_LABELS,
+        VersionConfig,
+        compare_versions,
+        installed_version,
+    )
+
+    config = VersionConfig(
+        dataset_size=args.dataset_size,
+        batch_size=args.batch_size,
+        noise_multiplier=args.noise_multiplier,
+        delta=args.delta,
+        epochs=None if args.steps is not None else (args.epochs or 1),
+        steps=args.steps,
+        dimension=args.dimension,
+        poisson=not args.no_poisson,
+        loss_reduction=args.loss_reduction,
+        drop_last=args.drop_last,
+    )
+    rows = compare_versions(config, args.versions)
+    if args.plot:
+        _plot_versions(rows, args.plot)
+    if args.json:
+        print(json.dumps({
+            "configuration": {k: getattr(config, k) for k in config.__dataclass_fields__},
+            "installed": installed_version(),
+            "accountants": ACCOUNTANT_LABELS,
+            "rows": [r.as_dict() for r in rows],
+        }, allow_nan=False))
+        return 0
+    span = f"{config.steps} steps" if config.steps is not None else f"{config.epochs} epoch(s)"
+    print(
+        f"N = {config.dataset_size}, L = {config.batch_size}, sigma = {config.noise_multiplier:g}, "
+        f"{span}, delta = {config.delta:g}, {'Poisson' if config.poisson else 'shuffled'}, "
+        f"loss_reduction = {config.loss_reduction}; installed opacus: {installed_version()}"
+    )
+    curve = any(r.curve is not None for r in rows)
+    print(f"{'version':<8} {'mechanism':<17} {'accountant':<13} {'q':>10} {'steps':>6} "
+          f"{'divisor':<26} {'reported':>9} {'corrected':>10} {'heuristic':>9}"
+          + (f" {'curve':>9}" if curve else ""))
+    for r in rows:
+        line = (f"{r.version:<8} {r.mechanism:<17} {r.accountant:<13} {r.sample_rate:>10.6g} "
+                f"{r.steps:>6} {r.divisor:<26} {_fmt_eps(r.reported)[1:]} {_fmt_eps(r.corrected)} "
+                f"{_fmt_eps(r.heuristic)[1:]}")
+        if curve:
+            line += " " + (_fmt_eps(r.curve)[1:] if r.curve is not None else f"{'-':>9}")
+        print(line)
+        for w in r.warnings:
+            print(f"         ! {w}")
+    print("corrected models:")
+    for model in dict.fromkeys(r.corrected_model for r in rows):
+        print(f"  - {model}")
+    print("accountants: " + "; ".join(f"{k}: {v}" for k, v in ACCOUNTANT_LABELS.items()))
+    print("heuristic: last-iterate heuristic at the accountant's q (final model only; SGM assumed)")
+    return 0
+
+
+def _plot_versions(rows: list[Any], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("--plot needs matplotlib (pip install matplotlib).") from None
+    xs = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for key, style in (("reported", "o-"), ("corrected", "s--"), ("heuristic", "^:")):
+        ys = [getattr(r, key) for r in rows]
+        ax.plot(xs, [y if math.isfinite(y) else float("nan") for y in ys], style, label=key)
+        for x, y in zip(xs, ys):
+            if not math.isfinite(y):
+                ax.annotate("inf", (x, 0), textcoords="offset points", xytext=(0, 5), ha="center")
+    ax.set_xticks(xs, [r.version for r in rows], rotation=60)
+    ax.set_ylabel("epsilon")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
