@@ -371,16 +371,16 @@ def divisor(
 
 @lru_cache(maxsize=256)
 def _rdp_epsilon(q: float, sigma: float, steps: int, delta: float, improved: bool) -> float:
-    from opacus_lastiterate.analysis._opacus_rdp import (
-        DEFAULT_ALPHAS,
+    from opacus_lastiterate.analysis.baselines.rdp_conversion import (
+        OPACUS_ORDERS,
         classic_conversion,
-        compute_rdp,
         improved_conversion,
+        subsampled_gaussian_rdp,
     )
 
-    rdp = compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=DEFAULT_ALPHAS)
+    rdp = subsampled_gaussian_rdp(q, sigma, steps, OPACUS_ORDERS)
     convert = improved_conversion if improved else classic_conversion
-    return float(convert(DEFAULT_ALPHAS, rdp, delta)[0])
+    return float(convert(OPACUS_ORDERS, rdp, delta)[0])
 
 
 @lru_cache(maxsize=256)

@@ -76,7 +76,9 @@ def test_reported_matches_installed_opacus_accountants() -> None:
     rdp, prv = RDPAccountant(), PRVAccountant()
     rdp.history = [(1.0, q, steps)]
     prv.history = [(1.0, q, steps)]
-    assert reported_epsilon("1.2.0", cfg) == pytest.approx(rdp.get_epsilon(1e-5), rel=1e-12)
+    # dp_accounting's RDP of the subsampled Gaussian and Opacus's implementation of the same
+    # analysis differ by about 1e-7 relative at fractional orders (measured 1.1e-7)
+    assert reported_epsilon("1.2.0", cfg) == pytest.approx(rdp.get_epsilon(1e-5), rel=1e-6)
     assert reported_epsilon("1.6.0", cfg) == pytest.approx(prv.get_epsilon(1e-5), abs=0.02)
 
 
