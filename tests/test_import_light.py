@@ -59,7 +59,11 @@ with contextlib.redirect_stdout(io.StringIO()) as out:
         "normalisation", "--dataset-size", "1000", "--batch-size", "50",
         "--noise-multiplier", "1", "--epochs", "1", "--delta", "1e-5", "--dimension", "10",
     ]) == 0
-assert "heuristic" in out.getvalue()
+    assert main([
+        "compare-versions", "--dataset-size", "147", "--batch-size", "3",
+        "--noise-multiplier", "1", "--epochs", "1", "--delta", "1e-5", "--versions", "0.9.0..1.6.0",
+    ]) == 0
+assert "heuristic" in out.getvalue() and "FEASGM" in out.getvalue()
 assert not loaded(*HEAVY), ("cli", loaded(*HEAVY))
 print("ok")
 """

@@ -9,7 +9,8 @@ Everything in this subpackage uses numpy, scipy and dp_accounting only, so it ca
 * :mod:`.baselines`: standard composition and full-batch DP-GD;
 * :mod:`.normalisation`: batch-size normalisation (EASGM, FEASGM, ASGM);
 * :mod:`.audit`: the statistics of privacy auditing;
-* :mod:`.comparison`: every number of one run side by side.
+* :mod:`.comparison`: every number of one run side by side;
+* :mod:`.opacus_versions`: what each Opacus release 0.9.0-1.6.0 computes.
 
 Names resolve lazily on first access (PEP 562 ``__getattr__``), so importing this package is
 cheap and ``dp_accounting`` or ``scipy.signal`` load only with the functions that use them.
@@ -81,11 +82,23 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     )
     from opacus_lastiterate.analysis.normalisation.asgm import ASGM
     from opacus_lastiterate.analysis.normalisation.divisor_leak import FEASGM
+    from opacus_lastiterate.analysis.opacus_versions import (
+        OPACUS_RELEASES,
+        OpacusRelease,
+        VersionComparison,
+        VersionConfig,
+        compare_versions,
+    )
     from opacus_lastiterate.analysis.privacy_model import PrivacyModel
     from opacus_lastiterate.analysis.run import DPSGDRun, Normalisation, TrainingSegment
 
 # Public name -> the submodule that defines it.
 _LAZY: dict[str, str] = {
+    "OPACUS_RELEASES": "opacus_versions",
+    "OpacusRelease": "opacus_versions",
+    "VersionComparison": "opacus_versions",
+    "VersionConfig": "opacus_versions",
+    "compare_versions": "opacus_versions",
     "DPSGDRun": "run",
     "FEASGM": "normalisation.divisor_leak",
     "PrivacyModel": "privacy_model",
@@ -134,6 +147,7 @@ _LAZY: dict[str, str] = {
 __all__ = [
     "ASGM",
     "FEASGM",
+    "OPACUS_RELEASES",
     "DPSGDRun",
     "DivisorVerdict",
     "EpsilonComparison",
@@ -142,6 +156,7 @@ __all__ = [
     "LastIterateHeuristic",
     "MonotonicityCheck",
     "Normalisation",
+    "OpacusRelease",
     "PrivacyModel",
     "QuadraticComparison",
     "QuadraticResult",
@@ -151,6 +166,8 @@ __all__ = [
     "SuffixMaximum",
     "TrainingSegment",
     "UnsupportedOptimizerError",
+    "VersionComparison",
+    "VersionConfig",
     "WeightedHeuristicResult",
     "asgm_delta",
     "asgm_epsilon",
@@ -159,6 +176,7 @@ __all__ = [
     "check_optimizer_supported",
     "compare_epsilons",
     "compare_epsilons_for_history",
+    "compare_versions",
     "feasgm_delta",
     "feasgm_epsilon",
     "feasgm_verdict",
