@@ -279,10 +279,6 @@ class DPSGDRun:
         weights = None if self.weights is None else self.weights[self.num_steps - steps :]
         return DPSGDRun._trusted(suffix(self.segments, steps), weights, self.normalisation)
 
-    def with_weights(self, weights: Sequence[float] | np.ndarray | None) -> DPSGDRun:
-        """The same run with per-step weights (validated)."""
-        return DPSGDRun(self.segments, weights, self.normalisation)  # type: ignore[arg-type]
-
 
 RunLike = DPSGDRun | HistoryLike
 
