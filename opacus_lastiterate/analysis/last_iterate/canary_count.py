@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-__all__ = ["CountDistribution", "binomial_count", "poisson_binomial_count"]
+__all__ = ["CountDistribution", "binomial_count", "convolve_counts", "poisson_binomial_count"]
 
 _TAIL_NATS = 75.0  # truncation level of each binomial factor (Bernstein bound e^-75)
 
@@ -90,8 +90,20 @@ def poisson_binomial_count(parts: Sequence[tuple[int, float]]) -> CountDistribut
         offset += factor.offset
         dropped += factor.dropped_mass
         pmf = np.convolve(pmf, np.exp(factor.log_pmf))
+    return _from_linear(offset, pmf, dropped)
+
+
+def convolve_counts(a: CountDistribution, b: CountDistribution) -> CountDistribution:
+    """The law of the sum of two independent counts (exact, in linear space); the dropped
+    masses add (union bound)."""
+    pmf = np.convolve(np.exp(a.log_pmf), np.exp(b.log_pmf))
+    return _from_linear(a.offset + b.offset, pmf, a.dropped_mass + b.dropped_mass)
+
+
+def _from_linear(offset: int, pmf: np.ndarray, dropped: float) -> CountDistribution:
+    """A count from a linear-space pmf on ``offset + i``: log space, underflowed ends cut."""
     with np.errstate(divide="ignore"):
         log_pmf = np.log(pmf)
     finite = np.flatnonzero(np.isfinite(log_pmf))
-    first, last = finite[0], finite[-1]
-    return CountDistribution(offset + int(first), log_pmf[first : last + 1], min(dropped, 1.0))
+    first, last = int(finite[0]), int(finite[-1])
+    return CountDistribution(offset + first, log_pmf[first : last + 1], min(dropped, 1.0))

@@ -30,7 +30,10 @@ from opacus_lastiterate.analysis._validation import (
     check_in_interval,
     check_noise_multiplier,
 )
-from opacus_lastiterate.analysis.last_iterate.canary_count import poisson_binomial_count
+from opacus_lastiterate.analysis.last_iterate.canary_count import (
+    CountDistribution,
+    poisson_binomial_count,
+)
 from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.run import (
@@ -57,6 +60,11 @@ def _pair(segments: tuple[TrainingSegment, ...]) -> ShiftedGaussianMixture | Non
     if variance == 0.0:
         return None  # no steps: P == Q
     count = poisson_binomial_count([(n, q) for q, n in sorted(steps_by_rate.items())])
+    return count_pair(count, variance)
+
+
+def count_pair(count: CountDistribution, variance: float) -> ShiftedGaussianMixture:
+    """The heuristic pair for a canary count K: P = K + N(0, variance), Q = N(0, variance)."""
     return ShiftedGaussianMixture(
         count.support.astype(float), count.log_pmf, math.sqrt(variance), count.dropped_mass
     )

@@ -25,14 +25,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from opacus_lastiterate.analysis.last_iterate.canary_count import (
     CountDistribution,
     binomial_count,
+    convolve_counts,
     poisson_binomial_count,
 )
 from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
+from opacus_lastiterate.analysis.last_iterate.heuristic import count_pair
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment
 
 __all__ = ["IncrementalHeuristic", "SuffixPeak"]
@@ -46,19 +46,6 @@ class SuffixPeak:
 
     epsilon: float
     steps: int
-
-
-def _convolve(a: CountDistribution, b: CountDistribution) -> CountDistribution:
-    pmf = np.convolve(np.exp(a.log_pmf), np.exp(b.log_pmf))
-    with np.errstate(divide="ignore"):
-        log_pmf = np.log(pmf)
-    finite = np.flatnonzero(np.isfinite(log_pmf))
-    first, last = int(finite[0]), int(finite[-1])
-    return CountDistribution(
-        a.offset + b.offset + first,
-        log_pmf[first : last + 1],
-        min(1.0, a.dropped_mass + b.dropped_mass),
-    )
 
 
 class IncrementalHeuristic:
@@ -149,7 +136,7 @@ class IncrementalHeuristic:
                 [(self._steps_by_rate[q], q) for q in sorted(others)]
             )
             self._frozen_rates = others
-        return _convolve(self._frozen, current_count)
+        return convolve_counts(self._frozen, current_count)
 
     def pair(self) -> ShiftedGaussianMixture | None:
         """The (P, Q) pair of the recorded run (None when no step was recorded)."""
@@ -157,13 +144,7 @@ class IncrementalHeuristic:
             if self._steps == 0 or self._variance == 0.0:
                 self._pair = None
             else:
-                count = self._count()
-                self._pair = ShiftedGaussianMixture(
-                    count.support.astype(float),
-                    count.log_pmf,
-                    math.sqrt(self._variance),
-                    count.dropped_mass,
-                )
+                self._pair = count_pair(self._count(), self._variance)
             self._pair_key = self._steps
         return self._pair
 
