@@ -326,7 +326,8 @@ class LastIterateAccountant(RunAccountant):
             sweep = self._sweeps[delta] = _Sweep(limit=self._num_steps)
         best_t, best = 0, -math.inf
         for t in sweep.advance(2):
-            value = _heuristic._epsilon((TrainingSegment._trusted(seg.noise_multiplier, seg.sample_rate, t),), delta)
+            prefix = TrainingSegment._trusted(seg.noise_multiplier, seg.sample_rate, t)
+            value = _heuristic._epsilon((prefix,), delta)
             sweep.record(t, value)
         peak = self._engine.suffix_peak(delta)
         if peak is not None:
@@ -478,7 +479,8 @@ class LastIterateAccountant(RunAccountant):
         if self._num_steps == 0:
             return 0.0
         if self._weights_in_use():
-            return float(LastIterateHeuristic(self._weighted_run(), accuracy=self.weight_accuracy).delta(eps))
+            model = LastIterateHeuristic(self._weighted_run(), accuracy=self.weight_accuracy)
+            return float(model.delta(eps))
         return float(self._engine.delta(eps))
 
     # -- display ----------------------------------------------------------------------------

@@ -289,9 +289,8 @@ class _NormalisationAccountant(RunAccountant):
 # -- FEASGM -------------------------------------------------------------------------------------
 
 
-def _standard_epsilon(history: History, delta: float, standard: str) -> float:
-    if standard == "pld":
-        return float(StandardComposition(history).epsilon(delta))
+def _opacus_standard_epsilon(history: History, delta: float, standard: str) -> float:
+    """The SGM epsilon from Opacus's own ``"rdp"`` or ``"prv"`` accountant."""
     from opacus.accountants import PRVAccountant, RDPAccountant
 
     cls = {"rdp": RDPAccountant, "prv": PRVAccountant}[standard]
@@ -313,6 +312,7 @@ class FEASGMAccountant(_NormalisationAccountant):
     """
 
     _MECHANISM = FEASGM_MECHANISM
+    _standard: tuple[DPSGDRun, StandardComposition] | None = None
 
     @property
     def verdict(self) -> DivisorVerdict:
@@ -388,7 +388,16 @@ class FEASGMAccountant(_NormalisationAccountant):
         self._check_consistency(history, config)
         if not self.verdict.safe:
             return math.inf
-        return _standard_epsilon(history, d, config["standard"])
+        if config["standard"] == "pld":
+            return self._standard_model().epsilon(d)
+        return _opacus_standard_epsilon(history, d, config["standard"])
+
+    def _standard_model(self) -> StandardComposition:
+        """The PLD model of the recorded run, built once per change of the history."""
+        run = self.run
+        if self._standard is None or self._standard[0] is not run:
+            self._standard = (run, StandardComposition(run))
+        return self._standard[1]
 
     def get_delta(self, epsilon: float) -> float:
         """Corrected delta(epsilon): the SGM delta of the history from dp_accounting's PLD
@@ -405,7 +414,7 @@ class FEASGMAccountant(_NormalisationAccountant):
         self._check_consistency(self.history, config)
         if self.run.has_zero_noise or not self.verdict.safe:
             return 1.0
-        return StandardComposition(self.run).delta(e)
+        return self._standard_model().delta(e)
 
     def curve_model(
         self, value_discretization_interval: float | None = None
