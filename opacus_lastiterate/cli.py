@@ -1,6 +1,7 @@
 """Command-line interface: ``opacus-lastiterate`` (or ``python -m opacus_lastiterate``).
 
-Subcommands:
+Subcommands::
+
     epsilon         heuristic, robust heuristic, standard and full-batch epsilon (plus the
                     schedule/momentum-weighted heuristic with --lr-schedule / --momentum)
     counterexample  the quadratic-regulariser counterexample beside the heuristic
@@ -43,6 +44,7 @@ def _add_dp_sgd_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``opacus-lastiterate`` argument parser with every subcommand."""
     parser = argparse.ArgumentParser(
         prog="opacus-lastiterate",
         description="Final-model (last-iterate) privacy accounting for DP-SGD.",
@@ -513,6 +515,7 @@ def _plot_versions(rows: list[Any], path: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line on ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

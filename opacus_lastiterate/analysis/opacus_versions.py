@@ -9,11 +9,11 @@ Families:
 
 * 0.9.0-0.11.0: no sampler in Opacus; the user's shuffled fixed-size DataLoader. Accountant
   q = batch_size / sample_size, RDP with the classic conversion. Divisor: the realised batch
-  size |B| (ASGM). A batch larger than ``batch_size`` raises ``ValueError``.
+  size ``|B|`` (ASGM). A batch larger than ``batch_size`` raises ``ValueError``.
 * 0.12.0-0.13.0: as before, plus ``UniformWithReplacementSampler`` (Poisson); an empty
-  Poisson batch crashes the run (default_collate of ``[]``). Divisor |B| (ASGM).
+  Poisson batch crashes the run (default_collate of ``[]``). Divisor ``|B|`` (ASGM).
 * 0.14.0-0.15.0: improved RDP conversion; the sampler drops empty batches; default divisor
-  |B| (ASGM); ``PrivacyEngine(poisson=True)`` divides by sample_rate * sample_size (EASGM).
+  ``|B|`` (ASGM); ``PrivacyEngine(poisson=True)`` divides by sample_rate * sample_size (EASGM).
 * 1.0.0-1.6.0: ``make_private`` divides by ``int(len(dataset) * sample_rate)`` (FEASGM,
   :func:`~opacus_lastiterate.analysis.normalisation.opacus1x_batch_arithmetic`), also
   without Poisson sampling; empty batches crash before 1.3.0; default accountant RDP up to
@@ -59,7 +59,7 @@ class OpacusRelease:
     Attributes:
         version: the PyPI version string.
         family: the group of releases with the same rules (module docstring).
-        mechanism: the default normalisation class: ``"ASGM"`` (divide by |B|) or
+        mechanism: the default normalisation class: ``"ASGM"`` (divide by ``|B|``) or
             ``"FEASGM"`` (divide by int(N * q)).
         poisson_sampler: Opacus ships a Poisson sampler.
         default_accountant: ``"rdp-classic"``, ``"rdp-improved"`` or ``"prv"``.
@@ -461,7 +461,7 @@ def _corrected(key: tuple[Any, ...]) -> tuple[float, str]:
 def corrected_epsilon(rel: OpacusRelease | str, config: VersionConfig) -> tuple[float, str]:
     """(epsilon, model) for what version ``rel`` really runs: SGM when the divisor and q are
     public (FEASGM verdict safe), inf when the 1.x divisor changes between neighbours, the
-    ASGM model for 0.x's division by |B|, and a no-amplification bound for shuffled batches."""
+    ASGM model for 0.x's division by ``|B|``, and a no-amplification bound for shuffled batches."""
     r = release(rel) if isinstance(rel, str) else rel
     p = _plan(r, config)
     key = (

@@ -178,7 +178,7 @@ class MaliciousDataset:
 
     After T steps, coordinate j < T - 1 is ``+-BIG U`` plus one step of noise, +BIG iff
     ``b_j + sigma Z_j >= tau`` (b_j = canary present at step j) unless a later re-threshold
-    flipped it (probability Phi(-(BIG - |t_past|) / sigma) per step); coordinate T - 1 is
+    flipped it (probability Phi(-(BIG - ``|t_past|``) / sigma) per step); coordinate T - 1 is
     ``U (b_{T-1} + sigma Z)``.
 
     Score (:meth:`score`): log-likelihood ratio of the decoded records d_j = [theta_j >= 0]
@@ -264,7 +264,7 @@ class MaliciousDataset:
         )
 
     def min_unclipped_repeaters(self, noise_multiplier: float, tail: float = 10.0) -> float:
-        """N above which no repeater is clipped unless some |Z| exceeds ``tail``.
+        """N above which no repeater is clipped unless some ``|Z|`` exceeds ``tail``.
 
         ``||theta - target|| / U <= sqrt((BIG + max(|tau|, 1) + tail sigma)^2 + T (tail sigma)^2)``
         when every noise draw is below ``tail`` standard deviations.

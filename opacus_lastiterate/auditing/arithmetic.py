@@ -7,9 +7,9 @@ with ``normalisation``:
 - ``"sum"`` (SGM): divisor 1;
 - ``"expected"`` (EASGM, what Opacus does with Poisson sampling): divisor = the constant
   ``expected_batch_size``;
-- ``"realised"`` (ASGM): divisor = |B_t|, the realised batch size.
+- ``"realised"`` (ASGM): divisor = ``|B_t|``, the realised batch size.
 
-Empty batches under ``"realised"`` (|B_t| = 0, so the canary is absent in both worlds):
+Empty batches under ``"realised"`` (``|B_t|`` = 0, so the canary is absent in both worlds):
 ``empty_batch="noise"`` (default) divides by 1, i.e. the step releases N(0, sigma^2 C^2 I)
 alone; ``empty_batch="skip"`` leaves the model unchanged (no noise). Either reveals at
 most "the batch was empty" (``analysis/normalisation/asgm.py`` discusses the conventions).
@@ -77,7 +77,7 @@ class DPSGDArithmetic:
         return self.noise_multiplier * self.clipping_norm
 
     def divisor(self, batch_size: NDArray | int | None = None) -> NDArray[np.float64] | float:
-        """The divisor of the noisy sum; ``batch_size`` (realised |B_t|) for ``"realised"``.
+        """The divisor of the noisy sum; ``batch_size`` (realised ``|B_t|``) for ``"realised"``.
 
         For ``"realised"`` an empty batch gets divisor 1 (``empty_batch="noise"``) or
         ``inf`` (``"skip"``: the update, noise included, is multiplied by ``step_scale = 0``;

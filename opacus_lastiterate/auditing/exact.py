@@ -75,7 +75,7 @@ class ExactEpsilons:
 
     Attributes:
         epsilons: eps_t at the finer grid.
-        error: |eps_t(grid) - eps_t(grid / 2)|, per step (the stated error).
+        error: ``|eps_t(grid) - eps_t(grid / 2)|``, per step (the stated error).
         lost_mass: probability mass that left the grid (added to neither law; < 1e-12 here).
     """
 

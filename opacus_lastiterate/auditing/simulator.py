@@ -102,7 +102,7 @@ def simulate_adversarial_dataset(
     Per step (one coordinate; the others never move): ``lr (b_t C + sigma C Z_t) / divisor_t``.
     Analytic path, constant divisor D: ``(lr / D) (C K + sigma C sqrt(T) Z)`` with K the
     insertion count (Binomial(T, q) for Poisson insertion). Realised divisor: the counts
-    of steps per (b, |B|) pair are multinomial; the score is
+    of steps per (b, ``|B|``) pair are multinomial; the score is
     ``lr (C sum_m N_{1,m} / m + sigma C sqrt(sum N_{b,m} / d_{b,m}^2) Z)``.
     """
     _check_type("attack", attack, AdversarialDataset)

@@ -5,7 +5,7 @@ Same game as :mod:`.one_run` (m canaries included by independent fair coins, r g
 v correct), different analysis: instead of a binomial tail it bounds the probability mass
 an f-DP mechanism can put on "v correct out of r" by a recursion over the number of correct
 guesses, using the claimed trade-off curve f through g(x) = f(1 - x). With confidence
-1 - a (a the significance):
+1 - a (a the significance)::
 
     r_v = a v / m,   h_v = a (r - v) / m
     for i = v-1, ..., 0:   h_i = max(h_{i+1}, g(r_{i+1}))

@@ -13,7 +13,7 @@ and the privacy loss log(p_with / p_without) is, with r_m = m / (n - m + 1),
     L(m, y) = log(1 - q) + log(1 + r_m exp((2y - 1) / (2 sigma^2)))     0 <= m <= n
     L(n + 1, y) = +inf      (mass q^(n + 1) under "with", none under "without").
 
-This is the d -> infinity limit of (sum + Z) / |B| (the norm of the noise reveals |B|); for
+This is the d -> infinity limit of (sum + Z) / ``|B|`` (the norm of the noise reveals ``|B|``); for
 finite d the released vector is a post-processing of (m, y), so the curve here is an upper
 bound for every d, exact for this configuration, and it is what batch-size audits reach. It
 is not a worst case over all data sets (same section); label numbers "ASGM (batch size
@@ -92,7 +92,7 @@ EMPTY_BATCH_BEHAVIOUR: dict[str, str] = {
     "model": "every drawn batch is a step that reveals its size; m = 0 has loss log(1 - q); "
     "`steps` counts drawn batches",
 }
-"""What Opacus 0.x does with |B| = 0 (``docs/normalisation.md``, "Empty batches") and how it is
+"""What Opacus 0.x does with ``|B|`` = 0 (``docs/normalisation.md``, "Empty batches") and how it is
 modelled."""
 
 _BINOMIAL_TAIL = 1e-20  # batch sizes beyond these binomial tails are sent to +inf

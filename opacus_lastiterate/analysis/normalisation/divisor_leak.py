@@ -7,7 +7,7 @@ rate in the world with it, d = number of parameters, Z ~ N(0, sigma^2 I_d):
 
     without: O = Z / c1            with: O = (b e + Z) / c2,  b ~ Bernoulli(q)
 
-u = <O, e> and v = ||O - u e||^2 are sufficient and independent under both hypotheses, and
+u = <O, e> and v = ||O - u e||^2 are sufficient and independent under both hypotheses, and ::
 
     log(p_with / p_without) = A(u) + B(v)
     A(u) = log(c2/c1) + u^2 (c1^2 - c2^2) / (2 sigma^2)

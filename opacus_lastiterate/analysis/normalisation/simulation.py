@@ -12,7 +12,7 @@ v = ||O - u e||^2. ``full_vectors=True`` draws the d coordinates and reduces the
 the reduction, memory ``trials * d``); otherwise v is drawn as a scaled chi-square, which has
 the same distribution.
 
-* :func:`simulate_asgm` with ``dimension=d``: O = (sum_{i in B} g_i + Z) / |B| in R^d, an
+* :func:`simulate_asgm` with ``dimension=d``: O = (sum_{i in B} g_i + Z) / ``|B|`` in R^d, an
   empty batch reveals only that it was empty (the convention of :mod:`asgm`).
   ``dimension=None``: the "batch size revealed" observation (m, y) of :mod:`asgm`.
 * :func:`simulate_divisor_leak`: O = Z / c1 without the target, (b e + Z) / c2 with it.
