@@ -8,13 +8,14 @@
 #   make test-compat the Opacus integration tests on Opacus 1.5.4 (no accountant registry)
 #   make examples    every example script in its quick mode
 #   make bench       benchmark scripts (print timings and ratios)
+#   make docs        the documentation site, warnings as errors (docs/_build/html)
 PYTHON ?= python3
 VENV ?= .venv
 VENV_COMPAT ?= .venv-opacus15
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint test-slow test-compat examples bench clean
+.PHONY: venv demo test lint test-slow test-compat examples bench docs clean
 
 venv:
 	PYTHON=$(PYTHON) scripts/bootstrap.sh $(VENV) dev
@@ -42,5 +43,8 @@ examples: venv
 bench: venv
 	for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
+docs: venv
+	$(PY) -m sphinx -b html -W --keep-going docs docs/_build/html
+
 clean:
-	rm -rf $(VENV) $(VENV_COMPAT) build dist *.egg-info
+	rm -rf $(VENV) $(VENV_COMPAT) build dist *.egg-info docs/_build
