@@ -37,6 +37,7 @@ __all__ = ["ShiftedGaussianMixture"]
 _XTOL = 1e-14
 _NEWTON_ACCEPT = 1e-9  # a warm Newton step this small is the last one (see _newton)
 _LOG_FLOOR = -2000.0  # log of a delta that underflows; keeps root brackets finite
+_LINEAR_TAIL_FLOOR = 1e-280  # see ShiftedGaussianMixture._log_tail
 
 
 def _lse(v: np.ndarray) -> float:
@@ -120,7 +121,9 @@ class ShiftedGaussianMixture:
         dropped_mass: probability mass of P left out of ``shifts`` (added to delta).
     """
 
-    __slots__ = ("_a", "_b", "_log_w0", "_loss_floor", "_lw", "_m", "_s", "_x")
+    __slots__ = (
+        "_a", "_b", "_log_w0", "_loss_floor", "_lw", "_lw_max", "_m", "_s", "_w_rel", "_x"
+    )
 
     def __init__(
         self,
@@ -138,11 +141,25 @@ class ShiftedGaussianMixture:
         if not (scale > 0 and math.isfinite(scale)):
             raise ValueError(f"`scale` must be in (0, inf), got {scale!r}.")
         keep = np.isfinite(lw)
-        x, lw = x[keep], lw[keep]
-        self._x, self._lw, self._s = x, lw, float(scale)
+        self._set(x[keep], lw[keep], float(scale), float(dropped_mass))
+
+    @classmethod
+    def _trusted(
+        cls, shifts: np.ndarray, log_weights: np.ndarray, scale: float, dropped_mass: float
+    ) -> ShiftedGaussianMixture:
+        """The pair from arrays already known to be valid (finite, shifts >= 0, one shape),
+        as built by :mod:`.canary_count`: the per-step path skips the checks above."""
+        pair = cls.__new__(cls)
+        pair._set(shifts, log_weights, scale, dropped_mass)
+        return pair
+
+    def _set(self, x: np.ndarray, lw: np.ndarray, scale: float, dropped_mass: float) -> None:
+        self._x, self._lw, self._s, self._m = x, lw, scale, dropped_mass
         self._a = x / scale**2
         self._b = lw - x**2 / (2.0 * scale**2)
-        self._m = float(dropped_mass)
+        # the weights relative to the largest one, for tail sums in linear space
+        self._lw_max = float(lw.max())
+        self._w_rel = np.exp(lw - self._lw_max)
         # lim_{y -> -inf} L(y): log of the weight at shift 0 (or -inf if there is none).
         at_zero = lw[x == 0.0]
         self._log_w0 = _lse(at_zero) if at_zero.size else -math.inf
@@ -187,11 +204,21 @@ class ShiftedGaussianMixture:
         return y
 
     # -- log tail probabilities ----------------------------------------------------------------
+    def _log_tail(self, z: np.ndarray) -> float:
+        """log sum_k w_k Phi(z_k). Summed in linear space, sum_k (w_k / w_max) Phi(z_k), when
+        that sum is >= 1e-280: each term that underflows there is below 1e-308, so all of
+        them together are below 1e-17 of the sum and the result keeps its relative
+        precision; otherwise in log space (log-sum-exp of ``log_ndtr``)."""
+        total = float(self._w_rel.dot(special.ndtr(z)))
+        if total >= _LINEAR_TAIL_FLOOR:
+            return self._lw_max + math.log(total)
+        return _lse(self._lw + special.log_ndtr(z))
+
     def _log_delta_pq(self, y: float) -> tuple[float, float]:
         """log delta_PQ(y) and its derivative -L'(y) e^{L(y)} Pr[N(0,s^2) >= y] / delta_PQ."""
         s = self._s
         loss, slope = self._loss_and_slope(y)
-        log_p_upper = _lse(self._lw + special.log_ndtr((self._x - y) / s))
+        log_p_upper = self._log_tail((self._x - y) / s)
         log_q_upper = float(special.log_ndtr(-y / s))
         log_delta = _log_diff(log_p_upper, loss + log_q_upper)
         return log_delta, -slope * math.exp(min(loss + log_q_upper - log_delta, 700.0))
@@ -201,7 +228,7 @@ class ShiftedGaussianMixture:
         s = self._s
         loss, slope = self._loss_and_slope(y)
         log_q_lower = float(special.log_ndtr(y / s))
-        log_p_lower = _lse(self._lw + special.log_ndtr((y - self._x) / s))
+        log_p_lower = self._log_tail((y - self._x) / s)
         log_delta = _log_diff(log_q_lower, log_p_lower - loss)
         return log_delta, slope * math.exp(min(log_p_lower - loss - log_delta, 700.0))
 
@@ -322,5 +349,5 @@ class ShiftedGaussianMixture:
         if alpha >= 1.0:
             return 0.0
         tau = -self._s * float(special.ndtri(alpha))
-        log_beta = _lse(self._lw + special.log_ndtr((tau - self._x) / self._s))
+        log_beta = self._log_tail((tau - self._x) / self._s)
         return min(1.0, math.exp(log_beta))

@@ -65,7 +65,7 @@ def _pair(segments: tuple[TrainingSegment, ...]) -> ShiftedGaussianMixture | Non
 
 def count_pair(count: CountDistribution, variance: float) -> ShiftedGaussianMixture:
     """The heuristic pair for a canary count K: P = K + N(0, variance), Q = N(0, variance)."""
-    return ShiftedGaussianMixture(
+    return ShiftedGaussianMixture._trusted(
         count.support.astype(float), count.log_pmf, math.sqrt(variance), count.dropped_mass
     )
 
