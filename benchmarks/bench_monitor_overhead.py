@@ -126,7 +126,7 @@ def main() -> int:
         )
         print(
             f"  evaluation (batched flush) {1e3 * evaluation / (n + 5):7.3f} ms/step; in loop "
-            f"(flush_every=100) + finish: ratio {in_loop / base:.4f}"
+            f"(flush_every=100): ratio {in_loop / base:.4f}"
         )
     return 0
 
