@@ -280,7 +280,8 @@ def test_sink_rank_without_a_process_group() -> None:
         engine, model, opt, loader = make_dp()
         records: list[Any] = []
         monitor = PrivacyMonitor(
-            engine, delta=DELTA, sinks=[records.append], optimizer=opt, sink_rank=sink_rank
+            engine, delta=DELTA, sinks=[records.append], optimizer=opt, sink_rank=sink_rank,
+            flush_every=1,
         )
         assert monitor.rank == 0 and monitor.calls_sinks is called
         train(model, opt, loader, 2)
