@@ -412,8 +412,9 @@ class LastIterateAccountant(RunAccountant):
             warn(
                 "LastIterateAccountant.history was assigned directly, as Opacus's "
                 "get_noise_multiplier (make_private_with_epsilon) does to calibrate the noise: "
-                "the noise multiplier is being chosen to meet a target on the last-iterate "
-                "heuristic epsilon. That number is exact only for linear losses; it is not a "
+                "the noise multiplier is being chosen to meet a target on the robust "
+                "last-iterate heuristic epsilon (robust=False for the plain value). That number "
+                "is exact only for linear losses; it is not a "
                 "differential-privacy guarantee for non-linear models such as deep networks, "
                 "and it covers the final model only. (Use load_state_dict to restore a saved "
                 "history without this warning.)",
@@ -424,7 +425,7 @@ class LastIterateAccountant(RunAccountant):
         self,
         delta: float,
         *,
-        robust: bool = False,
+        robust: bool | None = None,
         check_monotone: bool = True,
         **kwargs: Any,
     ) -> float:
@@ -439,6 +440,12 @@ class LastIterateAccountant(RunAccountant):
             delta: target delta, in (0, 1).
             robust: if True, return the certified max over the last t <= T steps of the
                 heuristic epsilon ("Robust variant"); this uses the constant-rate formula.
+                ``None`` (default): robust when the history was assigned from outside, which
+                is how Opacus's ``get_noise_multiplier`` calibrates the noise, so that
+                ``make_private_with_epsilon`` meets the target on the robust value we tell
+                users to report (``docs/opacus_integration.md``, "Calibration"); plain
+                otherwise. ``make_private_with_epsilon(..., robust=False)`` calibrates to the
+                plain value.
             check_monotone: warn (:class:`NonMonotoneHeuristicWarning`) when eps_T is below
                 the epsilon of a shorter suffix (see :meth:`_warn_if_non_monotone`); skipped
                 when recorded schedule/momentum weights are in use.
@@ -450,9 +457,12 @@ class LastIterateAccountant(RunAccountant):
             networks.
         """
         d = check_delta(delta)
-        for name, flag in (("robust", robust), ("check_monotone", check_monotone)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"`{name}` must be a bool, got {flag!r}.")
+        if robust is not None and not isinstance(robust, bool):
+            raise TypeError(f"`robust` must be a bool or None, got {robust!r}.")
+        if not isinstance(check_monotone, bool):
+            raise TypeError(f"`check_monotone` must be a bool, got {check_monotone!r}.")
+        if robust is None:
+            robust = self._externally_assigned
         self._warn_if_calibrating()
         if self._num_steps == 0:
             return 0.0

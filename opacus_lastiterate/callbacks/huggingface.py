@@ -21,14 +21,19 @@ batches: the accountant records q = 1 / len(data_loader) all the same.
 Events: ``on_train_begin`` attaches the monitor to the ``DPOptimizer`` (unwrapping
 Accelerate's ``AcceleratedOptimizer``); ``on_optimizer_step`` clears Opacus's per-sample
 gradients (the Trainer calls ``model.zero_grad()``, which leaves ``p.grad_sample`` in place);
-``on_step_end`` turns a budget stop into ``control.should_training_stop``; ``on_train_end``
-calls ``monitor.finish()``.
+``on_step_end`` turns a budget stop into ``control.should_training_stop``; ``on_log`` and
+``on_epoch_end`` flush the monitor; ``on_train_end`` calls ``monitor.finish()``.
 
-Checkpoints: the callback is an ``ExportableState``; the Trainer saves its :meth:`state` in
-``trainer_state.json`` (``stateful_callbacks``) and, on ``resume_from_checkpoint``, rebuilds
-it as ``HFPrivacyCallback(key=...)`` and sets ``monitor_state``: the rebuilt callback finds
-the live monitor registered under the same ``key`` and loads the state (accountant history
-included) into it.
+Checkpoints: the callback is an ``ExportableState``; the Trainer saves its :meth:`state` (the
+monitor's state, taken after a flush) in ``trainer_state.json`` (``stateful_callbacks``). On
+``trainer.train(resume_from_checkpoint=...)`` the state is loaded into the monitor either by
+the Trainer (with ``TrainingArguments(restore_callback_states_from_checkpoint=True)`` it
+rebuilds the callback as ``HFPrivacyCallback(key=...)`` and sets ``monitor_state``; the
+rebuilt callback finds the live monitor registered under the same ``key``) or, with the
+default ``False``, by ``on_train_begin``, which finds it in the resumed Trainer state.
+Either way the accountant continues from the checkpoint's step and the JSONL/CSV sinks drop
+any record written after it (``tests/callbacks/test_huggingface.py`` resumes an interrupted
+run and compares it with an uninterrupted one).
 """
 
 from __future__ import annotations
@@ -112,7 +117,22 @@ class HFPrivacyCallback(TrainerCallback, ExportableState):
 
     # -- events ---------------------------------------------------------------------------------
 
+    def _saved_state(self, state: Any) -> dict[str, Any] | None:
+        """This callback's monitor state in the Trainer state (a checkpoint's when resuming)."""
+        saved = getattr(state, "stateful_callbacks", None) or {}
+        entries = saved.get(type(self).__name__, [])
+        for entry in entries if isinstance(entries, list) else [entries]:
+            if isinstance(entry, dict) and entry.get("args", {}).get("key") == self.key:
+                found = entry.get("attributes", {}).get("monitor_state")
+                return found if isinstance(found, dict) else None
+        return None
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        saved = self._saved_state(state)
+        if saved is not None:  # resuming without restore_callback_states_from_checkpoint
+            history = saved.get("accountant", {}).get("history", [])
+            if sum(int(h[2]) for h in history) != self.monitor.num_steps:
+                self.monitor.load_state_dict(saved)
         if not self.monitor.attached:
             self.monitor.attach(_find_dp_optimizer(kwargs.get("optimizer")))
         if self.monitor.should_stop:
@@ -128,6 +148,14 @@ class HFPrivacyCallback(TrainerCallback, ExportableState):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.monitor.should_stop:
             control.should_training_stop = True
+        return control
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self.monitor.flush()
+        return control
+
+    def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self.monitor.flush()
         return control
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

@@ -11,10 +11,14 @@ Lightning namespace, because a Trainer accepts only callbacks of its own package
 What the callback does: at ``on_train_start`` it attaches the monitor to the Opacus
 ``DPOptimizer`` among ``trainer.optimizers`` (the one ``make_private`` returned in
 ``configure_optimizers``); at ``on_train_batch_end`` it turns a budget stop
-(``monitor.should_stop``) into ``trainer.should_stop``; at ``on_train_end`` it calls
-``monitor.finish()``. Its ``state_dict`` is the monitor's, saved in Lightning checkpoints
-with the accountant's history (which Lightning would not save otherwise) and restored on
-``trainer.fit(ckpt_path=...)``.
+(``monitor.should_stop``) into ``trainer.should_stop``; at ``on_train_epoch_end`` it flushes the monitor (records
+are also flushed every ``flush_every`` steps); at ``on_train_end`` it calls
+``monitor.finish()``. Its ``state_dict`` is the monitor's (taken after a flush), saved in
+Lightning checkpoints with the accountant's history (which Lightning would not save
+otherwise) and restored on ``trainer.fit(ckpt_path=...)``: the accountant continues from
+the checkpoint's step and the monitor's JSONL/CSV sinks drop any record written after it, so
+a resumed run logs every step once (``tests/callbacks/test_lightning.py`` resumes a run
+interrupted after its checkpoint and compares it with an uninterrupted one).
 """
 
 from __future__ import annotations
@@ -74,6 +78,9 @@ class _MonitorCallbackMixin:
     ) -> None:
         if self.monitor.should_stop:
             trainer.should_stop = True
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self.monitor.flush()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self.finish_on_train_end:

@@ -1,18 +1,19 @@
-"""A framework-free privacy monitor for Opacus training: epsilon after every step.
+"""A framework-free privacy monitor for Opacus training: epsilon for every step.
 
 :class:`PrivacyMonitor` attaches to an Opacus ``DPOptimizer`` (the one ``make_private``
-returned) and, after every optimizer step, produces one :class:`EpsilonRecord`:
+returned) and produces one :class:`EpsilonRecord` per optimizer step:
 
-* ``heuristic_epsilon``: the last-iterate heuristic of the final model (every step; the
-  accountant's incremental value; not a DP guarantee for deep networks);
+* ``heuristic_epsilon``: the last-iterate heuristic of the final model (not a DP guarantee
+  for deep networks): every ``heuristic_every`` steps (default every step) for the
+  constant-rate formula, every ``weighted_every`` steps (default 100) when a learning-rate
+  schedule, momentum or weight decay makes the accountant use the weighted heuristic;
 * ``robust_epsilon``: its certified maximum over suffixes (every ``robust_every`` steps and
-  at :meth:`PrivacyMonitor.finish`; 20-75 ms per evaluation at large T);
+  at :meth:`PrivacyMonitor.finish`);
 * ``standard_epsilon_rdp``: standard composition (all iterates released) from an RDP
-  vector that is updated in O(1) per step, converted with the min over orders: a cheap
-  *upper bound* on the standard epsilon (every step);
+  vector, converted with the min over orders: a cheap *upper bound* (every step);
 * ``standard_epsilon_pld``: the tight standard epsilon, dp_accounting's PLD accountant
-  (:class:`~opacus_lastiterate.analysis.baselines.composition.StandardComposition`, about
-  0.5 s) every ``standard_every`` steps and at the end;
+  (:class:`~opacus_lastiterate.analysis.baselines.composition.StandardComposition`) every
+  ``standard_every`` steps and at the end;
 * ``corrected_epsilon``: a normalisation accountant's epsilon (``"asgm"``/``"feasgm"``,
   ``docs/normalisation.md``) on the ``standard_every`` cadence, when one is monitored;
 * ``lr``, ``noise_multiplier``, ``sample_rate`` of the step.
@@ -22,14 +23,31 @@ Fields not computed at a step are ``None``. Records go to *sinks*
 any callable). A :class:`PrivacyBudget` stops training *before* the step that would push a
 chosen epsilon past a limit.
 
+Recording and evaluation are separate (``docs/callbacks.md``, "Cost"). On the training hot
+path the monitor only appends the step's (step, sigma, q, lr, SGD settings) to a queue: a few
+Python floats that the accountant's hook has already read, no epsilon and no device
+synchronisation. The epsilons are computed in batches by :meth:`PrivacyMonitor.flush`: every
+``flush_every`` steps (after the update), at :meth:`~PrivacyMonitor.state_dict` (checkpoints)
+and :meth:`~PrivacyMonitor.finish`, at the adapters' epoch ends, or when called. A batch
+replays the queued steps, in order, into a private copy of the ``LastIterateAccountant``
+(the *replica*) and asks it for epsilon after each step, exactly as an accountant asked
+after every step would be asked, so each logged value is the one the accountant reports at
+that step (the same call sequence gives the same floats); the RDP vectors of a batch are
+composed and converted in one vectorised pass.
+
+The budget guard is exact without evaluating every step: a step is allowed at once when a
+certified upper bound is within the limit (the RDP standard epsilon, which bounds every
+heuristic, and for the constant-rate heuristic the shifted-count bound of
+:mod:`~opacus_lastiterate.analysis.last_iterate.budget_horizon`; both are computed for many
+steps ahead and recomputed only when the settings change or the horizon is used up);
+otherwise the queued steps are evaluated at once and the step's own value decides.
+
 How it hooks in: Opacus calls ``optimizer.step_hook`` (the accountant's hook) inside
 ``DPOptimizer.pre_step``, after the noise is added and before the parameters change. The
-monitor wraps that hook (the accountant records the step, then the monitor computes the
-record and checks the budget) and the wrapped optimizer's ``step`` (the update; records are
-emitted after it). A step refused by the budget is taken back from the accountant and the
-update is not applied. Every value is a Python float computed on the host from the
-accountant's bookkeeping: the monitor never reads a tensor (no ``.item()``, ``.cpu()``,
-``.tolist()``), so it adds no device synchronisation to a GPU training step.
+monitor wraps that hook (the accountant records the step, then the monitor queues it and
+checks the budget) and the wrapped optimizer's ``step`` (the update; a due flush follows
+it). A step refused by the budget is taken back from the accountant and the update is not
+applied. The monitor never reads a tensor (no ``.item()``, ``.cpu()``, ``.tolist()``).
 
 Distributed training (Opacus's ``DistributedDPOptimizer`` under ``torch.distributed``):
 create the monitor on every rank. Every rank's accountant records every step (each rank's
@@ -42,6 +60,7 @@ rank-dependent: by default they are called on rank 0 only (``sink_rank``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import numbers
@@ -51,7 +70,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from opacus_lastiterate.accountants.last_iterate import LastIterateAccountant
 from opacus_lastiterate.analysis._validation import check_delta
+from opacus_lastiterate.analysis.last_iterate.budget_horizon import steps_within_limit
 from opacus_lastiterate.exceptions import PrivacyBudgetExceededError
 
 __all__ = [
@@ -125,10 +146,12 @@ class PrivacyBudget:
 
     Args:
         epsilon: the limit, > 0. A step is allowed if its epsilon is <= the limit.
-        metric: ``"heuristic_epsilon"`` (default), ``"robust_epsilon"`` (then evaluated
-            every step: 20-75 ms each at large T) or ``"standard_epsilon_rdp"`` (the RDP
-            upper bound on the standard epsilon, so the tight PLD value is within budget
-            too).
+        metric: ``"heuristic_epsilon"`` (default), ``"robust_epsilon"`` or
+            ``"standard_epsilon_rdp"`` (the RDP upper bound on the standard epsilon, so the
+            tight PLD value is within budget too). The metric is evaluated at a step only
+            when no certified bound already keeps it within the limit (module docs); near
+            the limit that is every step (20-75 ms per robust evaluation at large T, one
+            weighted solve per step under a schedule or momentum).
         action: ``"raise"``: :class:`PrivacyBudgetExceededError` from ``optimizer.step()``;
             ``"stop"``: the step is skipped (no update), :attr:`PrivacyMonitor.should_stop`
             becomes True and every later step is skipped too (the adapters turn this into
@@ -159,8 +182,9 @@ class IncrementalRDP:
     """Standard composition by RDP: one vector over orders, added to once per step.
 
     The per-step RDP of the Poisson-subsampled Gaussian (Opacus's ``compute_rdp``, the
-    Mironov et al. bound) is cached per distinct (sigma, q); :meth:`epsilon` converts with
-    Opacus's ``get_privacy_spent`` (min over orders). An upper bound on the standard
+    Mironov et al. bound) is cached per distinct (sigma, q). The conversion to epsilon is
+    the formula of Opacus's ``get_privacy_spent`` (min over orders), evaluated for many
+    vectors at once with the same floating-point operations. An upper bound on the standard
     epsilon, looser than the PLD value.
     """
 
@@ -172,6 +196,8 @@ class IncrementalRDP:
         )
         self.rdp = np.zeros_like(self.orders)
         self._cache: dict[tuple[float, float], np.ndarray] = {}
+        self._conversion: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+        self.previous = self.rdp
 
     def _per_step(self, noise_multiplier: float, sample_rate: float) -> np.ndarray:
         key = (noise_multiplier, sample_rate)
@@ -204,16 +230,131 @@ class IncrementalRDP:
         for sigma, q, steps in history:
             self.add(float(sigma), float(q), int(steps))
 
-    def epsilon(self, delta: float) -> float:
-        """min over orders of the RDP-to-(epsilon, delta) conversion (0 before any step)."""
-        if not np.any(self.rdp):
-            return 0.0
-        if not np.all(np.isfinite(self.rdp)):
-            return math.inf
-        from opacus.accountants.analysis.rdp import get_privacy_spent
+    def _rows(self, steps: Sequence[tuple[float, float]], extra: int = 0,
+              last: tuple[float, float] | None = None) -> np.ndarray:
+        """The vectors after each of ``steps`` and then ``extra`` steps at ``last``: the
+        running sums, added one step at a time as :meth:`add` does (row 0 is the current
+        vector)."""
+        vectors = [self.rdp] + [self._per_step(s, q) for s, q in steps]
+        if extra:
+            assert last is not None
+            vectors.append(np.broadcast_to(self._per_step(*last), (extra, self.orders.size)))
+        return np.cumsum(np.vstack(vectors), axis=0)
 
-        eps, _ = get_privacy_spent(orders=list(self.orders), rdp=list(self.rdp), delta=delta)
-        return float(eps)
+    def epsilons(self, rows: np.ndarray, delta: float) -> np.ndarray:
+        """Epsilon of each RDP vector (row) at ``delta``: min over orders of
+        rdp - (log(delta) + log(a)) / (a - 1) + log((a - 1) / a); 0 for a zero vector,
+        inf for one with an infinite entry."""
+        conv = self._conversion.get(delta)
+        if conv is None:
+            a = self.orders
+            conv = self._conversion[delta] = (
+                (np.log(delta) + np.log(a)) / (a - 1),
+                np.log((a - 1) / a),
+            )
+        rows = np.atleast_2d(rows)
+        with np.errstate(invalid="ignore"):
+            eps = (rows - conv[0]) + conv[1]
+        finite = np.all(np.isfinite(rows), axis=1)
+        out = np.full(rows.shape[0], math.inf)
+        if np.any(finite):
+            out[finite] = np.nanmin(eps[finite], axis=1)
+        out[~np.any(rows, axis=1)] = 0.0
+        return out
+
+    def epsilon(self, delta: float) -> float:
+        """Epsilon of the current vector (0 before any step)."""
+        return float(self.epsilons(self.rdp, delta)[0])
+
+    def advance(self, steps: Sequence[tuple[float, float]], delta: float) -> np.ndarray:
+        """Compose ``steps`` [(sigma, q), ...] one by one; the epsilon after each
+        (:attr:`previous`: the vector before the last of them)."""
+        rows = self._rows(steps)
+        self.previous = rows[-2].copy()
+        self.rdp = rows[-1].copy()
+        return self.epsilons(rows[1:], delta)
+
+    def lookahead(
+        self,
+        steps: Sequence[tuple[float, float]],
+        extra: int,
+        last: tuple[float, float],
+        delta: float,
+    ) -> np.ndarray:
+        """The epsilon after each of ``steps`` and then ``extra`` steps at ``last``, as
+        :meth:`advance` would compute them, without composing them."""
+        return self.epsilons(self._rows(steps, extra, last)[1:], delta)
+
+
+# -- the replica of the accountant ----------------------------------------------------------
+
+
+class _RecordedSGD:
+    """The optimizer as the replica reads it when a queued step is replayed: the SGD
+    settings the accountant's hook read at that step (``sgd_settings`` reads
+    ``param_groups``; the class is named ``SGD`` for ``check_optimizer_supported``)."""
+
+    __slots__ = ("param_groups",)
+
+    def __init__(self, settings: tuple[float, float, float, bool, float]) -> None:
+        lr, momentum, dampening, nesterov, weight_decay = settings
+        self.param_groups = [
+            {
+                "lr": lr,
+                "momentum": momentum,
+                "dampening": dampening,
+                "nesterov": nesterov,
+                "weight_decay": weight_decay,
+            }
+        ]
+
+
+_RecordedSGD.__name__ = "SGD"
+
+Settings = tuple[float, float, float, bool, float] | None
+
+
+class _Replica(LastIterateAccountant):
+    """A :class:`LastIterateAccountant` that the monitor feeds with queued steps, each
+    followed by the same queries an accountant asked after every step receives."""
+
+    @classmethod
+    def of(cls, accountant: LastIterateAccountant) -> _Replica:
+        replica = cls()
+        replica.weight_accuracy = accountant.weight_accuracy
+        replica.load_state_dict(accountant.state_dict())
+        return replica
+
+    def replay(self, sigma: float, q: float, settings: Settings) -> None:
+        """Record a step as the accountant's hook did (``settings`` None: the accountant
+        had no usable optimizer settings for it)."""
+        if settings is None:
+            if not self._trace_disabled:
+                self._trace_disabled, self._trace, self._summary = True, [], None
+        elif not self._trace_disabled:
+            self._record_optimizer(_RecordedSGD(settings))
+        self._record(sigma, q)
+
+    @property
+    def weighted(self) -> bool:
+        """Whether get_epsilon answers with the weighted heuristic now."""
+        return self._weights_in_use()
+
+    def stays_constant_rate(self, settings: Settings) -> bool:
+        """Whether more steps with ``settings`` keep the constant-rate formula."""
+        if self._weights_in_use():
+            return False
+        if settings is None or self._trace_disabled:
+            return True
+        steps, _ = self._trace_summary()
+        if steps != self._steps():  # the trace does not cover the run
+            return True
+        lr, momentum, _, _, weight_decay = settings
+        same_rate = not self._trace or self._trace[-1][0] == lr
+        return momentum == 0.0 and weight_decay == 0.0 and same_rate
+
+    def drop_last_step(self) -> None:
+        self.load_state_dict(_drop_last_step(self.state_dict()))
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -251,6 +392,14 @@ def _drop_last_step(state: Mapping[str, Any]) -> dict[str, Any]:
         trace[-1:] = [(*key, n - 1)] if n > 1 else []
         out["optimizer_trace"] = trace
     return out
+
+
+def _extend(history: list[list[Any]], sigma: float, q: float) -> None:
+    """One more step in a run-length history [[sigma, q, steps], ...]."""
+    if history and history[-1][0] == sigma and history[-1][1] == q:
+        history[-1][2] += 1
+    else:
+        history.append([sigma, q, 1])
 
 
 def _last_step(accountant: Any) -> tuple[float, float]:
@@ -299,6 +448,13 @@ def _resolve_accountant(source: object) -> Any:
 
 
 Sink = Callable[[EpsilonRecord], None]
+# a queued step: (step, sigma, q, lr, SGD settings)
+_Queued = tuple[int, float, float, float | None, Settings]
+
+_RDP_BLOCK = (256, 8192)  # first and largest number of steps the RDP horizon looks ahead
+_BOUND_STEPS = 4096  # the most steps one shifted-count bound certifies
+_BOUND_RETRY = 16  # steps of exact checks before the shifted-count bound is tried again
+_SLACK = 1e-6  # relative margin between a certified bound and the limit
 
 
 # -- the monitor ----------------------------------------------------------------------------
@@ -316,10 +472,17 @@ class PrivacyMonitor:
         delta: target delta, in (0, 1).
         sinks: where records go: objects of :mod:`~opacus_lastiterate.callbacks.sinks` or
             any callable taking an :class:`EpsilonRecord`.
+        heuristic_every: compute ``heuristic_epsilon`` every k steps while the accountant
+            uses the constant-rate formula (and at :meth:`finish`); None: only at the end.
+        weighted_every: the same while it uses the weighted heuristic (a learning-rate
+            schedule, momentum or weight decay: one weighted solve per evaluation).
         robust_every: compute ``robust_epsilon`` every k steps (and at :meth:`finish`);
             None: only at :meth:`finish`.
         standard_every: compute ``standard_epsilon_pld`` and ``corrected_epsilon`` every k
             steps (and at :meth:`finish`); None: only at :meth:`finish`.
+        flush_every: evaluate the queued steps and send their records to the sinks every k
+            steps; None: only at :meth:`flush`, :meth:`state_dict`, :meth:`finish` and the
+            adapters' epoch ends.
         corrected_accountant: a configured ``ASGMAccountant``/``FEASGMAccountant`` that the
             monitor feeds every step alongside ``accountant`` (through its own hook).
         budget: a :class:`PrivacyBudget`, or None for no limit.
@@ -338,15 +501,17 @@ class PrivacyMonitor:
         *,
         delta: float,
         sinks: Iterable[Sink] = (),
+        heuristic_every: int | None = 1,
+        weighted_every: int | None = 100,
         robust_every: int | None = 100,
         standard_every: int | None = 100,
+        flush_every: int | None = 100,
         corrected_accountant: object = None,
         budget: PrivacyBudget | None = None,
         audit: MonitorAudit | None = None,
         optimizer: object = None,
         sink_rank: int | None = 0,
     ) -> None:
-        from opacus_lastiterate.accountants import LastIterateAccountant
         from opacus_lastiterate.accountants.normalisation import (
             ASGMAccountant,
             FEASGMAccountant,
@@ -360,8 +525,11 @@ class PrivacyMonitor:
                 raise TypeError(f"`sinks[{i}]` must be callable, got {type(sink).__name__}.")
             self.sinks.append(sink)
         self.sink_rank = _check_sink_rank(sink_rank)
+        self.heuristic_every = _check_cadence("heuristic_every", heuristic_every)
+        self.weighted_every = _check_cadence("weighted_every", weighted_every)
         self.robust_every = _check_cadence("robust_every", robust_every)
         self.standard_every = _check_cadence("standard_every", standard_every)
+        self.flush_every = _check_cadence("flush_every", flush_every)
         normalisation = (ASGMAccountant, FEASGMAccountant)
         if corrected_accountant is not None and not isinstance(corrected_accountant, normalisation):
             raise TypeError(
@@ -389,17 +557,40 @@ class PrivacyMonitor:
         self.audit_result: Any = None
         self.records_emitted = 0
         self.last_record: EpsilonRecord | None = None
+        """The last record sent to the sinks (records are sent when they are flushed)."""
         self.should_stop = False
         """True once the budget refused a step (``action="stop"``)."""
         self.stop_reason: str | None = None
         self._rdp = IncrementalRDP()
-        self._rdp.reset(self.accountant.history)
-        self._pending: EpsilonRecord | None = None
         self._skip_update = False
         self._optimizer: Any = None
         self._inner_hook: Callable[[Any], None] | None = None
+        self._sync()
         if optimizer is not None:
             self.attach(optimizer)
+
+    def _sync(self, rdp: Sequence[float] | None = None) -> None:
+        """Start evaluating from the accountant's current state (no queued steps)."""
+        acc = self.accountant
+        self._replica: _Replica | None = _Replica.of(acc) if self._heuristic else None
+        self._history: list[list[Any]] = [list(h) for h in acc.history]
+        self._evaluated = _num_steps(acc)
+        if rdp is not None and len(rdp) == self._rdp.orders.size:
+            self._rdp.rdp = np.asarray(rdp, dtype=float)
+        else:
+            self._rdp.reset(acc.history)
+        self._queue: list[_Queued] = []
+        self._ready: list[EpsilonRecord] = []
+        self._last_lr: float | None = None if self.last_record is None else self.last_record.lr
+        self._reset_horizons()
+
+    def _reset_horizons(self) -> None:
+        self._rdp_horizon: tuple[tuple[float, float], int] | None = None
+        self._rdp_block = _RDP_BLOCK[0]
+        self._rdp_spent = False  # the RDP bound exceeded the limit (it never comes back)
+        self._bound_horizon: tuple[Settings, int] | None = None
+        self._bound_retry_at = 0
+        self._bound_start = 16
 
     # -- attaching ------------------------------------------------------------------------
 
@@ -417,6 +608,16 @@ class PrivacyMonitor:
     def attached(self) -> bool:
         """Whether the monitor is attached to an optimizer."""
         return self._optimizer is not None
+
+    @property
+    def num_steps(self) -> int:
+        """Steps recorded by the accountant (queued ones included)."""
+        return _num_steps(self.accountant)
+
+    @property
+    def pending(self) -> int:
+        """Steps recorded whose records have not been sent to the sinks yet."""
+        return len(self._queue) + len(self._ready)
 
     def attach(self, optimizer: object) -> PrivacyMonitor:
         """Wrap the accountant's hook of an Opacus ``DPOptimizer`` (``make_private``'s).
@@ -444,6 +645,8 @@ class PrivacyMonitor:
                 "`optimizer` has no step hook: make_private attaches the accountant's hook; "
                 "a monitor needs it to follow the accountant."
             )
+        if not self._queue and self._evaluated != _num_steps(self.accountant):
+            self._sync()  # the accountant moved on without the monitor
         self._inner_hook = optimizer.step_hook
         optimizer.step_hook = self._on_pre_step  # type: ignore[assignment]
         inner = optimizer.original_optimizer
@@ -458,43 +661,152 @@ class PrivacyMonitor:
         return self
 
     def detach(self) -> None:
-        """Undo :meth:`attach` (the accountant's hook is restored)."""
+        """Flush, then undo :meth:`attach` (the accountant's hook is restored)."""
         opt = self._optimizer
         if opt is None:
             return
+        self.flush()
         opt.step_hook = self._inner_hook
         opt.original_optimizer.__dict__.pop("step", None)
         opt._privacy_monitor = None
         self._optimizer = None
 
-    # -- per step -------------------------------------------------------------------------
+    # -- per step: the hot path -------------------------------------------------------------
 
     def _on_pre_step(self, optim: Any) -> None:
-        """The wrapped step hook: account for the step, check the budget, build the record."""
-        self._flush_pending()
+        """The wrapped step hook: the accountant records the step, the monitor queues it
+        and checks the budget. No epsilon is computed here unless the budget needs it."""
         if self.should_stop:
             self._skip_update = True
             return
         assert self._inner_hook is not None
         self._inner_hook(optim)
-        sigma, q = _last_step(self.accountant)
+        acc = self.accountant
+        sigma, q = _last_step(acc)
         if self._own_corrected:  # what its own hook would record: the same (sigma, q)
             self._corrected._observe(optim)
             self._corrected._record(sigma, q)
-        self._rdp.add(sigma, q)
-        record = self._record(optim, sigma, q, final=False)
+        settings: Settings = None
+        if self._replica is not None and not acc._trace_disabled and acc._trace:
+            settings = acc._trace[-1][:5]
+        entry = (
+            _num_steps(acc),
+            sigma,
+            q,
+            _host_float(optim.param_groups[0].get("lr")),
+            settings,
+        )
+        self._queue.append(entry)
         if self.budget is not None:
-            value = getattr(record, self.budget.metric)
-            if value is None:  # robust_epsilon off its cadence
-                value = self.accountant.get_epsilon(self.delta, robust=True)
-            if value > self.budget.epsilon:
-                self._refuse(record.step, value)
-                return
-        self._pending = record
+            self._check_budget(entry)
+
+    def _on_update(self, inner_step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self._skip_update:
+            self._skip_update = False
+            return None
+        out = inner_step(*args, **kwargs)
+        if self.flush_every is not None and self.pending >= self.flush_every:
+            self.flush()
+        return out
+
+    # -- the budget guard -----------------------------------------------------------------
+
+    def _rdp_limit(self) -> float:
+        """The RDP epsilon that certifies the budget: the limit itself for the RDP metric;
+        below it by the weighted heuristic's accuracy (its values are rounded up by at most
+        that) and a margin for the heuristics, which the RDP standard epsilon bounds (the
+        final model is a post-processing of all iterates)."""
+        assert self.budget is not None
+        limit = self.budget.epsilon
+        if self.budget.metric == "standard_epsilon_rdp":
+            return limit
+        accuracy = self._replica.weight_accuracy if self._replica is not None else 0.0
+        return limit * (1.0 - accuracy) * (1.0 - _SLACK)
+
+    def _rdp_allows(self, step: int, sigma: float, q: float) -> bool:
+        """Whether the RDP bound certifies ``step`` (O(1) inside the horizon)."""
+        if self._rdp_spent:
+            return False
+        horizon = self._rdp_horizon
+        if horizon is not None and horizon[0] == (sigma, q) and step <= horizon[1]:
+            return True
+        queued = [(s, qq) for _, s, qq, _, _ in self._queue]
+        eps = self._rdp.lookahead(queued, self._rdp_block, (sigma, q), self.delta)
+        over = np.flatnonzero(~(eps <= self._rdp_limit()))
+        safe = int(over[0]) if over.size else eps.size  # rows 0..safe-1 are within the limit
+        end = self._evaluated + safe
+        if not over.size:
+            self._rdp_block = min(2 * self._rdp_block, _RDP_BLOCK[1])
+        if step > end:
+            self._rdp_spent = True
+            return False
+        self._rdp_horizon = ((sigma, q), end)
+        return True
+
+    def _bound_allows(self, step: int, sigma: float, settings: Settings) -> bool:
+        """Whether the shifted-count bound certifies ``step`` for the constant-rate
+        heuristic (:mod:`~opacus_lastiterate.analysis.last_iterate.budget_horizon`)."""
+        horizon = self._bound_horizon
+        if horizon is not None and horizon[0] == settings and sigma > 0 and step <= horizon[1]:
+            return True
+        replica = self._replica
+        if replica is None or step < self._bound_retry_at or self._evaluated == 0:
+            return False
+        if not all(s > 0 and st == settings for _, s, _, _, st in self._queue):
+            return False
+        if not replica.stays_constant_rate(settings):
+            return False
+        assert self.budget is not None
+        m = steps_within_limit(
+            [tuple(h) for h in self._history],
+            self.delta,
+            self.budget.epsilon,
+            _BOUND_STEPS,
+            start=self._bound_start,
+        )
+        end = self._evaluated + m
+        if step > end:
+            self._bound_retry_at = step + _BOUND_RETRY
+            self._bound_horizon = None
+            return False
+        self._bound_start = max(1, m)
+        self._bound_horizon = (settings, end)
+        return True
+
+    def _check_budget(self, entry: _Queued) -> None:
+        assert self.budget is not None
+        step, sigma, q, _, settings = entry
+        metric = self.budget.metric
+        if self._rdp_allows(step, sigma, q):
+            return
+        if metric == "heuristic_epsilon" and self._bound_allows(step, sigma, settings):
+            return
+        self._evaluate(need=metric)  # exact: this step's own value decides
+        record = self._ready[-1]
+        value = getattr(record, metric)
+        if value > self.budget.epsilon:
+            self._ready.pop()
+            self._take_back(record)
+            self._refuse(step, value)
+
+    def _take_back(self, record: EpsilonRecord) -> None:
+        """Undo the evaluated last step everywhere (accountants, replica, RDP, history)."""
+        for acc in (self.accountant, self._corrected if self._own_corrected else None):
+            if acc is not None:
+                acc.load_state_dict(_drop_last_step(acc.state_dict()))
+        if self._replica is not None:
+            self._replica.drop_last_step()
+        self._rdp.rdp = self._rdp.previous
+        last = self._history[-1]
+        if last[2] > 1:
+            last[2] -= 1
+        else:
+            self._history.pop()
+        self._evaluated -= 1
+        self._reset_horizons()
 
     def _refuse(self, step: int, value: float) -> None:
         assert self.budget is not None
-        self._undo_last_step()
         msg = (
             f"PrivacyMonitor: step {step} would bring {self.budget.metric} to {value:.6g} > "
             f"the budget {self.budget.epsilon:g} at delta={self.delta:g}; the step was not "
@@ -508,57 +820,74 @@ class PrivacyMonitor:
         self.should_stop = True
         self._skip_update = True
 
-    def _undo_last_step(self) -> None:
-        for acc in (self.accountant, self._corrected if self._own_corrected else None):
-            if acc is not None:
-                acc.load_state_dict(_drop_last_step(acc.state_dict()))
-        self._rdp.reset(self.accountant.history)
+    # -- evaluation -----------------------------------------------------------------------
 
-    def _on_update(self, inner_step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self._skip_update:
-            self._skip_update = False
-            return None
-        out = inner_step(*args, **kwargs)
-        self._flush_pending()
-        return out
+    def _evaluate(self, need: str | None = None) -> None:
+        """Compute the records of the queued steps, in order (``need``: a field that the
+        last one must have, for the budget)."""
+        queue, self._queue = self._queue, []
+        if not queue:
+            return
+        rdp = self._rdp.advance([(sigma, q) for _, sigma, q, _, _ in queue], self.delta)
+        last = len(queue) - 1
+        for i, entry in enumerate(queue):
+            self._ready.append(self._evaluate_step(entry, float(rdp[i]), need if i == last else None))
 
-    def _flush_pending(self) -> None:
-        record, self._pending = self._pending, None
-        if record is not None:
-            self._emit(record)
-
-    def _record(self, optim: Any, sigma: float, q: float, *, final: bool) -> EpsilonRecord:
-        acc, d = self.accountant, self.delta
-        step = _num_steps(acc)
-        robust = pld = corrected = heuristic = None
-        if self._heuristic:
-            heuristic = float(acc.get_epsilon(d))
-            if final or (self.robust_every and step % self.robust_every == 0):
-                robust = float(acc.get_epsilon(d, robust=True))
-        if final or (self.standard_every and step % self.standard_every == 0):
-            from opacus_lastiterate.analysis.baselines.composition import StandardComposition
-
-            pld = float(StandardComposition(acc.history).epsilon(d))
-            if self._corrected is not None:
-                corrected = float(self._corrected.get_epsilon(d))
-        lr = None
-        if optim is not None:
-            lr = _host_float(optim.param_groups[0].get("lr"))
-        elif self.last_record is not None:
-            lr = self.last_record.lr
+    def _evaluate_step(self, entry: _Queued, rdp: float, need: str | None) -> EpsilonRecord:
+        step, sigma, q, lr, settings = entry
+        d = self.delta
+        _extend(self._history, sigma, q)
+        self._evaluated += 1
+        heuristic = robust = None
+        replica = self._replica
+        if replica is not None:
+            replica.replay(sigma, q, settings)
+            every = self.weighted_every if replica.weighted else self.heuristic_every
+            if need == "heuristic_epsilon" or (every and step % every == 0):
+                heuristic = float(replica.get_epsilon(d))
+            if need == "robust_epsilon" or (self.robust_every and step % self.robust_every == 0):
+                robust = float(replica.get_epsilon(d, robust=True))
+        pld = corrected = None
+        if self.standard_every and step % self.standard_every == 0:
+            pld, corrected = self._standard()
+        self._last_lr = lr
         return EpsilonRecord(
             step=step,
             delta=d,
             heuristic_epsilon=heuristic,
             robust_epsilon=robust,
-            standard_epsilon_rdp=self._rdp.epsilon(d),
+            standard_epsilon_rdp=rdp,
             standard_epsilon_pld=pld,
             corrected_epsilon=corrected,
             lr=lr,
             noise_multiplier=float(sigma),
             sample_rate=float(q),
-            final=final,
+            final=False,
         )
+
+    def _standard(self) -> tuple[float, float | None]:
+        """PLD and corrected epsilon of the evaluated steps."""
+        from opacus_lastiterate.analysis.baselines.composition import StandardComposition
+
+        history = [tuple(h) for h in self._history]
+        pld = float(StandardComposition(history).epsilon(self.delta))
+        corrected = None
+        if self._corrected is not None:
+            acc = self._corrected
+            if _num_steps(acc) != self._evaluated:  # it is ahead: a copy at this step
+                acc = copy.deepcopy(acc)
+                acc.history = history
+                acc._externally_assigned = False
+            corrected = float(acc.get_epsilon(self.delta))
+        return pld, corrected
+
+    def flush(self) -> None:
+        """Compute the records of every recorded step and send them to the sinks (and the
+        audit), in step order."""
+        self._evaluate()
+        ready, self._ready = self._ready, []
+        for record in ready:
+            self._emit(record)
 
     def _emit(self, record: EpsilonRecord) -> None:
         self.last_record = record
@@ -572,16 +901,34 @@ class PrivacyMonitor:
     # -- end of training ------------------------------------------------------------------
 
     def finish(self) -> EpsilonRecord | None:
-        """Emit a final record with every epsilon (robust, PLD, corrected), call the audit's
-        ``finish`` (its result in :attr:`audit_result`) and close the sinks that have a
-        ``close`` method (on every rank, also those that ``sink_rank`` kept silent).
-        Returns the final record (None before any step)."""
-        self._flush_pending()
+        """Flush, emit a final record with every epsilon (heuristic, robust, PLD,
+        corrected) of the final model, call the audit's ``finish`` (its result in
+        :attr:`audit_result`) and close the sinks that have a ``close`` method (on every
+        rank, also those that ``sink_rank`` kept silent). Returns the final record (None
+        before any step)."""
+        self.flush()
         record = None
-        history = self.accountant.history
-        if history:
-            sigma, q, _ = history[-1]
-            record = self._record(self._optimizer, sigma, q, final=True)
+        if self._history:
+            sigma, q, _ = self._history[-1]
+            d = self.delta
+            heuristic = robust = None
+            if self._replica is not None:
+                heuristic = float(self._replica.get_epsilon(d))
+                robust = float(self._replica.get_epsilon(d, robust=True))
+            pld, corrected = self._standard()
+            record = EpsilonRecord(
+                step=self._evaluated,
+                delta=d,
+                heuristic_epsilon=heuristic,
+                robust_epsilon=robust,
+                standard_epsilon_rdp=self._rdp.epsilon(d),
+                standard_epsilon_pld=pld,
+                corrected_epsilon=corrected,
+                lr=self._last_lr,
+                noise_multiplier=float(sigma),
+                sample_rate=float(q),
+                final=True,
+            )
             self._emit(record)
         if self.audit is not None:
             self.audit_result = self.audit.finish()
@@ -594,9 +941,13 @@ class PrivacyMonitor:
     # -- checkpoints ----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """A checkpointable state (plain Python values): the accountant's history (Lightning
-        and Hugging Face checkpoints do not save Opacus's accountant), the corrected
-        accountant's, the budget flag and the last record."""
+        """A checkpointable state of plain Python values (JSON-serialisable): the
+        accountant's history (Lightning and Hugging Face checkpoints do not save Opacus's
+        accountant), the corrected accountant's, the RDP vector, the budget flag and the
+        last record. Flushes first, so that the sinks hold every record up to the
+        checkpoint."""
+        self.flush()
+
         def plain(state: Mapping[str, Any]) -> dict[str, Any]:
             return {
                 k: ([list(e) for e in v] if isinstance(v, list) else v)
@@ -604,29 +955,43 @@ class PrivacyMonitor:
             }
 
         return {
-            "format": 1,
+            "format": 2,
             "accountant": plain(self.accountant.state_dict()),
             "corrected_accountant": (
                 plain(self._corrected.state_dict()) if self._own_corrected else None
             ),
+            "rdp": [float(v) for v in self._rdp.rdp],
             "should_stop": self.should_stop,
             "stop_reason": self.stop_reason,
             "records_emitted": self.records_emitted,
             "last_record": None if self.last_record is None else self.last_record.as_dict(),
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` (the accountants' histories included).
+    def load_state_dict(self, state: Mapping[str, Any], *, rewind_sinks: bool = True) -> None:
+        """Restore :meth:`state_dict` (the accountants' histories included); records queued
+        and not yet flushed are dropped.
+
+        Args:
+            state: a :meth:`state_dict` (format 1 or 2).
+            rewind_sinks: call ``rewind(step)`` on the sinks that have it (the JSONL and CSV
+                sinks drop their records after the restored step), so that a run resumed
+                from a checkpoint neither repeats nor skips a step in them.
 
         Raises:
             TypeError, ValueError: if ``state`` is not such a state; nothing changes then
                 unless an accountant rejects its part.
         """
-        if not isinstance(state, Mapping) or state.get("format") != 1:
-            raise ValueError("`state` must be a PrivacyMonitor.state_dict() (format 1).")
+        if not isinstance(state, Mapping) or state.get("format") not in (1, 2):
+            raise ValueError("`state` must be a PrivacyMonitor.state_dict() (format 1 or 2).")
         last = state.get("last_record")
         if last is not None and (not isinstance(last, Mapping) or set(last) != set(FIELDS)):
             raise ValueError(f"`state['last_record']` must have the keys {FIELDS}.")
+        rdp = state.get("rdp")
+        if rdp is not None and (
+            not isinstance(rdp, (list, tuple))
+            or not all(isinstance(v, numbers.Real) for v in rdp)
+        ):
+            raise ValueError("`state['rdp']` must be a list of numbers.")
 
         def tuples(s: Mapping[str, Any]) -> dict[str, Any]:
             return {
@@ -637,12 +1002,16 @@ class PrivacyMonitor:
         self.accountant.load_state_dict(tuples(state["accountant"]))
         if self._own_corrected and state.get("corrected_accountant") is not None:
             self._corrected.load_state_dict(tuples(state["corrected_accountant"]))
-        self._rdp.reset(self.accountant.history)
         self.should_stop = bool(state.get("should_stop", False))
         self.stop_reason = state.get("stop_reason")
         self.records_emitted = int(state.get("records_emitted", 0))
         self.last_record = None if last is None else EpsilonRecord(**last)
-        self._pending = None
+        self._sync(rdp)
+        if rewind_sinks and self.calls_sinks:
+            for sink in self.sinks:
+                rewind = getattr(sink, "rewind", None)
+                if callable(rewind):
+                    rewind(self._evaluated)
 
     def __repr__(self) -> str:
         return (

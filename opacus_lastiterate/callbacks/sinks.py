@@ -5,7 +5,8 @@ A sink is any callable taking an :class:`~opacus_lastiterate.callbacks.monitor.E
 
 * :class:`LoggingSink`: Python :mod:`logging`, one line per record (formatted only if the
   level is enabled);
-* :class:`JsonlSink`, :class:`CsvSink`: append-only files. **Durability:** each record (or
+* :class:`JsonlSink`, :class:`CsvSink`: append-only files (``rewind(step)``, called when the
+  monitor loads a checkpoint, drops the records after that step). **Durability:** each record (or
   each batch of ``flush_every`` records) is written with one ``os.write`` on a file opened
   with ``O_APPEND``, never through a Python buffer, so a killed process leaves only whole
   lines (the kernel completes a write system call it has started); ``fsync_every=k`` also
@@ -26,7 +27,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,22 @@ class _AppendFile:
         if self.fsync_every is not None and self._writes % self.fsync_every == 0:
             os.fsync(self._fd)
 
+    def rewind(self, keep: Callable[[str], bool]) -> None:
+        """Rewrite the file with the lines that ``keep`` accepts (buffered lines included),
+        atomically (a temporary file renamed over it), and go on appending to it."""
+        self.flush()
+        text = self.path.read_text()
+        lines = text.splitlines(keepends=True)
+        kept = [line for line in lines if keep(line)]
+        if len(kept) == len(lines):
+            return
+        tmp = self.path.with_name(self.path.name + ".rewind")
+        tmp.write_text("".join(kept))
+        assert self._fd is not None
+        os.close(self._fd)
+        os.replace(tmp, self.path)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
     def close(self) -> None:
         if self._fd is None:
             return
@@ -156,6 +173,19 @@ class JsonlSink:
 
     def __call__(self, record: EpsilonRecord) -> None:
         self._file.add(json.dumps(record.as_dict()) + "\n")
+
+    def rewind(self, step: int) -> None:
+        """Drop the records of steps after ``step`` (the monitor calls this when it loads a
+        checkpoint of that step, so that a resumed run neither repeats nor skips a step).
+        Lines that are not records are kept."""
+
+        def keep(line: str) -> bool:
+            try:
+                return int(json.loads(line)["step"]) <= step
+            except (ValueError, KeyError, TypeError):
+                return True
+
+        self._file.rewind(keep)
 
     def flush(self) -> None:
         """Write buffered records now."""
@@ -209,6 +239,18 @@ class CsvSink:
 
     def __call__(self, record: EpsilonRecord) -> None:
         self._file.add(self._row([self._cell(getattr(record, f)) for f in FIELDS]))
+
+    def rewind(self, step: int) -> None:
+        """Drop the rows of steps after ``step`` (as :meth:`JsonlSink.rewind`); the header
+        and lines that are not rows are kept."""
+
+        def keep(line: str) -> bool:
+            try:
+                return int(next(csv.reader([line]))[0]) <= step
+            except (ValueError, IndexError, StopIteration):
+                return True
+
+        self._file.rewind(keep)
 
     def flush(self) -> None:
         """Write buffered records now."""

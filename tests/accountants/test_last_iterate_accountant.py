@@ -370,3 +370,47 @@ def test_multi_segment_non_monotonicity_is_found_by_the_spread_out_check() -> No
             acc.get_epsilon(1e-6)
     clone = copy.deepcopy(acc)  # a pending check (a generator) is dropped, not copied
     assert clone.get_epsilon(1e-6) == acc.get_epsilon(1e-6)
+
+
+# -- calibration (make_private_with_epsilon) targets the robust value ------------------------
+
+
+def _brute_force_robust(sigma: float, q: float, steps: int, delta: float) -> float:
+    """max over t <= T of the heuristic epsilon of t steps, every t evaluated."""
+    return max(
+        heuristic.heuristic_epsilon(delta, steps=t, sample_rate=q, noise_multiplier=sigma)
+        for t in range(1, steps + 1)
+    )
+
+
+@pytest.mark.parametrize("target,q,steps", [(4.0, 0.02, 150), (8.0, 0.05, 60)])
+def test_calibration_meets_the_target_on_the_robust_value(target, q, steps) -> None:
+    """In these settings the plain heuristic is not monotone in T: calibrating to it would
+    leave the robust value (what the docs tell users to report) far above the target."""
+    from opacus.accountants.utils import get_noise_multiplier
+
+    delta = 1e-5
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HeuristicCalibrationWarning)
+        sigma = get_noise_multiplier(
+            target_epsilon=target, target_delta=delta, sample_rate=q, steps=steps,
+            accountant="last_iterate",
+        )
+        sigma_plain = get_noise_multiplier(
+            target_epsilon=target, target_delta=delta, sample_rate=q, steps=steps,
+            accountant="last_iterate", robust=False,
+        )
+    robust = _brute_force_robust(sigma, q, steps, delta)
+    assert target - 0.05 <= robust <= target * (1 + 1e-6)  # Opacus stops within 0.01
+    plain = heuristic.heuristic_epsilon(delta, steps=steps, sample_rate=q, noise_multiplier=sigma_plain)
+    assert target - 0.05 <= plain <= target * (1 + 1e-9)
+    assert _brute_force_robust(sigma_plain, q, steps, delta) > target * 1.05  # what robust fixes
+
+
+def test_recorded_steps_report_the_plain_value_by_default() -> None:
+    acc = _stepped([(0.39, 0.02)] * 150)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonMonotoneHeuristicWarning)
+        plain = acc.get_epsilon(1e-6)
+    assert plain == pytest.approx(heuristic.LastIterateHeuristic([(0.39, 0.02, 150)]).epsilon(1e-6), rel=1e-12)
+    assert acc.get_epsilon(1e-6, robust=True) > plain * 1.01

@@ -63,11 +63,16 @@ def _setup(tmp_path: Path, max_steps: int, budget: PrivacyBudget | None = None, 
     records: list[EpsilonRecord] = []
     expected: list[tuple[int, float]] = []
 
-    def check(record: EpsilonRecord) -> None:
-        records.append(record)
-        expected.append((engine.accountant.num_steps, engine.accountant.get_epsilon(DELTA)))
+    class Probe(transformers.TrainerCallback):  # the accountant asked after every step
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
+            acc = engine.accountant
+            expected.append((acc.num_steps, acc.get_epsilon(DELTA)))
+            return control
 
-    monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[check], budget=budget, robust_every=2)
+    monitor = PrivacyMonitor(
+        engine, delta=DELTA, sinks=[records.append], budget=budget, robust_every=2,
+        weighted_every=1,  # the Trainer's linear decay: the weighted heuristic, every step
+    )
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), max_steps=max_steps, per_device_train_batch_size=32,
         learning_rate=0.1, max_grad_norm=0.0, report_to=[], use_cpu=True,
@@ -75,7 +80,7 @@ def _setup(tmp_path: Path, max_steps: int, budget: PrivacyBudget | None = None, 
     )
     trainer = transformers.Trainer(
         model=model, args=args, train_dataset=data, optimizers=(optimizer, None),
-        callbacks=[HFPrivacyCallback(monitor, key=f"test-{tmp_path.name}")],
+        callbacks=[HFPrivacyCallback(monitor, key=f"test-{tmp_path.name}"), Probe()],
     )
     return engine, monitor, trainer, records, expected, hooks
 
@@ -84,7 +89,7 @@ def test_trainer_logs_the_accountant_epsilon(tmp_path: Path) -> None:
     engine, _monitor, trainer, records, expected, _ = _setup(tmp_path, 4, save_strategy="no")
     trainer.train()
     assert [r.step for r in records] == [1, 2, 3, 4, 4] and records[-1].final
-    for r, (n, eps) in zip(records, expected, strict=True):
+    for r, (n, eps) in zip(records, expected + expected[-1:], strict=True):
         assert r.step == n and r.heuristic_epsilon == eps
     lrs = [r.lr for r in records[:4]]
     assert lrs[0] == pytest.approx(0.1) and lrs == sorted(lrs, reverse=True)  # linear decay
@@ -124,3 +129,67 @@ def test_state_is_saved_in_trainer_checkpoints_and_restored(tmp_path: Path) -> N
     assert fresh.accountant.history == engine.accountant.history
     with pytest.raises(ValueError, match="no PrivacyMonitor is registered"):
         HFPrivacyCallback(key="nobody")
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+def _hf_run(out: Path, log: Path, *, crash_at: int | None = None, resume: str | None = None):
+    from opacus import PrivacyEngine
+
+    from opacus_lastiterate.callbacks import HFPrivacyCallback, JsonlSink
+
+    torch.manual_seed(0)
+    data, model = _Data(), _Net()
+    engine = PrivacyEngine(accountant="last_iterate")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, optimizer, _ = engine.make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(data, batch_size=32), noise_multiplier=1.0,
+            max_grad_norm=1.0, wrap_model=False,
+        )
+    monitor = PrivacyMonitor(
+        engine, delta=DELTA, sinks=[JsonlSink(log)], flush_every=2, robust_every=3,
+        standard_every=5,
+    )
+
+    class Crash(transformers.TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
+            if crash_at is not None and state.global_step == crash_at:
+                raise _Crash(f"interrupted after step {crash_at}")
+            return control
+
+    args = transformers.TrainingArguments(
+        output_dir=str(out), max_steps=8, per_device_train_batch_size=32, learning_rate=0.1,
+        max_grad_norm=0.0, report_to=[], use_cpu=True, logging_strategy="no",
+        disable_tqdm=True, seed=0, save_strategy="steps", save_steps=4,
+    )
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=data, optimizers=(optimizer, None),
+        callbacks=[HFPrivacyCallback(monitor, key=f"resume-{out.name}"), Crash()],
+    )
+    trainer.train(resume_from_checkpoint=resume)
+    return engine
+
+
+def test_trainer_resume_from_checkpoint_continues_the_log(tmp_path: Path) -> None:
+    """Checkpoint at step 4, killed after step 6 (steps 5-6 logged), resumed by a new Trainer
+    with the default TrainingArguments (restore_callback_states_from_checkpoint=False): the
+    log has steps 1..8 once each, with the values of an uninterrupted run (linear learning
+    rate decay restored from the checkpoint)."""
+    from tests.callbacks.test_lightning import assert_same_log
+
+    reference = tmp_path / "reference.jsonl"
+    _hf_run(tmp_path / "a", reference)
+    log = tmp_path / "resumed.jsonl"
+    with pytest.raises(_Crash):
+        _hf_run(tmp_path / "b", log, crash_at=6)
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    engine = _hf_run(tmp_path / "b", log, resume=str(tmp_path / "b" / "checkpoint-4"))
+    assert engine.accountant.history == [(1.0, 0.125, 8)]
+    ref_rows = [json.loads(line) for line in reference.read_text().splitlines()]
+    assert_same_log([json.loads(line) for line in log.read_text().splitlines()], ref_rows)
+    assert len({r["lr"] for r in ref_rows}) > 4  # the schedule did change the rate

@@ -54,24 +54,36 @@ def _data(seed: int = 0) -> TensorDataset:
     return TensorDataset(torch.randn(256, 16, generator=g), torch.randint(0, 4, (256,), generator=g))
 
 
-def _trainer(namespace: Any, callback: Any, max_steps: int, tmp_path: Path, **kw: Any) -> Any:
+def _trainer(
+    namespace: Any, callback: Any, max_steps: int, tmp_path: Path, *more: Any, **kw: Any
+) -> Any:
     return namespace.Trainer(
-        max_steps=max_steps, accelerator="cpu", devices=1, callbacks=[callback], logger=False,
+        max_steps=max_steps, accelerator="cpu", devices=1, callbacks=[callback, *more],
+        logger=False,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
         enable_checkpointing=False, **kw,
     )
 
 
 class _Checker:
-    """A sink that compares each record with the accountant at that moment."""
+    """A sink keeping the records, and a callback (:meth:`probe`) asking the accountant for
+    epsilon after every step: what the records must equal."""
 
     def __init__(self, engine: Any) -> None:
         self.engine, self.records, self.expected = engine, [], []
 
     def __call__(self, record: EpsilonRecord) -> None:
         self.records.append(record)
-        acc = self.engine.accountant
-        self.expected.append((acc.num_steps, acc.get_epsilon(DELTA)))
+
+    def probe(self, namespace: Any) -> Any:
+        checker = self
+
+        class Probe(namespace.Callback):  # type: ignore[misc,name-defined]
+            def on_train_batch_end(self, *args: Any) -> None:
+                acc = checker.engine.accountant
+                checker.expected.append((acc.num_steps, acc.get_epsilon(DELTA)))
+
+        return Probe()
 
 
 def test_lightning_trainer_logs_the_accountant_epsilon(tmp_path: Path) -> None:
@@ -84,11 +96,11 @@ def test_lightning_trainer_logs_the_accountant_epsilon(tmp_path: Path) -> None:
     checker = _Checker(engine)
     monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[checker], robust_every=2)
     callback = PrivacyMonitorCallback(monitor)
-    trainer = _trainer(pl, callback, 5, tmp_path)
+    trainer = _trainer(pl, callback, 5, tmp_path, checker.probe(pl))
     trainer.fit(_module_class(pl.LightningModule)(engine, poisson=True), DataLoader(_data(), batch_size=32))
     steps = [r.step for r in checker.records]
     assert steps == [1, 2, 3, 4, 5, 5] and checker.records[-1].final
-    for r, (n, eps) in zip(checker.records, checker.expected, strict=True):
+    for r, (n, eps) in zip(checker.records, checker.expected + [checker.expected[-1]], strict=True):
         assert r.step == n and r.heuristic_epsilon == eps
     assert engine.accountant.num_steps == 5 == trainer.global_step
     # checkpoint: the callback's state holds the accountant's history
@@ -140,11 +152,11 @@ def test_opacus_dp_lightning_data_module(tmp_path: Path) -> None:
     engine = PrivacyEngine(accountant="last_iterate")
     checker = _Checker(engine)
     monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[checker])
-    trainer = _trainer(ptl, PLPrivacyMonitorCallback(monitor), 4, tmp_path)
+    trainer = _trainer(ptl, PLPrivacyMonitorCallback(monitor), 4, tmp_path, checker.probe(ptl))
     model = _module_class(ptl.LightningModule)(engine, poisson=False)
     trainer.fit(model, datamodule=DPLightningDataModule(Data()))
     assert [r.step for r in checker.records] == [1, 2, 3, 4, 4]
-    for r, (n, eps) in zip(checker.records, checker.expected, strict=True):
+    for r, (n, eps) in zip(checker.records, checker.expected + [checker.expected[-1]], strict=True):
         assert r.step == n and r.heuristic_epsilon == eps
     assert engine.accountant.history == [(1.0, 1 / 8, 4)]
 
@@ -172,3 +184,84 @@ def test_callback_arguments_and_missing_dp_optimizer(tmp_path: Path) -> None:
     trainer = _trainer(pl, PrivacyMonitorCallback(monitor), 1, tmp_path)
     with pytest.raises(ValueError, match="no Opacus DPOptimizer"):
         trainer.fit(Plain(), DataLoader(_data(), batch_size=32))
+
+
+# -- resuming from a checkpoint ----------------------------------------------------------------
+
+
+def _log_rows(path: Path) -> list[dict[str, Any]]:
+    import json
+
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def assert_same_log(resumed: list[dict[str, Any]], reference: list[dict[str, Any]]) -> None:
+    """Every step once, the same values: the settings and the RDP vector exactly, the
+    epsilons computed afresh after the resume to the root finder's tolerance."""
+    assert [(r["step"], r["final"]) for r in resumed] == [
+        (r["step"], r["final"]) for r in reference
+    ]
+    for got, want in zip(resumed, reference, strict=True):
+        for key in ("lr", "noise_multiplier", "sample_rate", "standard_epsilon_rdp", "delta"):
+            assert got[key] == want[key], (got["step"], key)
+        for key in ("heuristic_epsilon", "robust_epsilon", "standard_epsilon_pld"):
+            assert (got[key] is None) == (want[key] is None), (got["step"], key)
+            if want[key] is not None:
+                assert got[key] == pytest.approx(want[key], rel=1e-12), (got["step"], key)
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+def _lightning_run(
+    tmp_path: Path, log: Path, *, crash_at: int | None = None, ckpt_path: Path | None = None
+) -> Any:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from opacus import PrivacyEngine
+
+    from opacus_lastiterate.callbacks import JsonlSink, PrivacyMonitorCallback
+
+    torch.manual_seed(0)
+    engine = PrivacyEngine(accountant="last_iterate")
+    monitor = PrivacyMonitor(
+        engine, delta=DELTA, sinks=[JsonlSink(log)], flush_every=2, robust_every=3,
+        standard_every=5,
+    )
+    base = _module_class(pl.LightningModule)
+
+    class Module(base):  # type: ignore[misc,valid-type]
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            if crash_at is not None and self.trainer.global_step == crash_at:
+                raise _Crash(f"interrupted after step {crash_at}")
+            return super().training_step(batch, batch_idx)
+
+    checkpoints = ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1, save_last=False
+    )
+    trainer = pl.Trainer(
+        max_steps=8, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path,
+        callbacks=[PrivacyMonitorCallback(monitor), checkpoints],
+    )
+    trainer.fit(
+        Module(engine, poisson=True), DataLoader(_data(), batch_size=32), ckpt_path=ckpt_path
+    )
+    return engine
+
+
+def test_lightning_resume_from_checkpoint_continues_the_log(tmp_path: Path) -> None:
+    """A run checkpointed at step 4 and killed after step 6 (steps 5-6 already logged),
+    resumed by a new Trainer from the checkpoint, logs steps 1..8 once each, with the values
+    of an uninterrupted run."""
+    reference = tmp_path / "reference.jsonl"
+    _lightning_run(tmp_path / "a", reference)
+    log = tmp_path / "resumed.jsonl"
+    with pytest.raises(_Crash):
+        _lightning_run(tmp_path / "b", log, crash_at=6)
+    assert [r["step"] for r in _log_rows(log)] == [1, 2, 3, 4, 5, 6]
+    ckpt = tmp_path / "b" / "ckpt" / "epoch=0-step=4.ckpt"
+    assert ckpt.exists()
+    engine = _lightning_run(tmp_path / "c", log, ckpt_path=ckpt)
+    assert engine.accountant.history == [(1.0, 1 / 8, 8)]
+    assert_same_log(_log_rows(log), _log_rows(reference))

@@ -4,7 +4,9 @@ budget guard refuses exactly the first step over the limit; no tensor is read pe
 from __future__ import annotations
 
 import math
+import warnings
 
+import numpy as np
 import pytest
 import torch
 from opacus.accountants import RDPAccountant
@@ -26,7 +28,8 @@ def test_records_equal_the_accountant_at_every_step() -> None:
     records: list[EpsilonRecord] = []
     expected: list[tuple[int, float, float]] = []
     monitor = PrivacyMonitor(
-        engine, delta=DELTA, sinks=[records.append], robust_every=3, standard_every=4
+        engine, delta=DELTA, sinks=[records.append], robust_every=3, standard_every=4,
+        flush_every=None,
     )
     monitor.attach(opt)
 
@@ -35,7 +38,9 @@ def test_records_equal_the_accountant_at_every_step() -> None:
         expected.append((acc.num_steps, acc.get_epsilon(DELTA), acc.get_epsilon(DELTA, robust=True)))
 
     train(model, opt, loader, 8, after=check)
-    assert [r.step for r in records] == list(range(1, 9))
+    assert records == [] and monitor.pending == 8  # recorded, not yet evaluated
+    monitor.flush()
+    assert [r.step for r in records] == list(range(1, 9)) and monitor.pending == 0
     for r, (steps, heuristic, robust) in zip(records, expected, strict=True):
         assert r.step == steps
         assert r.heuristic_epsilon == heuristic
@@ -62,7 +67,10 @@ def test_momentum_and_schedule_use_the_weighted_value() -> None:
     engine, model, opt, loader = make_dp(momentum=0.9)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=6)
     records: list[EpsilonRecord] = []
-    PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt)
+    PrivacyMonitor(
+        engine, delta=DELTA, sinks=[records.append], optimizer=opt, weighted_every=1,
+        flush_every=1,
+    )
     lrs: list[float] = []
 
     def after(step: int) -> None:
@@ -74,6 +82,63 @@ def test_momentum_and_schedule_use_the_weighted_value() -> None:
     assert [r.lr for r in records] == lrs  # the learning rate the step used
 
 
+def test_weighted_cadence_equals_an_accountant_asked_at_those_steps() -> None:
+    """weighted_every=3: heuristic at steps 3 and 6 only, each the value an accountant asked
+    at those steps reports; the constant-rate steps of the same monitor are not affected."""
+    engine, model, opt, loader = make_dp(momentum=0.9)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=6)
+    records: list[EpsilonRecord] = []
+    monitor = PrivacyMonitor(
+        engine, delta=DELTA, sinks=[records.append], optimizer=opt, weighted_every=3,
+        flush_every=None,
+    )
+    expected: dict[int, float] = {}
+
+    def after(step: int) -> None:
+        if step % 3 == 0:
+            expected[step] = engine.accountant.get_epsilon(DELTA)
+        sched.step()
+
+    train(model, opt, loader, 6, after=after)
+    final = monitor.finish()
+    got = {r.step: r.heuristic_epsilon for r in records[:-1] if r.heuristic_epsilon is not None}
+    assert got == expected and len(expected) == 2
+    assert final is not None and final.heuristic_epsilon == expected[6]
+
+
+def test_hot_path_computes_no_epsilon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a budget a step only queues (sigma, q, lr, settings): no accountant query and
+    no RDP conversion until the flush, which then evaluates every step once."""
+    from opacus_lastiterate.callbacks import monitor as monitor_module
+
+    calls = {"epsilon": 0, "rdp": 0}
+    replica_get = monitor_module._Replica.get_epsilon
+    convert = monitor_module.IncrementalRDP.epsilons
+
+    def get_epsilon(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["epsilon"] += 1
+        return replica_get(self, *args, **kwargs)
+
+    def epsilons(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["rdp"] += 1
+        return convert(self, *args, **kwargs)
+
+    monkeypatch.setattr(monitor_module._Replica, "get_epsilon", get_epsilon)
+    monkeypatch.setattr(monitor_module.IncrementalRDP, "epsilons", epsilons)
+    engine, model, opt, loader = make_dp()
+    records: list[EpsilonRecord] = []
+    monitor = PrivacyMonitor(
+        engine, delta=DELTA, sinks=[records.append], optimizer=opt, flush_every=4,
+        robust_every=None, standard_every=None,
+    )
+    train(model, opt, loader, 3)
+    assert calls == {"epsilon": 0, "rdp": 0} and records == []
+    train(model, opt, loader, 1)  # the 4th step flushes: one batch
+    assert calls == {"epsilon": 4, "rdp": 1} and [r.step for r in records] == [1, 2, 3, 4]
+    train(model, opt, loader, 2)
+    assert calls["epsilon"] == 4 and monitor.pending == 2
+
+
 def test_corrected_accountant_is_fed_and_reported() -> None:
     from opacus_lastiterate.accountants import FEASGMAccountant
 
@@ -82,19 +147,24 @@ def test_corrected_accountant_is_fed_and_reported() -> None:
     records: list[EpsilonRecord] = []
     monitor = PrivacyMonitor(
         engine, delta=DELTA, sinks=[records.append], corrected_accountant=corrected,
-        standard_every=2, optimizer=opt,
+        standard_every=2, optimizer=opt, flush_every=None,
     )
     train(model, opt, loader, 4)
+    expected = corrected.get_epsilon(DELTA)
+    monitor.flush()
     assert corrected.history == engine.accountant.history
     assert [r.corrected_epsilon is not None for r in records] == [False, True, False, True]
-    assert records[3].corrected_epsilon == pytest.approx(corrected.get_epsilon(DELTA))
+    assert records[3].corrected_epsilon == expected
+    two = FEASGMAccountant().configure(dataset_size=256, batch_size=32)
+    two.history = [(1.0, 1 / 8, 2)]
+    assert records[1].corrected_epsilon == pytest.approx(two.get_epsilon(DELTA), rel=1e-12)
     monitor.finish()
 
 
 def test_other_accountants_give_standard_only() -> None:
     engine, model, opt, loader = make_dp(accountant="rdp")
     records: list[EpsilonRecord] = []
-    PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt)
+    PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt, flush_every=1)
     train(model, opt, loader, 3)
     assert records[-1].heuristic_epsilon is None
     assert records[-1].standard_epsilon_rdp == pytest.approx(engine.get_epsilon(DELTA), rel=1e-9)
@@ -113,7 +183,7 @@ def _epsilons(steps: int) -> list[float]:
 @pytest.mark.parametrize("metric", ["heuristic_epsilon", "standard_epsilon_rdp"])
 def test_budget_raises_exactly_before_the_first_step_over_the_limit(metric: str) -> None:
     engine, model, opt, loader = make_dp()
-    probe = PrivacyMonitor(engine, delta=DELTA, optimizer=opt, sinks=[])
+    probe = PrivacyMonitor(engine, delta=DELTA, optimizer=opt, sinks=[], flush_every=1)
     values: list[float] = []
     train(model, opt, loader, 6, after=lambda _: values.append(getattr(probe.last_record, metric)))
     limit = values[3]  # step 4 reaches the limit exactly: allowed; step 5 exceeds it
@@ -128,9 +198,68 @@ def test_budget_raises_exactly_before_the_first_step_over_the_limit(metric: str)
     assert info.value.step == 5 and info.value.value == pytest.approx(values[4])
     assert engine.accountant.num_steps == 4
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    monitor.flush()
     assert monitor.last_record is not None and monitor.last_record.step == 4
     assert getattr(monitor.last_record, metric) == pytest.approx(limit, rel=1e-12)
     assert monitor._rdp.epsilon(DELTA) == pytest.approx(monitor.last_record.standard_epsilon_rdp)
+
+
+def _long_run_values(steps: int, metric: str) -> list[float]:
+    engine, model, opt, loader = make_dp(sigma=2.0)
+    probe = PrivacyMonitor(
+        engine, delta=DELTA, optimizer=opt, flush_every=1, robust_every=None, standard_every=None
+    )
+    values: list[float] = []
+    train(model, opt, loader, steps, after=lambda _: values.append(getattr(probe.last_record, metric)))
+    return values
+
+
+@pytest.mark.parametrize("metric", ["heuristic_epsilon", "standard_epsilon_rdp"])
+def test_budget_guard_is_exact_while_skipping_most_evaluations(
+    metric: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over 60 steps the certified bounds (RDP, shifted count) let most steps through
+    without evaluating them, and the guard still refuses exactly the first step whose value
+    exceeds the limit, as an every-step evaluation finds it."""
+    values = _long_run_values(60, metric)
+    first_over = 48  # the refused step: the first whose value exceeds the limit
+    limit = max(values[: first_over - 1])
+    assert values[first_over - 1] > limit
+    from opacus_lastiterate.callbacks import monitor as monitor_module
+
+    exact = {"count": 0}
+    evaluate = monitor_module.PrivacyMonitor._evaluate
+
+    def counted(self, need=None):  # type: ignore[no-untyped-def]
+        exact["count"] += need is not None
+        return evaluate(self, need)
+
+    monkeypatch.setattr(monitor_module.PrivacyMonitor, "_evaluate", counted)
+    engine, model, opt, loader = make_dp(sigma=2.0)
+    monitor = PrivacyMonitor(
+        engine, delta=DELTA, optimizer=opt, robust_every=None, standard_every=None,
+        budget=PrivacyBudget(limit, metric=metric),
+    )
+    with pytest.raises(PrivacyBudgetExceededError) as info:
+        train(model, opt, loader, 60)
+    assert info.value.step == first_over and engine.accountant.num_steps == first_over - 1
+    assert info.value.value == pytest.approx(values[first_over - 1], rel=1e-12)
+    assert exact["count"] < first_over / 2  # most steps were certified, not evaluated
+    monitor.flush()
+    assert monitor.last_record is not None and monitor.last_record.step == first_over - 1
+
+
+def test_rdp_conversion_equals_opacus() -> None:
+    from opacus.accountants.analysis.rdp import get_privacy_spent
+
+    rdp = IncrementalRDP()
+    rng = np.random.default_rng(0)
+    rows = rng.uniform(0.0, 3.0, size=(20, rdp.orders.size)) * rng.uniform(0, 1, size=(20, 1))
+    got = rdp.epsilons(rows, DELTA)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Opacus warns when the best order is an extreme one
+        for row, eps in zip(rows, got, strict=True):
+            assert eps == get_privacy_spent(orders=list(rdp.orders), rdp=list(row), delta=DELTA)[0]
 
 
 def test_budget_stop_skips_the_update_and_every_later_step() -> None:
@@ -138,7 +267,7 @@ def test_budget_stop_skips_the_update_and_every_later_step() -> None:
     engine, model, opt, loader = make_dp()
     records: list[EpsilonRecord] = []
     monitor = PrivacyMonitor(
-        engine, delta=DELTA, sinks=[records.append], optimizer=opt,
+        engine, delta=DELTA, sinks=[records.append], optimizer=opt, flush_every=1,
         budget=PrivacyBudget(values[1], action="stop"),
     )
     train(model, opt, loader, 2)
@@ -153,7 +282,7 @@ def test_budget_stop_skips_the_update_and_every_later_step() -> None:
 def test_budget_with_schedule_rolls_back_the_trace() -> None:
     engine, model, opt, loader = make_dp(momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    monitor = PrivacyMonitor(engine, delta=DELTA, optimizer=opt)
+    monitor = PrivacyMonitor(engine, delta=DELTA, optimizer=opt, weighted_every=1, flush_every=1)
     train(model, opt, loader, 3, after=lambda _: sched.step())
     limit = monitor.last_record.heuristic_epsilon  # type: ignore[union-attr]
     trace = engine.accountant.optimizer_trace
@@ -196,7 +325,7 @@ def test_detach_restores_the_optimizer() -> None:
     records: list[EpsilonRecord] = []
     monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt)
     train(model, opt, loader, 1)
-    monitor.detach()
+    monitor.detach()  # flushes
     assert opt.step_hook is hook and "step" not in opt.original_optimizer.__dict__
     train(model, opt, loader, 1)
     assert len(records) == 1 and engine.accountant.num_steps == 2
@@ -212,9 +341,12 @@ def test_state_dict_round_trip_restores_the_accountant() -> None:
     restored.load_state_dict(state)
     assert engine2.accountant.history == engine.accountant.history
     assert restored.last_record == monitor.last_record
-    assert restored._rdp.epsilon(DELTA) == pytest.approx(monitor._rdp.epsilon(DELTA))
-    with pytest.raises(ValueError, match="format 1"):
-        restored.load_state_dict({"format": 2})
+    assert np.array_equal(restored._rdp.rdp, monitor._rdp.rdp)  # the vector itself, saved
+    with pytest.raises(ValueError, match="format 1 or 2"):
+        restored.load_state_dict({"format": 3})
+    old = {k: v for k, v in state.items() if k != "rdp"} | {"format": 1}
+    restored.load_state_dict(old)  # format 1: the vector is rebuilt from the history
+    assert restored._rdp.epsilon(DELTA) == pytest.approx(monitor._rdp.epsilon(DELTA), rel=1e-12)
 
 
 def test_incremental_rdp_matches_opacus_for_several_segments() -> None:
@@ -256,7 +388,9 @@ class _HostReads:
 def _host_reads(monkeypatch: pytest.MonkeyPatch, with_monitor: bool, steps: int = 5) -> int:
     engine, model, opt, loader = make_dp()
     if with_monitor:
-        PrivacyMonitor(engine, delta=DELTA, optimizer=opt, robust_every=2, standard_every=2)
+        PrivacyMonitor(
+            engine, delta=DELTA, optimizer=opt, robust_every=2, standard_every=2, flush_every=1
+        )
     batches = [next(iter(loader)) for _ in range(steps)]
     with monkeypatch.context() as m:
         reads = _HostReads(m)
@@ -285,7 +419,9 @@ def test_counting_detects_a_host_read(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_no_synchronisation_on_cuda() -> None:  # pragma: no cover - no GPU in CI
     engine, model, opt, loader = make_dp()
     model.cuda()
-    PrivacyMonitor(engine, delta=DELTA, optimizer=opt, robust_every=2, standard_every=2)
+    PrivacyMonitor(
+        engine, delta=DELTA, optimizer=opt, robust_every=2, standard_every=2, flush_every=1
+    )
     batches = [(x.cuda(), y.cuda()) for x, y in [next(iter(loader)) for _ in range(3)]]
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -308,7 +444,7 @@ def test_tensor_learning_rate_on_cpu_is_read() -> None:
 def test_autocast_training_is_monitored(dtype: torch.dtype) -> None:
     engine, model, opt, loader = make_dp()
     records: list[EpsilonRecord] = []
-    PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt)
+    PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt, flush_every=1)
     for x, y in [next(iter(loader)) for _ in range(3)]:
         opt.zero_grad()
         with torch.autocast("cpu", dtype=dtype):
@@ -316,5 +452,6 @@ def test_autocast_training_is_monitored(dtype: torch.dtype) -> None:
         loss.backward()
         opt.step()
     assert [r.step for r in records] == [1, 2, 3]
-    assert records[-1].heuristic_epsilon == engine.get_epsilon(DELTA)
+    # the accountant, asked only now, solves cold: equal to the root finder's tolerance
+    assert records[-1].heuristic_epsilon == pytest.approx(engine.get_epsilon(DELTA), rel=1e-12)
     assert all(p.device.type == "cpu" and p.dtype == torch.float32 for p in model.parameters())

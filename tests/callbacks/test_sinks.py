@@ -69,6 +69,28 @@ def test_csv_header_once_and_appends(tmp_path: Path) -> None:
         CsvSink(other)
 
 
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
+def test_rewind_drops_the_records_after_a_step_and_appends_on(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / f"log.{kind}"
+    make = JsonlSink if kind == "jsonl" else CsvSink
+    sink = make(path, flush_every=2)
+    for step in (1, 2, 3, 4, 5):  # record 5 is still buffered
+        sink(record(step))
+    sink.rewind(3)
+    sink(record(4, heuristic_epsilon=9.0))
+    sink.close()
+    if kind == "jsonl":
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+    else:
+        rows = [
+            {k: float(v) if k != "final" else v for k, v in r.items() if v != ""}
+            for r in csv.DictReader(path.open())
+        ]
+    assert [int(r["step"]) for r in rows] == [1, 2, 3, 4]
+    assert float(rows[-1]["heuristic_epsilon"]) == 9.0
+    assert not list(tmp_path.glob("*.rewind"))
+
+
 def test_buffered_records_are_written_on_flush_and_close(tmp_path: Path) -> None:
     sink = JsonlSink(tmp_path / "log.jsonl", flush_every=3, fsync_every=1)
     sink(record(1))

@@ -37,6 +37,7 @@ __all__ = ["ShiftedGaussianMixture"]
 _XTOL = 1e-14
 _NEWTON_ACCEPT = 1e-9  # a warm Newton step this small is the last one (see _newton)
 _LOG_FLOOR = -2000.0  # log of a delta that underflows; keeps root brackets finite
+_LINEAR_TAIL_FLOOR = 1e-280  # see ShiftedGaussianMixture._log_tail
 
 
 def _lse(v: np.ndarray) -> float:
@@ -120,7 +121,10 @@ class ShiftedGaussianMixture:
         dropped_mass: probability mass of P left out of ``shifts`` (added to delta).
     """
 
-    __slots__ = ("_a", "_b", "_log_w0", "_loss_floor", "_lw", "_m", "_s", "_x")
+    __slots__ = (
+        "_a", "_b", "_log_w0", "_loss_floor", "_lw", "_lw_max", "_m", "_s", "_w_rel", "_x",
+        "_x_over_s",
+    )
 
     def __init__(
         self,
@@ -139,14 +143,35 @@ class ShiftedGaussianMixture:
             raise ValueError(f"`scale` must be in (0, inf), got {scale!r}.")
         keep = np.isfinite(lw)
         x, lw = x[keep], lw[keep]
-        self._x, self._lw, self._s = x, lw, float(scale)
-        self._a = x / scale**2
-        self._b = lw - x**2 / (2.0 * scale**2)
-        self._m = float(dropped_mass)
-        # lim_{y -> -inf} L(y): log of the weight at shift 0 (or -inf if there is none).
         at_zero = lw[x == 0.0]
-        self._log_w0 = _lse(at_zero) if at_zero.size else -math.inf
-        self._loss_floor = self._log_w0
+        log_w0 = _lse(at_zero) if at_zero.size else -math.inf
+        self._set(x, lw, float(scale), float(dropped_mass), log_w0)
+
+    @classmethod
+    def _trusted(
+        cls, shifts: np.ndarray, log_weights: np.ndarray, scale: float, dropped_mass: float
+    ) -> ShiftedGaussianMixture:
+        """The pair from arrays already known to be valid (finite, shifts >= 0 increasing and
+        distinct, one shape), as built by :mod:`.canary_count`: the per-step path skips the
+        checks above."""
+        pair = cls.__new__(cls)
+        log_w0 = float(log_weights[0]) if shifts[0] == 0.0 else -math.inf
+        pair._set(shifts, log_weights, scale, dropped_mass, log_w0)
+        return pair
+
+    def _set(
+        self, x: np.ndarray, lw: np.ndarray, scale: float, dropped_mass: float, log_w0: float
+    ) -> None:
+        self._x, self._lw, self._s, self._m = x, lw, scale, dropped_mass
+        self._x_over_s = x / scale
+        self._a = self._x_over_s / scale
+        self._b = lw - 0.5 * self._x_over_s**2
+        # the weights relative to the largest one, for tail sums in linear space
+        self._lw_max = float(lw.max())
+        self._w_rel = np.exp(lw - self._lw_max)
+        # lim_{y -> -inf} L(y): log of the weight at shift 0 (or -inf if there is none).
+        self._log_w0 = log_w0
+        self._loss_floor = log_w0
 
     # -- privacy loss -------------------------------------------------------------------------
     def privacy_loss(self, y: float) -> float:
@@ -161,49 +186,68 @@ class ShiftedGaussianMixture:
         return m + math.log(tot), float(e.dot(self._a)) / tot
 
     def _loss_inverse(self, value: float, start: float | None = None) -> float:
-        """The y with L(y) = value (requires value > lim_{y->-inf} L); ``start``: a warm start."""
-        pos = self._a > 0
-        # L(y) >= a_k y + b_k for every k, so L(y_hi) >= value at y_hi below.
-        cold = float(np.min((value - self._b[pos]) / self._a[pos]))
-        y = cold
-        if start is not None and math.isfinite(start) and start < cold:
-            y = start  # Newton from the left overshoots past the root, then is monotone
-        # Newton from the right on a convex increasing function converges monotonically.
+        """The y with L(y) = value (requires value > lim_{y->-inf} L); ``start``: a warm start.
+
+        Newton on the convex increasing L converges monotonically from any point right of
+        the root, and from the left its first step lands right of the root. A step of
+        relative size <= 1e-9 is the last one (error about |L''/(2 L')| step^2, as in
+        :func:`_newton`)."""
+        cold = not (start is not None and math.isfinite(start))
+        y = self._cold_start(value) if cold else float(start)  # type: ignore[arg-type]
         previous = math.inf
         for _ in range(200):
             loss, slope = self._loss_and_slope(y)
-            if not (slope > 0.0 and math.isfinite(loss)) and y != cold:
+            if not (slope > 0.0 and math.isfinite(loss)) and not cold:
                 # far left, all weight sits on the shift-0 component and the slope underflows
                 # to 0: a warm start there is useless, so start cold (the slope is > 0 there)
-                y, previous = cold, math.inf
+                y, previous, cold = self._cold_start(value), math.inf, True
                 continue
             step = (loss - value) / slope
             y -= step
             # converged, or the steps stopped shrinking: rounding noise of L (a warm start
             # can land there at once, where the cold start's monotone path stops by itself)
-            if abs(step) <= _XTOL * (1.0 + abs(y)) or abs(step) >= previous > 0:
+            if abs(step) <= _NEWTON_ACCEPT * (1.0 + abs(y)) or abs(step) >= previous > 0:
                 break
             previous = abs(step)
         return y
 
+    def _cold_start(self, value: float) -> float:
+        """A point right of the root of L(y) = value: L(y) >= a_k y + b_k for every k."""
+        pos = self._a > 0
+        return float(np.min((value - self._b[pos]) / self._a[pos]))
+
     # -- log tail probabilities ----------------------------------------------------------------
+    def _log_tail(self, z: np.ndarray) -> float:
+        """log sum_k w_k Phi(z_k). Summed in linear space, sum_k (w_k / w_max) Phi(z_k), when
+        that sum is >= 1e-280: each term that underflows there is below 1e-308, so all of
+        them together are below 1e-17 of the sum and the result keeps its relative
+        precision; otherwise in log space (log-sum-exp of ``log_ndtr``)."""
+        total = float(self._w_rel.dot(special.ndtr(z)))
+        if total >= _LINEAR_TAIL_FLOOR:
+            return self._lw_max + math.log(total)
+        return _lse(self._lw + special.log_ndtr(z))
+
     def _log_delta_pq(self, y: float) -> tuple[float, float]:
         """log delta_PQ(y) and its derivative -L'(y) e^{L(y)} Pr[N(0,s^2) >= y] / delta_PQ."""
         s = self._s
         loss, slope = self._loss_and_slope(y)
-        log_p_upper = _lse(self._lw + special.log_ndtr((self._x - y) / s))
+        log_p_upper = self._log_tail(self._x_over_s - y / s)
         log_q_upper = float(special.log_ndtr(-y / s))
         log_delta = _log_diff(log_p_upper, loss + log_q_upper)
         return log_delta, -slope * math.exp(min(loss + log_q_upper - log_delta, 700.0))
 
     def _log_delta_qp(self, y: float) -> tuple[float, float]:
         """log delta_QP(y) and its derivative L'(y) e^{-L(y)} Pr_P[Y <= y] / delta_QP."""
-        s = self._s
         loss, slope = self._loss_and_slope(y)
-        log_q_lower = float(special.log_ndtr(y / s))
-        log_p_lower = _lse(self._lw + special.log_ndtr((y - self._x) / s))
-        log_delta = _log_diff(log_q_lower, log_p_lower - loss)
+        log_delta, log_p_lower = self._log_delta_qp_at(y, loss)
         return log_delta, slope * math.exp(min(log_p_lower - loss - log_delta, 700.0))
+
+    def _log_delta_qp_at(self, y: float, loss: float) -> tuple[float, float]:
+        """(log delta_QP(y), log Pr_P[Y <= y]) given loss = L(y): a threshold found as the
+        root of L(y) = -eps needs no second pass over L."""
+        log_q_lower = float(special.log_ndtr(y / self._s))
+        log_p_lower = self._log_tail(y / self._s - self._x_over_s)
+        return _log_diff(log_q_lower, log_p_lower - loss), log_p_lower
 
     # -- public API ----------------------------------------------------------------------------
     @property
@@ -216,7 +260,8 @@ class ShiftedGaussianMixture:
         delta_pq = math.exp(self._log_delta_pq(y1)[0]) + self._m
         delta_qp = 0.0
         if -epsilon > self._loss_floor:
-            delta_qp = math.exp(self._log_delta_qp(self._loss_inverse(-epsilon))[0])
+            y2 = self._loss_inverse(-epsilon)
+            delta_qp = math.exp(self._log_delta_qp_at(y2, -epsilon)[0])
         return min(1.0, max(delta_pq, delta_qp))
 
     def epsilon(self, delta: float) -> float:
@@ -240,7 +285,7 @@ class ShiftedGaussianMixture:
             # delta_QP is decreasing in eps: if delta_QP(eps_PQ) <= delta then
             # eps_QP <= eps_PQ, and one evaluation replaces the second root find.
             y_at = self._loss_inverse(-eps_pq, hqp)
-            if self._log_delta_qp(y_at)[0] <= math.log(delta):
+            if self._log_delta_qp_at(y_at, -eps_pq)[0] <= math.log(delta):
                 return eps_pq, (y0, ypq, y_at)
         eps_qp, yqp = self._epsilon_qp(delta, y0, hqp)
         return max(eps_pq, eps_qp), (y0, ypq, yqp)
@@ -268,7 +313,7 @@ class ShiftedGaussianMixture:
         if not (eps_pq > 0.0 and -eps_pq > self._loss_floor):
             return None
         y_at = self._loss_inverse(-eps_pq, hqp)
-        if self._log_delta_qp(y_at)[0] <= log_delta:  # eps_QP <= eps_PQ
+        if self._log_delta_qp_at(y_at, -eps_pq)[0] <= log_delta:  # eps_QP <= eps_PQ
             return eps_pq, (h0, ypq, y_at)
         yqp = _newton(lambda y: self._log_delta_qp(y), log_delta, y_at)
         if yqp is None:
@@ -322,5 +367,5 @@ class ShiftedGaussianMixture:
         if alpha >= 1.0:
             return 0.0
         tau = -self._s * float(special.ndtri(alpha))
-        log_beta = _lse(self._lw + special.log_ndtr((tau - self._x) / self._s))
+        log_beta = self._log_tail(tau / self._s - self._x_over_s)
         return min(1.0, math.exp(log_beta))

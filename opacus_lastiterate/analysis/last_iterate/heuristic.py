@@ -25,6 +25,8 @@ import math
 from collections import defaultdict
 from functools import lru_cache
 
+import numpy as np
+
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_in_interval,
@@ -65,8 +67,11 @@ def _pair(segments: tuple[TrainingSegment, ...]) -> ShiftedGaussianMixture | Non
 
 def count_pair(count: CountDistribution, variance: float) -> ShiftedGaussianMixture:
     """The heuristic pair for a canary count K: P = K + N(0, variance), Q = N(0, variance)."""
-    return ShiftedGaussianMixture(
-        count.support.astype(float), count.log_pmf, math.sqrt(variance), count.dropped_mass
+    return ShiftedGaussianMixture._trusted(
+        np.arange(count.offset, count.offset + count.log_pmf.size, dtype=float),
+        count.log_pmf,
+        math.sqrt(variance),
+        count.dropped_mass,
     )
 
 

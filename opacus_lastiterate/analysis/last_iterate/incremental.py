@@ -7,7 +7,8 @@ between steps:
 * the run in its Opacus form (segments, run-length merged), the steps per sample rate and the
   noise variance sum_i T_i sigma_i^2, updated in O(1) per step;
 * the count distribution of the sample rates that no longer change (a Poisson-binomial law,
-  convolved once), so that a step convolves only the current rate's binomial into it;
+  convolved once), so that a step convolves only the current rate's binomial into it, and
+  that binomial is updated from the last step's (:class:`~.canary_count.BinomialSequence`);
 * per delta, the thresholds (y0, y_PQ, y_QP) of the last solve, which warm-start the root
   finding of the next step (same tolerance, fewer Newton steps);
 * per delta, the largest epsilon of a suffix inside the current segment seen so far, so that
@@ -26,8 +27,8 @@ import math
 from dataclasses import dataclass
 
 from opacus_lastiterate.analysis.last_iterate.canary_count import (
+    BinomialSequence,
     CountDistribution,
-    binomial_count,
     convolve_counts,
     poisson_binomial_count,
 )
@@ -62,6 +63,7 @@ class IncrementalHeuristic:
         self._steps_by_rate: dict[float, int] = {}
         self._frozen: CountDistribution | None = None  # rates other than the current one
         self._frozen_rates: frozenset[float] = frozenset()
+        self._binomials: tuple[float, BinomialSequence] | None = None  # the current rate's
         self._pair_key: int = -1
         self._pair: ShiftedGaussianMixture | None = None
         # per delta: (steps, thresholds, the entry before) of the last two solves
@@ -127,7 +129,9 @@ class IncrementalHeuristic:
 
     def _count(self) -> CountDistribution:
         current = self._segments[-1].sample_rate
-        current_count = binomial_count(self._steps_by_rate[current], current)
+        if self._binomials is None or self._binomials[0] != current:
+            self._binomials = (current, BinomialSequence(current))
+        current_count = self._binomials[1].count(self._steps_by_rate[current])
         others = frozenset(self._steps_by_rate) - {current}
         if not others:
             return current_count
