@@ -22,16 +22,15 @@ venv:
 demo: venv
 	$(PY) examples/train_digits.py --canaries 1000 --robust-every 1
 
-# --dist loadgroup: tests marked xdist_group("name") stay on one worker (one Ray cluster)
 test: venv
-	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy opacus_lastiterate
 
 test-slow: venv
-	$(PY) -m pytest -n 2 --dist loadgroup -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 -m slow $(PYTEST_ARGS)
 
 test-compat:
 	PYTHON=$(PYTHON) scripts/bootstrap.sh $(VENV_COMPAT) test "opacus==1.5.4"

@@ -285,8 +285,8 @@ def _broken_pool_message(ctx: _TrackedSpawnContext, task: Task) -> str:
         )
     return (
         f"{cause}; the pool cannot go on, so run {index} (seed {seed}) and the other unfinished "
-        "runs were not recorded. Finished runs are: with a record `path`, run the audit "
-        "again to resume."
+        "runs were not recorded. The finished runs are: with a record `path`, running the "
+        "audit again resumes."
     )
 
 
@@ -370,9 +370,9 @@ def _ray(
                 raise RuntimeError(f"run {i} (seed {s}) failed: {cause!r}") from exc
             except ray.exceptions.RayError as exc:  # the worker, its node or Ray failed
                 raise RuntimeError(
-                    f"run {i} (seed {s}) failed in Ray after {options['max_retries']} "
-                    f"retries (max_retries): {exc}. Finished runs are recorded: with a "
-                    "record `path`, run the audit again to resume."
+                    f"run {i} (seed {s}) failed in Ray ({options['max_retries']} retries "
+                    f"allowed, max_retries): {exc}. The finished runs are recorded: with a "
+                    "record `path`, running the audit again resumes."
                 ) from exc
             yield result
     finally:

@@ -354,7 +354,8 @@ def score(model):
 _RUN = "AuditRunner(train, score, num_runs=4, path='runs.jsonl', workers=1, progress=False).run()"
 
 
-@pytest.mark.parametrize("guarded", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow  # two interpreters import torch (the script and its worker)
+@pytest.mark.parametrize("guarded", [False, True])
 def test_a_script_without_the_main_guard_is_told_so(tmp_path: Path, guarded: bool) -> None:
     """The documented sample pasted into a script: spawned workers import the script and
     start the audit again; the error says so, not that the record file is in use."""
@@ -375,6 +376,26 @@ def test_a_script_without_the_main_guard_is_told_so(tmp_path: Path, guarded: boo
     assert "in use by another running audit" not in proc.stderr
     assert "AuditRunner.run() was called while this worker process was importing" in proc.stderr
     assert len(read_records(tmp_path / "runs.jsonl")) == 0
+
+
+def test_an_audit_started_while_a_worker_imports_the_script_stops_that_worker(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The worker side of the test above, in this process: ``multiprocessing`` marks a spawned
+    child as ``_inheriting`` while it imports the parent's main script."""
+    import multiprocessing
+
+    from opacus_lastiterate.auditing import runner as runner_module
+
+    runner = AuditRunner(gaussian_train, identity_score, num_runs=2, workers=0, progress=False)
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        runner.run()
+    assert exit_info.value.code == runner_module._MAIN_REIMPORTED_EXIT
+    assert 'must sit under `if __name__ == "__main__":`' in capsys.readouterr().err
+    assert runner.last_trained == 0
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", False)
+    assert len(runner.run()) == 2
 
 
 def _kill_own_worker(include_canary: bool, seed: int) -> float:

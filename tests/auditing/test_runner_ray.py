@@ -29,8 +29,10 @@ from opacus_lastiterate.auditing.runner import (  # noqa: E402
     run_assignment,
 )
 
-# slow: a Ray cluster and its workers start in tens of seconds on a small machine;
-# xdist_group keeps the module on one xdist worker (one cluster) under `--dist loadgroup`.
+# slow: a Ray cluster and its workers start in tens of seconds on a small machine.
+# xdist_group would keep the module on one xdist worker (one cluster) under
+# `--dist loadgroup`, but pytest-xdist 3.8 with pytest 9.2 ignores the group (pytest-xdist
+# issue 1386), so `make test-slow` (-n 2) may start one cluster per worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 
@@ -166,7 +168,7 @@ def test_without_retries_a_killed_worker_fails_the_run_and_a_rerun_completes(
         progress=False,
         **kwargs,  # type: ignore[arg-type]
     )
-    with pytest.raises(RuntimeError, match=f"run {victim} .*failed in Ray after 0 retries"):
+    with pytest.raises(RuntimeError, match=f"run {victim} .*failed in Ray \\(0 retries allowed"):
         failing.run()
     assert marker.exists() and len(read_records(path)) == 0  # run 0 came first, alone
     again = AuditRunner(train, identity_score, progress=False, **kwargs)  # type: ignore[arg-type]
