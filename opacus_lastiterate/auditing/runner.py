@@ -14,8 +14,16 @@ come from ``numpy.random.SeedSequence(seed, spawn_key=(i,))``: they depend on th
 and ``i`` only, so an audit is reproducible run by run and can be extended to more runs.
 
 Backends: an in-process loop (``workers=0``), a local spawn-safe process pool (default), or
-Ray (``backend="ray"``, extra ``opacus-lastiterate[ray]``). A progress bar is shown when tqdm
-is installed.
+Ray (``backend="ray"``, extra ``opacus-lastiterate[ray]``): one Ray task per run, with the
+resources of ``cpus_per_run`` / ``gpus_per_run``, retried up to ``max_retries`` times when its
+worker process or node dies (``docs/auditing.md``, "Running on a Ray cluster"). Whatever the
+backend, only the driver (the process that calls :meth:`AuditRunner.run`) writes records, one
+per finished run, so a retried run is recorded once. A progress bar is shown when tqdm is
+installed.
+
+Spawned pool workers import the main script; a script that starts an audit at import time
+(no ``if __name__ == "__main__":`` guard) is refused in the worker with an error that says so,
+and the driver names the cause when its workers die that way.
 
 Run records (``path``, format in :mod:`.run_records`) are JSON lines appended with ``fsync``;
 a line cut short by a kill is dropped with a :class:`TruncatedRecordWarning`; an interrupted
@@ -26,14 +34,18 @@ confidence or delta by :func:`audit_records`, without training anything.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import multiprocessing
+import multiprocessing.context
 import os
 import pickle
+import signal
 import sys
 from collections.abc import Generator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -84,7 +96,9 @@ class TrainFunction(Protocol):
 
     All randomness (initialisation excepted, if it is fixed on purpose) must come from
     ``seed``, so that a run can be repeated. Must be picklable (a top-level function or an
-    instance of a top-level class) for the process pool and Ray.
+    instance of a top-level class) for the process pool and Ray. ``isinstance`` checks only
+    that an object is callable; :class:`AuditRunner` also checks that it accepts the two
+    positional arguments.
     """
 
     def __call__(self, include_canary: bool, seed: int) -> Any: ...
@@ -92,9 +106,34 @@ class TrainFunction(Protocol):
 
 @runtime_checkable
 class ScoreFunction(Protocol):
-    """Scores a final model: a finite real number, higher meaning "the canary was in"."""
+    """Scores a final model: a finite real number, higher meaning "the canary was in".
+
+    :class:`AuditRunner` checks that it accepts one positional argument.
+    """
 
     def __call__(self, model: Any) -> float: ...
+
+
+def _check_signature(name: str, fn: object, params: Sequence[str]) -> None:
+    """Raise TypeError unless ``fn`` is callable as ``fn(*params)`` (positional arguments).
+
+    Callables whose signature Python cannot inspect (some builtins, C extensions) pass.
+    """
+    call = f"{name}({', '.join(params)})"
+    if not callable(fn):
+        raise TypeError(f"`{name}` must be callable as {call}, got {fn!r}.")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(*params)
+    except TypeError as exc:
+        raise TypeError(
+            f"`{name}` must be callable as {call} with {len(params)} positional "
+            f"argument{'s' if len(params) > 1 else ''}, got {fn!r} with signature {sig} "
+            f"({exc})."
+        ) from None
 
 
 # --------------------------------------------------------------------------- configuration
@@ -136,14 +175,27 @@ def _execute_run(
 
 
 def _init_worker(threads: int | None) -> None:
-    """Process-pool initializer: limit each worker's intra-op threads."""
+    """Limit this worker's intra-op threads (process-pool initializer, start of a Ray run)."""
     if threads is None:
         return
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(threads)
     torch = sys.modules.get("torch")
-    if torch is not None:
+    if torch is not None and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+
+
+def _execute_ray_run(
+    train: TrainFunction,
+    score: ScoreFunction,
+    index: int,
+    seed: int,
+    include_canary: bool,
+    threads: int,
+) -> tuple[int, float]:
+    """One run as a Ray task: set the worker's threads, then train and score."""
+    _init_worker(threads)
+    return _execute_run(train, score, index, seed, include_canary)
 
 
 Task = tuple[int, int, bool]  # (index, seed, include_canary)
@@ -156,14 +208,96 @@ def _serial(
         yield _execute_run(train, score, index, seed, include)
 
 
+# Exit status of a spawned worker that found the audit started while it imported the main
+# script (see _refuse_audit_in_bootstrapping_worker); the driver turns it into its message.
+_MAIN_REIMPORTED_EXIT = 86
+_GUARD_HINT = (
+    "Worker processes are spawned and each one imports the main script, so the code that "
+    'starts the audit must sit under `if __name__ == "__main__":` (see '
+    'docs/auditing.md, "Auditing your own training").'
+)
+
+
+def _refuse_audit_in_bootstrapping_worker() -> None:
+    """Stop a spawned worker that is running the audit while it imports the main script.
+
+    A ``spawn`` (or ``forkserver``) child imports the parent's main module before it can run
+    anything; a script without the ``__main__`` guard therefore starts the audit again in
+    every worker. Continuing would train in the worker or fail on the record file's lock, so
+    the worker prints what happened and exits with a status the driver recognises.
+    """
+    if not getattr(multiprocessing.current_process(), "_inheriting", False):
+        return
+    module = sys.modules.get("__mp_main__") or sys.modules.get("__main__")
+    main = getattr(module, "__file__", None) or "the main script"
+    print(
+        f"opacus_lastiterate: AuditRunner.run() was called while this worker process was "
+        f"importing {main} (before it could run anything): the script starts an audit when "
+        f"it is imported. {_GUARD_HINT}",
+        file=sys.stderr,
+        flush=True,
+    )
+    raise SystemExit(_MAIN_REIMPORTED_EXIT)
+
+
+class _TrackedSpawnContext(multiprocessing.context.SpawnContext):
+    """The ``spawn`` context, remembering the processes it creates (to read exit codes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.processes: list[multiprocessing.context.SpawnProcess] = []
+
+    def Process(  # type: ignore[override]
+        self, *args: Any, **kwargs: Any
+    ) -> multiprocessing.context.SpawnProcess:
+        proc = multiprocessing.context.SpawnProcess(*args, **kwargs)
+        self.processes.append(proc)
+        return proc
+
+
+def _broken_pool_message(ctx: _TrackedSpawnContext, task: Task) -> str:
+    """What stopped the pool: the exit codes of its dead workers, in words."""
+    for proc in ctx.processes:
+        proc.join(timeout=1)  # dead, or being terminated by the executor: codes settle
+    codes = [p.exitcode for p in ctx.processes]
+    index, seed, _ = task
+    if _MAIN_REIMPORTED_EXIT in codes:
+        main = getattr(sys.modules.get("__main__"), "__file__", None) or "the main script"
+        return (
+            f"the worker processes stopped while importing {main}: that script starts the "
+            f"audit when it is imported, so every worker started it again. {_GUARD_HINT}"
+        )
+    # the executor terminates the other workers (SIGTERM) once one has died
+    died = [c for c in codes if c not in (None, 0, -signal.SIGTERM)] or [
+        c for c in codes if c not in (None, 0)
+    ]
+    if not died:
+        cause = "a worker process died"
+    elif died[0] < 0:
+        sig = signal.Signals(-died[0]).name
+        cause = f"a worker process was killed by {sig}" + (
+            " (killed from outside, or by the out-of-memory killer)" if sig == "SIGKILL" else ""
+        )
+    else:
+        cause = (
+            f"a worker process exited with status {died[0]} outside a run (while starting, or "
+            "by os._exit or a crash in native code; its output above says more)"
+        )
+    return (
+        f"{cause}; the pool cannot go on, so run {index} (seed {seed}) and the other unfinished "
+        "runs were not recorded. The finished runs are: with a record `path`, running the "
+        "audit again resumes."
+    )
+
+
 def _process_pool(
     train: TrainFunction,
     score: ScoreFunction,
     tasks: Sequence[Task],
     workers: int,
-    threads: int | None,
+    threads: int,
 ) -> Generator[tuple[int, float], None, None]:
-    ctx = multiprocessing.get_context("spawn")
+    ctx = _TrackedSpawnContext()
     pool = ProcessPoolExecutor(
         max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(threads,)
     )
@@ -176,6 +310,8 @@ def _process_pool(
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in sorted(done, key=lambda f: futures[f][0]):
                 exc = fut.exception()
+                if isinstance(exc, BrokenProcessPool):
+                    raise RuntimeError(_broken_pool_message(ctx, futures[fut])) from exc
                 if exc is not None:
                     i, s, _ = futures[fut]
                     raise RuntimeError(f"run {i} (seed {s}) failed: {exc!r}") from exc
@@ -194,28 +330,50 @@ def _import_ray() -> Any:
     return ray
 
 
+_RAY_DEFAULT_IN_FLIGHT = 1000  # runs submitted at once when `workers` is None
+
+
 def _ray(
-    train: TrainFunction, score: ScoreFunction, tasks: Sequence[Task], workers: int | None
+    train: TrainFunction,
+    score: ScoreFunction,
+    tasks: Sequence[Task],
+    in_flight: int | None,
+    options: Mapping[str, Any],
+    threads: int,
 ) -> Generator[tuple[int, float], None, None]:
+    """One Ray task per run; results in completion order.
+
+    ``options`` (``num_cpus``, ``num_gpus``, ``max_retries``) go to ``.options()``: Ray
+    schedules a run where its resources are free and re-executes it, up to ``max_retries``
+    times, when its worker process or node dies. Exceptions raised by ``train`` or ``score``
+    are not retried (a deterministic run would fail again).
+    """
     ray = _import_ray()
     if not ray.is_initialized():
         ray.init()  # honours RAY_ADDRESS; call ray.init(...) yourself to pick a cluster
-    remote = ray.remote(_execute_run)
+    remote = ray.remote(_execute_ray_run).options(retry_exceptions=False, **options)
     train_ref, score_ref = ray.put(train), ray.put(score)
-    window = len(tasks) if workers is None else max(1, workers)
-    queue = list(tasks)
+    window = min(len(tasks), _RAY_DEFAULT_IN_FLIGHT if in_flight is None else max(1, in_flight))
+    queue = list(reversed(tasks))
     pending: dict[Any, Task] = {}
     try:
         while queue or pending:
             while queue and len(pending) < window:
-                i, s, c = queue.pop(0)
-                pending[remote.remote(train_ref, score_ref, i, s, c)] = (i, s, c)
+                i, s, c = queue.pop()
+                pending[remote.remote(train_ref, score_ref, i, s, c, threads)] = (i, s, c)
             done, _ = ray.wait(list(pending), num_returns=1)
-            task = pending.pop(done[0])
+            i, s, _c = pending.pop(done[0])
             try:
                 result = ray.get(done[0])
-            except Exception as exc:
-                raise RuntimeError(f"run {task[0]} (seed {task[1]}) failed: {exc!r}") from exc
+            except ray.exceptions.RayTaskError as exc:  # raised by train or score
+                cause = getattr(exc, "cause", None) or exc
+                raise RuntimeError(f"run {i} (seed {s}) failed: {cause!r}") from exc
+            except ray.exceptions.RayError as exc:  # the worker, its node or Ray failed
+                raise RuntimeError(
+                    f"run {i} (seed {s}) failed in Ray ({options['max_retries']} retries "
+                    f"allowed, max_retries): {exc}. The finished runs are recorded: with a "
+                    "record `path`, running the audit again resumes."
+                ) from exc
             yield result
     finally:
         for ref in pending:
@@ -256,12 +414,27 @@ class AuditRunner:
         seed: master seed of the coins and training seeds (integer >= 0).
         path: JSON-lines record file (resumed if it exists); None keeps records in memory.
         workers: worker processes (None: ``os.cpu_count()``; 0: run in this process). With
-            Ray, the most runs in flight (None: all).
-        backend: ``"process"`` (local spawn-safe process pool) or ``"ray"``.
+            Ray, the most runs submitted at once (None: 1000); Ray starts each one when the
+            cluster has its resources free.
+        backend: ``"process"`` (local spawn-safe process pool, default) or ``"ray"`` (the
+            cluster of ``ray.init``, started locally if none; ``docs/auditing.md``, "Running
+            on a Ray cluster").
         progress: show a tqdm progress bar if tqdm is installed.
         config: further JSON data that identifies the experiment (hyper-parameters that the
             ``train`` identity does not show); part of the configuration hash.
-        threads_per_worker: intra-op threads of each pool worker (None: leave as is).
+        threads_per_worker: intra-op (torch, OpenMP) threads of each worker. None: 1 in the
+            process pool; with Ray, the run's ``cpus_per_run`` rounded down (at least 1).
+        cpus_per_run: Ray only: CPUs one run requests (a real >= 0; None: 1).
+        gpus_per_run: Ray only: GPUs one run requests (a real >= 0, fractions share a GPU;
+            None: 0). Ray makes them visible to the run through ``CUDA_VISIBLE_DEVICES``, so
+            ``train`` uses ``"cuda"``.
+        max_retries: Ray only: how often a run whose worker process or node died is started
+            again (integer >= 0; None: 3). Exceptions raised by ``train`` or ``score`` are not
+            retried.
+
+    Only this process writes records, one when a run's result arrives, so a retried or
+    resumed run is recorded once. With the process pool, the code that runs the audit must
+    sit under ``if __name__ == "__main__":`` in a script (workers import the main script).
 
     The configuration hash covers the master seed, the identities of ``train`` and ``score``
     (qualified names; a dataclass instance's fields; a partial's arguments) and ``config``;
@@ -282,12 +455,13 @@ class AuditRunner:
         backend: Backend = "process",
         progress: bool = True,
         config: Mapping[str, Any] | None = None,
-        threads_per_worker: int | None = 1,
+        threads_per_worker: int | None = None,
+        cpus_per_run: float | None = None,
+        gpus_per_run: float | None = None,
+        max_retries: int | None = None,
     ) -> None:
-        if not callable(train):
-            raise TypeError(f"`train` must be callable, got {train!r}.")
-        if not callable(score):
-            raise TypeError(f"`score` must be callable, got {score!r}.")
+        _check_signature("train", train, ("include_canary", "seed"))
+        _check_signature("score", score, ("model",))
         self.train = train
         self.score = score
         self.num_runs = check_int("num_runs", num_runs, minimum=2)
@@ -308,6 +482,26 @@ class AuditRunner:
             if threads_per_worker is None
             else check_int("threads_per_worker", threads_per_worker, minimum=1)
         )
+        ray_only = {"cpus_per_run": cpus_per_run, "gpus_per_run": gpus_per_run}
+        ray_only["max_retries"] = max_retries
+        if backend != "ray":
+            for name, value in ray_only.items():
+                if value is not None:
+                    raise ValueError(
+                        f"`{name}` applies to backend='ray' only, got {name}={value!r} with "
+                        f"backend={backend!r}; the process pool runs on this machine "
+                        "(`workers`, `threads_per_worker`) and does not retry."
+                    )
+        #: Ray task options of one run: num_cpus, num_gpus, max_retries.
+        self.ray_options: dict[str, Any] = {
+            "num_cpus": 1.0
+            if cpus_per_run is None
+            else check_in_interval("cpus_per_run", cpus_per_run, 0.0, math.inf, low_open=False),
+            "num_gpus": 0.0
+            if gpus_per_run is None
+            else check_in_interval("gpus_per_run", gpus_per_run, 0.0, math.inf, low_open=False),
+            "max_retries": 3 if max_retries is None else check_int("max_retries", max_retries),
+        }
         self.config: dict[str, Any] = json.loads(
             _canonical(
                 {
@@ -339,6 +533,7 @@ class AuditRunner:
 
     def run(self) -> RunRecords:
         """Train and score the runs not yet recorded; return all R records."""
+        _refuse_audit_in_bootstrapping_worker()
         file = None
         if self.path is not None:
             file = _RecordFile(self.path, self.config, self.config_hash)
@@ -364,14 +559,15 @@ class AuditRunner:
 
     def _results(self, todo: Sequence[Task]) -> Generator[tuple[int, float], None, None]:
         if self.backend == "ray":
-            return _ray(self.train, self.score, todo, self.workers)
+            threads = self.threads_per_worker or max(1, int(self.ray_options["num_cpus"]))
+            return _ray(self.train, self.score, todo, self.workers, self.ray_options, threads)
         workers = (os.cpu_count() or 1) if self.workers is None else self.workers
         if workers == 0:
             return _serial(self.train, self.score, todo)
         _check_picklable("train", self.train)
         _check_picklable("score", self.score)
         return _process_pool(
-            self.train, self.score, todo, min(workers, len(todo)), self.threads_per_worker
+            self.train, self.score, todo, min(workers, len(todo)), self.threads_per_worker or 1
         )
 
     def _train(self, todo: Sequence[Task], file: _RecordFile | None) -> None:
@@ -483,6 +679,10 @@ def run_audit(
     backend: Backend = "process",
     progress: bool = True,
     config: Mapping[str, Any] | None = None,
+    threads_per_worker: int | None = None,
+    cpus_per_run: float | None = None,
+    gpus_per_run: float | None = None,
+    max_retries: int | None = None,
 ) -> AuditResult:
     """Train R models on D or D' (seeded fair coins), score them, return the audit.
 
@@ -499,6 +699,10 @@ def run_audit(
         backend=backend,
         progress=progress,
         config=config,
+        threads_per_worker=threads_per_worker,
+        cpus_per_run=cpus_per_run,
+        gpus_per_run=gpus_per_run,
+        max_retries=max_retries,
     )
     return runner.audit(
         delta=delta, confidence=confidence, threshold_strategy=threshold_strategy, method=method

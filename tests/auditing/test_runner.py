@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -75,8 +76,40 @@ def single_thread_torch() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
+def _three_arguments(include_canary: bool, seed: int, lr: float) -> float:
+    return 0.0
+
+
+def _keyword_only_seed(include_canary: bool, *, seed: int) -> float:
+    return 0.0
+
+
 def test_train_protocol_is_satisfied_by_a_plain_function() -> None:
     assert isinstance(gaussian_train, TrainFunction)
+    accepted = (gaussian_train, _ShiftedTrainer(1.0), functools.partial(_three_arguments, lr=0.1))
+    for train in accepted:
+        AuditRunner(train, identity_score, num_runs=2, workers=0)  # accepted
+
+
+@pytest.mark.parametrize(
+    ("train", "score", "match"),
+    [
+        (len, identity_score, r"`train` must be callable as train\(include_canary, seed\).*len"),
+        (identity_score, identity_score, r"`train` must be callable as train\(include_canary"),
+        (_three_arguments, identity_score, "`train` .*missing a required argument: 'lr'"),
+        (_keyword_only_seed, identity_score, "`train` .*too many positional arguments"),
+        (3, identity_score, r"`train` must be callable as train\(include_canary, seed\), got 3"),
+        (gaussian_train, gaussian_train, r"`score` must be callable as score\(model\) with 1"),
+        (gaussian_train, len, None),  # len(model): one positional argument, accepted
+        (gaussian_train, max, None),  # no signature to inspect: accepted
+    ],
+)
+def test_train_and_score_signatures_are_checked_at_the_runner(train, score, match) -> None:
+    if match is None:
+        AuditRunner(train, score, num_runs=2, workers=0)
+        return
+    with pytest.raises(TypeError, match=match):
+        AuditRunner(train, score, num_runs=2, workers=0)
 
 
 def test_coins_are_fair_seeded_and_prefix_stable() -> None:
@@ -302,6 +335,80 @@ def test_unpicklable_functions_are_refused_for_the_pool() -> None:
     assert len(ok.run()) == 4
 
 
+_SCRIPT = """\
+import sys
+sys.path[:0] = {sys_path!r}
+from opacus_lastiterate.auditing.runner import AuditRunner
+
+
+def train(include_canary, seed):
+    return float(seed % 7) + include_canary
+
+
+def score(model):
+    return model
+
+
+{body}
+"""
+_RUN = "AuditRunner(train, score, num_runs=4, path='runs.jsonl', workers=1, progress=False).run()"
+
+
+@pytest.mark.slow  # two interpreters import torch (the script and its worker)
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_script_without_the_main_guard_is_told_so(tmp_path: Path, guarded: bool) -> None:
+    """The documented sample pasted into a script: spawned workers import the script and
+    start the audit again; the error says so, not that the record file is in use."""
+    body = f'if __name__ == "__main__":\n    {_RUN}\n    print("done")' if guarded else _RUN
+    script = tmp_path / "my_audit.py"
+    script.write_text(_SCRIPT.format(sys_path=sys.path, body=body))
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    if guarded:
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == "done" and len(read_records(tmp_path / "runs.jsonl")) == 4
+        return
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: the worker processes stopped while importing")
+    assert str(script) in last and 'if __name__ == "__main__":' in last
+    assert "in use by another running audit" not in proc.stderr
+    assert "AuditRunner.run() was called while this worker process was importing" in proc.stderr
+    assert len(read_records(tmp_path / "runs.jsonl")) == 0
+
+
+def test_an_audit_started_while_a_worker_imports_the_script_stops_that_worker(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The worker side of the test above, in this process: ``multiprocessing`` marks a spawned
+    child as ``_inheriting`` while it imports the parent's main script."""
+    import multiprocessing
+
+    from opacus_lastiterate.auditing import runner as runner_module
+
+    runner = AuditRunner(gaussian_train, identity_score, num_runs=2, workers=0, progress=False)
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        runner.run()
+    assert exit_info.value.code == runner_module._MAIN_REIMPORTED_EXIT
+    assert 'must sit under `if __name__ == "__main__":`' in capsys.readouterr().err
+    assert runner.last_trained == 0
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", False)
+    assert len(runner.run()) == 2
+
+
+def _kill_own_worker(include_canary: bool, seed: int) -> float:
+    os.kill(os.getpid(), signal.SIGKILL)
+    return 0.0  # pragma: no cover
+
+
+def test_a_killed_pool_worker_is_named_as_such(tmp_path: Path) -> None:
+    runner = AuditRunner(_kill_own_worker, identity_score, num_runs=2, workers=1, progress=False)
+    with pytest.raises(RuntimeError, match="a worker process was killed by SIGKILL.*resume"):
+        runner.run()
+
+
 def test_progress_bar_degrades_without_tqdm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tqdm", None)
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)
@@ -331,6 +438,12 @@ def _never_called(include_canary: bool, seed: int) -> float:
         ({"config": {"x": object()}}, TypeError, "`config` must contain JSON data"),
         ({"threads_per_worker": 0}, ValueError, "`threads_per_worker` must be an integer >= 1"),
         ({"path": 3}, TypeError, "`path` must be a path or None"),
+        ({"cpus_per_run": 2}, ValueError, "`cpus_per_run` applies to backend='ray' only"),
+        ({"gpus_per_run": 1}, ValueError, "`gpus_per_run` applies to backend='ray' only"),
+        ({"max_retries": 0}, ValueError, "`max_retries` applies to backend='ray' only"),
+        ({"backend": "ray", "cpus_per_run": -1}, ValueError, r"`cpus_per_run` must be in \[0, "),
+        ({"backend": "ray", "gpus_per_run": "1"}, TypeError, "`gpus_per_run` must be a real"),
+        ({"backend": "ray", "max_retries": -1}, ValueError, "`max_retries` must be an integer >="),
     ],
 )
 def test_runner_arguments_are_validated(kwargs: dict, error: type, match: str) -> None:
@@ -370,38 +483,53 @@ def test_one_sided_records_cannot_be_audited(tmp_path: Path) -> None:
         runner.audit(delta=DELTA)
 
 
-def test_opacus_digits_end_to_end(tmp_path: Path, single_thread_torch: None) -> None:
+# Planted strong canaries, so that a positive bound is reachable with few runs: a gradient
+# canary in full-batch training (q = 1, in every step) at small noise, and a mislabelled digit
+# in a data set of 20 at a large learning rate (the model memorises it).
+_STRONG_CANARIES = {
+    "gradient": {"steps": 4, "num_examples": 150, "batch_size": 150, "noise_multiplier": 0.3},
+    "input": {
+        "steps": 40, "num_examples": 20, "batch_size": 16, "noise_multiplier": 0.6,
+        "learning_rate": 4.0,
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("canary", ["gradient", "input"])
+def test_opacus_digits_end_to_end(tmp_path: Path, single_thread_torch: None, canary: str) -> None:
+    from opacus_lastiterate.analysis.audit import plan_multi_run_audit
+    from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
     from opacus_lastiterate.auditing.opacus_training import OpacusDigitsTrainer
 
-    num_runs = 4
+    num_runs = 32  # perfect separation of 16 + 16 runs certifies about 0.6 (the plan)
     seed = next(
-        s for s in range(100) if len({run_assignment(s, i)[1] for i in range(num_runs)}) == 2
+        s for s in range(100) if sum(run_assignment(s, i)[1] for i in range(num_runs)) == 16
     )
-    path = tmp_path / "opacus.jsonl"
-    for canary, hidden in (("gradient", 0), ("input", 4)):
-        trainer = OpacusDigitsTrainer(
-            canary=canary, steps=4, num_examples=150, batch_size=32, hidden=hidden,  # type: ignore[arg-type]
-            noise_multiplier=0.8,
-        )  # fmt: skip
-        target = path.with_suffix(f".{canary}.jsonl")
-        runner = AuditRunner(
-            trainer,
-            trainer.score,
-            num_runs=num_runs,
-            seed=seed,
-            path=target,
-            workers=0,
-            progress=False,
-        )
-        result = runner.audit(delta=DELTA)
-        assert isinstance(result, AuditResult) and result.kind == "bound"
-        assert 0.0 <= result.epsilon <= trainer.standard_epsilon(DELTA)
-        records = read_records(target)
-        assert len(records) == num_runs
-        assert records.config["train"]["fields"]["canary"] == repr(canary)
-        rec = records.records[0]  # a run repeats exactly from its seed
-        assert trainer.score(trainer(rec.include_canary, rec.seed)) == rec.score
-    assert 0.0 < trainer.heuristic_epsilon(DELTA) < trainer.standard_epsilon(DELTA)
+    plan = plan_multi_run_audit(num_runs, delta=DELTA).epsilon
+    assert plan > 0.5
+    options = _STRONG_CANARIES[canary]
+    trainer = OpacusDigitsTrainer(canary=canary, **options)  # type: ignore[arg-type]
+    path = tmp_path / "runs.jsonl"
+    runner = AuditRunner(
+        trainer, trainer.score, num_runs=num_runs, seed=seed, path=path, workers=0, progress=False
+    )
+    result = runner.audit(delta=DELTA)
+    assert isinstance(result, AuditResult) and result.is_bound
+    records = read_records(path)
+    assert len(records) == num_runs and len(records.in_scores) == num_runs // 2
+    # the planted canary separates the worlds in every run, so the bound is the plan's
+    assert records.in_scores.min() > records.out_scores.max()
+    assert result.epsilon == pytest.approx(plan, rel=1e-9)
+    # the standard epsilon with a coarser PLD grid: pessimistic, so still an upper bound
+    standard = standard_epsilon(
+        DELTA, steps=trainer.steps, sample_rate=trainer.sample_rate,
+        noise_multiplier=trainer.noise_multiplier, value_discretization_interval=1e-2,
+    )  # fmt: skip
+    assert 0.0 < result.epsilon < standard
+    assert 0.0 < trainer.heuristic_epsilon(DELTA) <= standard
+    assert records.config["train"]["fields"]["canary"] == repr(canary)
+    rec = records.records[0]  # a run repeats exactly from its seed
+    assert trainer.score(trainer(rec.include_canary, rec.seed)) == rec.score
 
 
 @pytest.mark.parametrize(
