@@ -12,6 +12,7 @@ The figures live in :mod:`opacus_lastiterate.figures`; each script here is a thi
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -36,5 +37,9 @@ def run_figure(figure: str, script: str) -> None:
     if "-h" in rest or "--help" in rest:
         parser.print_help()
         print(f"\nOptions of `opacus-lastiterate reproduce {figure}`:\n", flush=True)
+    if not args.no_plot and importlib.util.find_spec("matplotlib") is None:
+        print("note: matplotlib is not installed; numbers printed, plot skipped "
+              "(pip install matplotlib, or pass --no-plot).")
+        args.no_plot = True
     plot = ["--no-plot"] if args.no_plot else ["--plot", str(args.out / f"{stem}.png")]
     sys.exit(main(["reproduce", figure, *plot, *rest]))

@@ -114,12 +114,12 @@ def _audit_options(f: Any) -> Any:
     return f
 
 
-@click.group()
+@click.group(short_help="Audit from the final model: an epsilon lower bound.")
 def audit() -> None:
     """Audit DP-SGD from the final model: a statistically valid epsilon lower bound."""
 
 
-@audit.command("records")
+@audit.command("records", short_help="Re-audit a run-records file (no training).")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                 metavar="FILE")
 @_audit_options
@@ -154,7 +154,7 @@ def records_command(
     click.echo(f"  {result}")
 
 
-@audit.command("digits")
+@audit.command("digits", short_help="Train R digits models with/without a canary; audit.")
 @click.option("--quick", is_flag=True,
               help="A small configuration for a first try: 24 runs of 10 steps, one process.")
 @click.option("--runs", type=click.IntRange(min=2), default=200, show_default=True,

@@ -20,7 +20,7 @@ _METHOD_LABELS = {
 }
 
 
-@click.command()
+@click.command(short_help="Quadratic-regulariser counterexample vs the heuristic.")
 @dp_sgd_options()
 @click.option("--alpha", type=UNIT, default=0.5, show_default=True,
               help="Regulariser coefficient alpha in [0, 1].")

@@ -282,7 +282,7 @@ def _plot_curve(args: dict[str, Any]) -> None:
     click.echo(f"saved plot: {path}", err=args["as_json"])
 
 
-@click.command()
+@click.command(short_help="Epsilon at delta, delta at epsilon, or sigma for a target.")
 @dp_sgd_options(noise_required=False, delta_required=False)
 @click.option("--epsilon", type=NON_NEGATIVE, default=None,
               help="Give delta at this epsilon instead of epsilon at --delta.")

@@ -101,7 +101,7 @@ def normalisation_report(
     }
 
 
-@click.command()
+@click.command(short_help="Does Opacus 1.x's epsilon hold for this data set size?")
 @click.option("--dataset-size", type=click.IntRange(min=2), required=True,
               help="N = len(dataset), at least 2.")
 @click.option("--batch-size", type=COUNT, required=True, help="DataLoader batch size L.")

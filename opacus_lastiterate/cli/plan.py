@@ -52,7 +52,7 @@ _COLUMNS = (
 )
 
 
-@click.command()
+@click.command(short_help="Batch sizes with equal heuristic epsilon (Table 1).")
 @click.option("--dataset-size", type=COUNT, required=True, help="N, the number of records.")
 @click.option("--batch-sizes", type=_IntList(), required=True, metavar="B1,B2,...",
               help="Expected batch sizes to compare, comma-separated (each <= N).")

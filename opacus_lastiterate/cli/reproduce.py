@@ -105,18 +105,19 @@ def _figure_command(name: str, module: str, description: str) -> click.Command:
                  **kwargs: Any) -> None:
         _report(_run(name, _size(quick, full), plot, no_plot, **kwargs), as_json)
 
+    summary = f"{description[0].upper()}{description[1:]}"
     callback.__doc__ = (
-        f"{description[0].upper()}{description[1:]}.\n\n"
+        f"{summary}.\n\n"
         f"Computed by opacus_lastiterate.figures.{module}; see its docstring for the paper, "
         "the settings and what each number is."
     )
     for option in reversed(_EXTRA.get(name, [])):
         callback = option(callback)
-    command = click.command(name)(_common(callback, name in _SIMULATED))
+    command = click.command(name, short_help=summary)(_common(callback, name in _SIMULATED))
     return command
 
 
-@click.group()
+@click.group(short_help="The papers' figures and tables: numbers and a PNG.")
 def reproduce() -> None:
     """Recompute a figure or table of the papers: the numbers, and a PNG.
 
@@ -130,7 +131,7 @@ for _name, (_module, _description) in FIGURES.items():
     reproduce.add_command(_figure_command(_name, _module, _description))
 
 
-@reproduce.command("all")
+@reproduce.command("all", short_help="Every figure and table, pictures in one folder.")
 @click.option("--quick", is_flag=True, help="Every figure in its quick size.")
 @click.option("--full", is_flag=True, help="Every figure at the papers' settings (slow).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("."),

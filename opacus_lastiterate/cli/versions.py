@@ -22,7 +22,7 @@ from opacus_lastiterate.cli._options import (
 __all__ = ["compare_versions"]
 
 
-@click.command("compare-versions")
+@click.command("compare-versions", short_help="Reported vs corrected epsilon per Opacus release.")
 @click.option("--dataset-size", type=COUNT, required=True, help="N = len(dataset).")
 @click.option("--batch-size", type=COUNT, required=True, help="DataLoader batch size L.")
 @click.option("--noise-multiplier", type=POSITIVE, required=True,

@@ -40,7 +40,7 @@ __all__ = ["DELTA", "NAME", "STEPS", "TRIALS", "compute", "plot"]
 NAME = "last-iterate-fig3"
 DELTA = 1e-5
 STEPS = {
-    "quick": {0.1: (1, 10, 100), 0.01: (100,)},
+    "quick": {0.1: (1, 10, 100), 0.01: (10, 100)},
     "default": {0.1: (1, 10, 100, 1000), 0.01: (100, 1000)},
     "full": {0.1: (1, 2, 5, 10, 30, 100, 300, 1000), 0.01: (10, 30, 100, 300, 1000, 3000, 10000)},
 }
@@ -138,8 +138,8 @@ def plot(result: FigureResult, path: Path) -> None:
     for ax, panel in zip(axes[0], panels):
         sel = [r for r in result.rows if r["panel"] == panel]
         t = [r["steps"] for r in sel]
-        ax.plot(t, [r["standard"] for r in sel], "k-", label="standard (all iterates)")
-        ax.plot(t, [r["heuristic"] for r in sel], "C0-", label="last-iterate heuristic")
+        ax.plot(t, [r["standard"] for r in sel], "k.-", label="standard (all iterates)")
+        ax.plot(t, [r["heuristic"] for r in sel], "C0.-", label="last-iterate heuristic")
         ax.plot(t, [r["bound"] for r in sel], "C3o-", label="audit: CP lower bound (95%)")
         ax.plot(t, [r["estimate"] for r in sel], "C3^--", alpha=0.6, label="audit: GDP estimate")
         ax.set_xscale("log")
