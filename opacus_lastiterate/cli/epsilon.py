@@ -146,7 +146,8 @@ def _epsilon_for_delta(args: dict[str, Any]) -> None:
         )
 
 
-def _models(args: dict[str, Any], steps: int) -> dict[str, Any]:
+def _models(args: dict[str, Any]) -> dict[str, Any]:
+    """The four privacy models of the configuration (for delta at epsilon)."""
     from opacus_lastiterate.analysis.baselines.composition import (
         FullBatchGaussian,
         StandardComposition,
@@ -158,7 +159,8 @@ def _models(args: dict[str, Any], steps: int) -> dict[str, Any]:
     from opacus_lastiterate.analysis.run import DPSGDRun
 
     run = DPSGDRun.constant(
-        steps=steps, sample_rate=args["sample_rate"], noise_multiplier=args["noise_multiplier"]
+        steps=args["steps"], sample_rate=args["sample_rate"],
+        noise_multiplier=args["noise_multiplier"],
     )
     return {
         "heuristic": LastIterateHeuristic(run),
@@ -174,7 +176,7 @@ def _delta_for_epsilon(args: dict[str, Any]) -> None:
     from opacus_lastiterate.analysis.comparison import EpsilonComparison
 
     eps = args["epsilon"]
-    deltas = {k: m.delta(eps) for k, m in _models(args, args["steps"]).items()}
+    deltas = {k: m.delta(eps) for k, m in _models(args).items()}
     weighted = _weighted(args, "delta", eps)
     if args["as_json"]:
         payload: dict[str, Any] = {
