@@ -1,7 +1,9 @@
 """Command-line interface: ``opacus-lastiterate`` (or ``python -m opacus_lastiterate``),
-built on click (``docs/cli.md``).
+built on click (``docs/cli.md``). Its Python face is :func:`main` (what the console script
+runs); one private module per command.
 
-Commands:
+Commands::
+
     epsilon           heuristic, robust, standard and full-batch epsilon of one configuration;
                       delta at an epsilon; the noise multiplier for a target epsilon
     plan              batch sizes with equal heuristic epsilon (the last-iterate paper's Table 1)
@@ -15,6 +17,6 @@ The pure-math commands (epsilon, plan, normalisation, compare-versions, countere
 import neither torch nor opacus; every module here imports only click at start-up.
 """
 
-from opacus_lastiterate.cli._app import cli, main
+from opacus_lastiterate.cli._app import main
 
-__all__ = ["cli", "main"]
+__all__ = ["main"]

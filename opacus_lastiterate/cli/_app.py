@@ -8,13 +8,13 @@ from collections.abc import Sequence
 
 import click
 
-from opacus_lastiterate.cli.audit import audit
-from opacus_lastiterate.cli.counterexample import counterexample
-from opacus_lastiterate.cli.epsilon import epsilon
-from opacus_lastiterate.cli.normalisation import normalisation
-from opacus_lastiterate.cli.plan import plan
-from opacus_lastiterate.cli.reproduce import reproduce
-from opacus_lastiterate.cli.versions import compare_versions
+from opacus_lastiterate.cli._audit import audit
+from opacus_lastiterate.cli._counterexample import counterexample
+from opacus_lastiterate.cli._epsilon import epsilon
+from opacus_lastiterate.cli._normalisation import normalisation
+from opacus_lastiterate.cli._plan import plan
+from opacus_lastiterate.cli._reproduce import reproduce
+from opacus_lastiterate.cli._versions import compare_versions
 
 __all__ = ["cli", "main"]
 
