@@ -32,10 +32,15 @@ from opacus_lastiterate.figures._plotting import pyplot, save
 __all__ = ["BATCHES", "DELTA", "NAME", "SIGMAS", "STEPS", "compute", "plot"]
 
 NAME = "cebere-fig4"
+"""The figure's name on the command line."""
 DELTA = 1e-5
+"""The delta of every epsilon."""
 STEPS = 25
+"""The step t audited last (the canary is inserted at step 1 only)."""
 BATCHES = {"quick": (1, 4, 16), "default": (1, 2, 4, 8, 16), "full": (1, 2, 4, 8, 16)}
+"""Batch sizes B, per size."""
 SIGMAS = {"quick": (1.0, 4.0), "default": (1.0, 2.0, 4.0, 8.0), "full": (1.0, 2.0, 4.0, 8.0)}
+"""Noise multipliers, per size."""
 TRIALS = {"quick": 4_000, "default": 20_000, "full": 100_000}
 GRID = {"quick": 0.05, "default": 0.02, "full": 0.01}
 """Cell width of the density evolution (in units of C), per size."""

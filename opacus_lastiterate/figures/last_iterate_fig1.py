@@ -45,7 +45,9 @@ __all__ = [
 ]
 
 NAME = "last-iterate-fig1"
+"""The figure's name on the command line."""
 DELTA = 1e-6
+"""The delta of every epsilon (the paper's)."""
 REGIMES: tuple[tuple[str, float, float], ...] = (
     ("(a)", 0.01, 1.0),
     ("(b)", 0.1, 1.0),

@@ -38,7 +38,9 @@ from opacus_lastiterate.figures._plotting import pyplot, save
 __all__ = ["DELTA", "NAME", "STEPS", "TRIALS", "compute", "plot"]
 
 NAME = "last-iterate-fig3"
+"""The figure's name on the command line."""
 DELTA = 1e-5
+"""The delta of every epsilon."""
 STEPS = {
     "quick": {0.1: (1, 10, 100), 0.01: (10, 100)},
     "default": {0.1: (1, 10, 100, 1000), 0.01: (100, 1000)},

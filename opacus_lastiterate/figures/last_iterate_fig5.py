@@ -29,10 +29,15 @@ from opacus_lastiterate.figures._plotting import pyplot, save
 __all__ = ["ALPHA", "DELTA", "NAME", "ONE_STEP_EPSILONS", "RATES", "STEPS", "compute", "plot"]
 
 NAME = "last-iterate-fig5"
+"""The figure's name on the command line."""
 DELTA = 1e-6
+"""The delta of every epsilon (the paper's)."""
 ALPHA = 0.5
+"""The regulariser coefficient (the paper's)."""
 ONE_STEP_EPSILONS = (1.0, 2.0)
+"""One step of DP-SGD is (eps1, DELTA)-DP: one panel per eps1 (the paper's)."""
 RATES = (0.01, 0.1, 0.5)
+"""Sample rates q, one line each."""
 STEPS = {
     "quick": (1, 2, 3, 5, 10),
     "default": (1, 2, 3, 4, 6, 8, 12, 16, 20, 30, 50),

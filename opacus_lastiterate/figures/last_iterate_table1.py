@@ -36,8 +36,11 @@ __all__ = [
 ]
 
 NAME = "last-iterate-table1"
+"""The table's name on the command line."""
 DELTA = 1e-5
+"""The delta of every epsilon (the paper's)."""
 DATASET_SIZE = 50_000
+"""N, the CIFAR-10 training set."""
 EPOCHS = 2468 * 4096 / DATASET_SIZE
 """The epochs of 2468 steps at expected batch size 4096 (about 202)."""
 

@@ -6,7 +6,7 @@ Differentially Private Machine Learning" (arXiv 2605.15648), Figure 2; backgroun
 Panel (b): EASGM (divide by the expected batch size q N, q public, N private), q = 0.005.
 
 One step, the zero-other-gradients configuration of ``docs/normalisation.md`` ("FEASGM /
-EASGM with a data-dependent divisor"), |D| = N and D' = D + target. For each N:
+EASGM with a data-dependent divisor"), ``|D| = N`` and D' = D + target. For each N:
 
 * audited: the likelihood-ratio audit of the simulated 100-dimensional mechanism,
   delta(0) = E_with[(1 - e^(-L))_+] with L the exact log-likelihood ratio (an ESTIMATE with
@@ -33,9 +33,13 @@ from opacus_lastiterate.figures._plotting import pyplot, save
 __all__ = ["ASGM_Q", "DIMENSION", "EASGM_Q", "NAME", "SIZES", "compute", "plot"]
 
 NAME = "normalisation-fig2"
+"""The figure's name on the command line."""
 DIMENSION = 100
+"""d, the number of coordinates of the simulated mechanism."""
 ASGM_Q = 0.7
+"""Sample rate of panel (a), ASGM."""
 EASGM_Q = 0.005
+"""Sample rate of panel (b), EASGM."""
 SIZES = {
     "quick": ((1, 4, 20, 200), (1, 10, 100, 10000)),
     "default": ((1, 2, 4, 8, 20, 50, 200), (1, 3, 10, 30, 100, 1000, 10000)),
