@@ -3,7 +3,9 @@
 Layout: :mod:`opacus_lastiterate.analysis` is the mathematics (numpy/scipy/dp_accounting,
 no torch); :mod:`opacus_lastiterate.accountants` adapts it to Opacus;
 :mod:`opacus_lastiterate.auditing` holds the attacks, simulator and many-run runner (torch);
-:mod:`opacus_lastiterate.exceptions` holds every warning and error class.
+:mod:`opacus_lastiterate.exceptions` holds every warning and error class;
+:mod:`opacus_lastiterate.figures` recomputes the papers' figures and :mod:`opacus_lastiterate.cli`
+is the ``opacus-lastiterate`` command line (click).
 
 Importing this package is light: it loads neither torch, opacus nor the mathematics.
 
@@ -101,7 +103,7 @@ _LAZY: dict[str, str] = {
 
 # Subpackages reachable as attributes without an explicit import.
 _SUBMODULES = frozenset(
-    {"accountants", "analysis", "auditing", "cli", "exceptions", "schedules"}
+    {"accountants", "analysis", "auditing", "cli", "exceptions", "figures", "schedules"}
 )
 
 __all__ = [

@@ -1,5 +1,7 @@
-"""The package root, the mathematics and the CLI's pure-math commands do not load torch or
-opacus (both installed here); Opacus still finds our accountants whichever is imported first."""
+"""The package root, the mathematics and the CLI's pure-math commands (epsilon in its three
+modes, plan, normalisation, compare-versions, counterexample, --version and the analysis-only
+figures of ``reproduce``) do not load torch or opacus (both installed here); Opacus still
+finds our accountants whichever is imported first."""
 
 from __future__ import annotations
 
@@ -63,7 +65,15 @@ with contextlib.redirect_stdout(io.StringIO()) as out:
         "compare-versions", "--dataset-size", "147", "--batch-size", "3",
         "--noise-multiplier", "1", "--epochs", "1", "--delta", "1e-5", "--versions", "0.9.0..1.6.0",
     ]) == 0
+    assert main(["--version"]) == 0
+    assert main(["epsilon", *dp_sgd[:6], "--epsilon", "1"]) == 0
+    assert main(["epsilon", *dp_sgd[:4], "--delta", "1e-5", "--target-epsilon", "2",
+                 "--calibrate", "heuristic", "--calibrate", "full_batch"]) == 0
+    assert main(["plan", "--dataset-size", "1000", "--batch-sizes", "50,100", "--epochs", "2",
+                 "--target-epsilon", "2", "--delta", "1e-5", "--discretization", "1e-2"]) == 0
+    assert main(["reproduce", "last-iterate-fig5", "--quick", "--no-plot"]) == 0
 assert "heuristic" in out.getvalue() and "FEASGM" in out.getvalue()
+assert "opacus-lastiterate" in out.getvalue() and "Figure 5" in out.getvalue()
 assert not loaded(*HEAVY), ("cli", loaded(*HEAVY))
 print("ok")
 """

@@ -10,6 +10,8 @@ Everything in this subpackage uses numpy, scipy and dp_accounting only, so it ca
 * :mod:`.normalisation`: batch-size normalisation (EASGM, FEASGM, ASGM);
 * :mod:`.audit`: the statistics of privacy auditing;
 * :mod:`.comparison`: every number of one run side by side;
+* :mod:`.calibration` and :mod:`.hyperparameter_plan`: the noise multiplier for a target
+  epsilon, and batch sizes with equal heuristic epsilon;
 * :mod:`.opacus_versions`: what each Opacus release 0.9.0-1.6.0 computes.
 
 Names resolve lazily on first access (PEP 562 ``__getattr__``), so importing this package is
@@ -35,11 +37,16 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         gaussian_delta,
         gaussian_epsilon,
     )
+    from opacus_lastiterate.analysis.calibration import (
+        CALIBRATED_ACCOUNTANTS,
+        calibrate_noise_multiplier,
+    )
     from opacus_lastiterate.analysis.comparison import (
         EpsilonComparison,
         compare_epsilons,
         compare_epsilons_for_history,
     )
+    from opacus_lastiterate.analysis.hyperparameter_plan import BatchSizePlan, plan_batch_sizes
     from opacus_lastiterate.analysis.last_iterate.counterexamples import (
         MonotonicityCheck,
         QuadraticComparison,
@@ -94,6 +101,10 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
 
 # Public name -> the submodule that defines it.
 _LAZY: dict[str, str] = {
+    "BatchSizePlan": "hyperparameter_plan",
+    "CALIBRATED_ACCOUNTANTS": "calibration",
+    "calibrate_noise_multiplier": "calibration",
+    "plan_batch_sizes": "hyperparameter_plan",
     "OPACUS_RELEASES": "opacus_versions",
     "OpacusRelease": "opacus_versions",
     "VersionComparison": "opacus_versions",
@@ -146,8 +157,10 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "ASGM",
+    "CALIBRATED_ACCOUNTANTS",
     "FEASGM",
     "OPACUS_RELEASES",
+    "BatchSizePlan",
     "DPSGDRun",
     "DivisorVerdict",
     "EpsilonComparison",
@@ -172,6 +185,7 @@ __all__ = [
     "asgm_delta",
     "asgm_epsilon",
     "builtin_schedule",
+    "calibrate_noise_multiplier",
     "certified_suffix_maximum",
     "check_optimizer_supported",
     "compare_epsilons",
@@ -187,6 +201,7 @@ __all__ = [
     "heuristic_monotonicity",
     "heuristic_monotonicity_for_history",
     "opacus1x_batch_arithmetic",
+    "plan_batch_sizes",
     "public_divisor_verdict",
     "quadratic_regulariser_comparison",
     "quadratic_regulariser_epsilon",

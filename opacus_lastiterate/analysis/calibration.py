@@ -1,0 +1,168 @@
+"""The noise multiplier that meets a target epsilon (``docs/cli.md``, "Calibration").
+
+For T steps at constant sample rate q, every privacy model of this package gives an epsilon
+that decreases as the noise multiplier sigma grows (more noise of the same signal), so the
+smallest sigma with ``epsilon(sigma) <= target`` is found by a root search on log sigma. The
+answer is returned on the safe side: the model's epsilon at the returned sigma is at most the
+target, and sigma is within a relative ``rtol`` of the exact crossing.
+
+Accountants: ``"heuristic"`` (last-iterate heuristic, final model only, not a proven bound
+for deep networks), ``"robust"`` (its max over the last t <= T steps), ``"standard"``
+(composition over all iterates, dp_accounting PLD, an upper bound) and ``"full_batch"``
+(full-batch DP-GD with the same expected step and noise, closed form).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Literal
+
+from opacus_lastiterate.analysis._validation import (
+    check_delta,
+    check_in_interval,
+    check_positive,
+    check_sample_rate,
+    check_steps,
+)
+from opacus_lastiterate.analysis.baselines.composition import (
+    DEFAULT_DISCRETIZATION,
+    FullBatchGaussian,
+    StandardComposition,
+)
+from opacus_lastiterate.analysis.last_iterate.heuristic import (
+    LastIterateHeuristic,
+    RobustLastIterateHeuristic,
+)
+from opacus_lastiterate.analysis.privacy_model import PrivacyModel
+from opacus_lastiterate.analysis.run import DPSGDRun
+
+__all__ = ["CALIBRATED_ACCOUNTANTS", "calibrate_noise_multiplier"]
+
+Accountant = Literal["heuristic", "robust", "standard", "full_batch"]
+CALIBRATED_ACCOUNTANTS: tuple[str, ...] = ("heuristic", "robust", "standard", "full_batch")
+"""The accountants :func:`calibrate_noise_multiplier` can calibrate."""
+
+_SIGMA_RANGE = (1e-4, 1e6)  # the search gives up outside this range of noise multipliers
+_COARSE_INTERVAL = 1e-3  # PLD interval of the first, coarse search of the standard accountant
+
+
+def _model(
+    accountant: str, steps: int, sample_rate: float, interval: float
+) -> Callable[[float], PrivacyModel]:
+    def build(sigma: float) -> PrivacyModel:
+        run = DPSGDRun.constant(steps=steps, sample_rate=sample_rate, noise_multiplier=sigma)
+        if accountant == "heuristic":
+            return LastIterateHeuristic(run)
+        if accountant == "robust":
+            return RobustLastIterateHeuristic(run)
+        if accountant == "standard":
+            return StandardComposition(run, value_discretization_interval=interval)
+        return FullBatchGaussian(run)
+
+    return build
+
+
+def calibrate_noise_multiplier(
+    target_epsilon: float,
+    delta: float,
+    *,
+    steps: int,
+    sample_rate: float,
+    accountant: Accountant = "heuristic",
+    value_discretization_interval: float = DEFAULT_DISCRETIZATION,
+    rtol: float = 1e-4,
+) -> float:
+    """Smallest noise multiplier (within ``rtol`` relative, rounded up) whose epsilon at
+    ``delta`` is at most ``target_epsilon`` for T = ``steps`` steps at rate ``sample_rate``.
+
+    Args:
+        target_epsilon: the epsilon to meet, > 0.
+        delta: delta in (0, 1).
+        steps: T >= 1.
+        sample_rate: Poisson sampling rate q in (0, 1].
+        accountant: one of :data:`CALIBRATED_ACCOUNTANTS` (module docstring).
+        value_discretization_interval: PLD interval of the standard accountant.
+        rtol: relative accuracy of the returned sigma, in (0, 0.1].
+
+    Raises:
+        ValueError: no noise multiplier in [1e-4, 1e6] meets the target.
+    """
+    target = check_positive("target_epsilon", target_epsilon)
+    d = check_delta(delta)
+    t = check_steps(steps, minimum=1)
+    q = check_sample_rate(sample_rate)
+    if accountant not in CALIBRATED_ACCOUNTANTS:
+        raise ValueError(
+            f"`accountant` must be one of {', '.join(CALIBRATED_ACCOUNTANTS)}, got {accountant!r}."
+        )
+    interval = check_positive("value_discretization_interval", value_discretization_interval)
+    tol = check_in_interval("rtol", rtol, 0.0, 0.1, high_open=False)
+    build = _model(accountant, t, q, interval)
+
+    seen: dict[float, float] = {}
+
+    def excess(log_sigma: float) -> float:  # memoised: the root search revisits its ends
+        if log_sigma not in seen:
+            seen[log_sigma] = build(math.exp(log_sigma)).epsilon(d) - target
+        return seen[log_sigma]
+
+    if accountant == "standard" and interval < _COARSE_INTERVAL:
+        # the fine PLD is slow at small sigma: locate the root on a coarse grid first (its
+        # pessimistic epsilon is about the fine one, a little above), then refine nearby
+        coarse = calibrate_noise_multiplier(
+            target, d, steps=t, sample_rate=q, accountant="standard",
+            value_discretization_interval=_COARSE_INTERVAL, rtol=tol,
+        )
+        lo, hi = _bracket(excess, math.log(coarse), growth=0.002)
+    elif accountant in ("robust", "standard"):
+        # both are >= the heuristic at every sigma, so their sigma is >= the heuristic's:
+        # start there and grow slowly (the PLD accountant is slow at small sigma)
+        start = math.log(calibrate_noise_multiplier(target, d, steps=t, sample_rate=q, rtol=tol))
+        lo, hi = _bracket(excess, start - math.log1p(tol), growth=0.25)
+    else:
+        lo, hi = _bracket(excess, 0.0, growth=1.0)
+    if lo == -math.inf:
+        return _SIGMA_RANGE[0]  # even the smallest sigma searched meets the target
+    # Brent's method on log sigma inside the bracket excess(lo) > 0 >= excess(hi); the root
+    # is within step / 2, so root + step / 2 meets the target unless the model's epsilon
+    # jumps (PLD discretisation): then bisect what is left of the bracket.
+    from scipy import optimize
+
+    step = math.log1p(tol)
+    root = optimize.brentq(excess, lo, hi, xtol=step / 2)
+    candidate = min(root + step / 2, hi)
+    if excess(candidate) <= 0:
+        return math.exp(candidate)
+    lo = candidate
+    while hi - lo > step:
+        mid = 0.5 * (lo + hi)
+        if excess(mid) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp(hi)
+
+
+def _bracket(excess: Callable[[float], float], start: float, growth: float) -> tuple[float, float]:
+    """(lo, hi) on log sigma with excess(lo) > 0 >= excess(hi), searched from ``start`` in
+    steps of ``growth``; lo = -inf when excess <= 0 down to the smallest sigma searched."""
+    lo_cap, hi_cap = (math.log(s) for s in _SIGMA_RANGE)
+    x = start
+    if excess(x) > 0:
+        while True:
+            if x >= hi_cap:
+                raise ValueError(
+                    "`target_epsilon` is not met by any noise multiplier up to "
+                    f"{_SIGMA_RANGE[1]:g}."
+                )
+            nxt = min(x + growth, hi_cap)
+            if excess(nxt) <= 0:
+                return x, nxt
+            x, growth = nxt, growth * 2
+    while x > lo_cap:
+        nxt = max(x - growth, lo_cap)
+        if excess(nxt) > 0:
+            return nxt, x
+        x, growth = nxt, growth * 2
+    return -math.inf, x

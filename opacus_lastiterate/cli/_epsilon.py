@@ -1,0 +1,368 @@
+"""``opacus-lastiterate epsilon``: every privacy number of one DP-SGD configuration.
+
+Three questions, one per option set (``docs/cli.md``, "epsilon"):
+
+* ``--noise-multiplier S --delta D``: epsilon at delta D of the last-iterate heuristic, its
+  robust form, the standard composition bound and full-batch DP-GD (plus the schedule- or
+  momentum-weighted heuristic with ``--lr-schedule`` / ``--momentum``);
+* ``--noise-multiplier S --epsilon E``: delta at epsilon E of the same models;
+* ``--target-epsilon E --delta D``: the noise multiplier that meets E for each accountant.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from opacus_lastiterate.cli._options import (
+    NON_NEGATIVE,
+    POSITIVE,
+    STEPS,
+    Interval,
+    dp_sgd_options,
+    emit_json,
+    json_option,
+    plot_option,
+)
+
+__all__ = ["WEIGHTED_LABEL", "epsilon"]
+
+WEIGHTED_LABEL = (
+    "last-iterate heuristic with the schedule/momentum weights (final model only; exact for "
+    "linear losses up to the stated accuracy, rounded up; not a proven bound for deep networks)"
+)
+CALIBRATION_LABELS = {
+    "heuristic": "last-iterate heuristic",
+    "robust": "robust heuristic (max over the last t <= T steps)",
+    "standard": "standard composition (all iterates released, PLD)",
+    "full_batch": "full-batch DP-GD",
+}
+_KEYS = ("heuristic", "robust_heuristic", "standard", "full_batch")
+
+
+def _learning_rates(lr_schedule: str | None, steps: int, step_size: int | None, gamma: float) -> Any:
+    """The per-step learning rates of ``--lr-schedule`` (unit base rate: only ratios matter)."""
+    import numpy as np
+
+    from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
+        BUILTIN_SCHEDULES,
+        builtin_schedule,
+    )
+
+    name = lr_schedule or "constant"
+    if name in BUILTIN_SCHEDULES:
+        options: dict[str, Any] = {}
+        if name == "step":
+            size = step_size if step_size is not None else max(1, steps // 3)
+            options = {"step_size": size, "gamma": gamma}
+        return builtin_schedule(name, 1.0, steps, **options)
+    try:
+        rates = np.loadtxt(name, dtype=float, ndmin=1)
+    except OSError as err:
+        raise click.BadParameter(
+            f"must be one of {', '.join(BUILTIN_SCHEDULES)} or a readable file with one "
+            f"learning rate per step, got {name!r} ({err}).",
+            param_hint="'--lr-schedule'",
+        ) from None
+    if rates.size != steps:
+        raise click.BadParameter(
+            f"the file must hold --steps = {steps} rates, got {rates.size}.",
+            param_hint="'--lr-schedule'",
+        )
+    return rates
+
+
+def _weighted(args: dict[str, Any], quantity: str, argument: float) -> Any:
+    """The weighted heuristic (a WeightedHeuristicResult) when schedule/momentum are set."""
+    if not _weighted_requested(args):
+        return None
+    from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
+    from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
+        weighted_heuristic_delta,
+        weighted_heuristic_epsilon,
+    )
+
+    weights = sgd_weights(
+        _learning_rates(args["lr_schedule"], args["steps"], args["step_size"], args["gamma"]),
+        momentum=args["momentum"],
+        dampening=args["dampening"],
+        nesterov=args["nesterov"],
+    )
+    solve = weighted_heuristic_epsilon if quantity == "epsilon" else weighted_heuristic_delta
+    return solve(
+        argument,
+        weights=weights,
+        sample_rates=args["sample_rate"],
+        noise_multipliers=args["noise_multiplier"],
+        accuracy=args["accuracy"],
+    )
+
+
+def _header(args: dict[str, Any], last: str) -> str:
+    return (
+        f"DP-SGD, T = {args['steps']} steps, q = {args['sample_rate']:g}, "
+        f"sigma = {args['noise_multiplier']:g}, {last}"
+    )
+
+
+def _epsilon_for_delta(args: dict[str, Any]) -> None:
+    from opacus_lastiterate.analysis.comparison import EpsilonComparison, compare_epsilons
+
+    result = compare_epsilons(
+        args["delta"],
+        steps=args["steps"],
+        sample_rate=args["sample_rate"],
+        noise_multiplier=args["noise_multiplier"],
+        value_discretization_interval=args["discretization"],
+    )
+    weighted = _weighted(args, "epsilon", args["delta"])
+    if args["plot"] is not None:
+        _plot_curve(args)
+    if args["as_json"]:
+        payload: dict[str, Any] = {
+            "quantity": "epsilon",
+            "steps": args["steps"],
+            "sample_rate": args["sample_rate"],
+            "noise_multiplier": args["noise_multiplier"],
+            **result.as_dict(),
+            "labels": dict(EpsilonComparison.LABELS),
+        }
+        if weighted is not None:
+            payload["weighted_heuristic"] = weighted.epsilon
+            payload["weighted_relative_accuracy"] = weighted.relative_accuracy
+            payload["labels"]["weighted_heuristic"] = WEIGHTED_LABEL
+        emit_json(payload)
+        return
+    click.echo(_header(args, f"delta = {args['delta']:g}"))
+    for key in _KEYS:
+        label = EpsilonComparison.LABELS[key]
+        click.echo(f"  {key:<17} eps = {getattr(result, key):10.4f}   {label}")
+    if weighted is not None:
+        click.echo(
+            f"  {'weighted':<17} eps = {weighted.epsilon:10.4f}   {WEIGHTED_LABEL}; schedule "
+            f"{args['lr_schedule'] or 'constant'}, momentum {args['momentum']:g}, accuracy "
+            f"{weighted.relative_accuracy:.1e}"
+        )
+
+
+def _models(args: dict[str, Any]) -> dict[str, Any]:
+    """The four privacy models of the configuration (for delta at epsilon)."""
+    from opacus_lastiterate.analysis.baselines.composition import (
+        FullBatchGaussian,
+        StandardComposition,
+    )
+    from opacus_lastiterate.analysis.last_iterate.heuristic import (
+        LastIterateHeuristic,
+        RobustLastIterateHeuristic,
+    )
+    from opacus_lastiterate.analysis.run import DPSGDRun
+
+    run = DPSGDRun.constant(
+        steps=args["steps"], sample_rate=args["sample_rate"],
+        noise_multiplier=args["noise_multiplier"],
+    )
+    return {
+        "heuristic": LastIterateHeuristic(run),
+        "robust_heuristic": RobustLastIterateHeuristic(run),
+        "standard": StandardComposition(
+            run, value_discretization_interval=args["discretization"]
+        ),
+        "full_batch": FullBatchGaussian(run),
+    }
+
+
+def _delta_for_epsilon(args: dict[str, Any]) -> None:
+    from opacus_lastiterate.analysis.comparison import EpsilonComparison
+
+    eps = args["epsilon"]
+    deltas = {k: m.delta(eps) for k, m in _models(args).items()}
+    weighted = _weighted(args, "delta", eps)
+    if args["as_json"]:
+        payload: dict[str, Any] = {
+            "quantity": "delta",
+            "steps": args["steps"],
+            "sample_rate": args["sample_rate"],
+            "noise_multiplier": args["noise_multiplier"],
+            "epsilon": eps,
+            **deltas,
+            "standard_discretization": args["discretization"],
+            "labels": dict(EpsilonComparison.LABELS),
+        }
+        if weighted is not None:
+            payload["weighted_heuristic"] = weighted.value
+            payload["weighted_relative_accuracy"] = weighted.relative_accuracy
+            payload["labels"]["weighted_heuristic"] = WEIGHTED_LABEL
+        emit_json(payload)
+        return
+    click.echo(_header(args, f"epsilon = {eps:g}"))
+    for key in _KEYS:
+        label = EpsilonComparison.LABELS[key]
+        click.echo(f"  {key:<17} delta = {deltas[key]:11.4e}   {label}")
+    if weighted is not None:
+        click.echo(
+            f"  {'weighted':<17} delta = {weighted.value:11.4e}   {WEIGHTED_LABEL}; schedule "
+            f"{args['lr_schedule'] or 'constant'}, momentum {args['momentum']:g}"
+        )
+
+
+def _calibrate(args: dict[str, Any], accountants: tuple[str, ...]) -> None:
+    from opacus_lastiterate.analysis.calibration import calibrate_noise_multiplier
+    from opacus_lastiterate.analysis.comparison import EpsilonComparison, compare_epsilons
+
+    target, delta = args["target_epsilon"], args["delta"]
+    rows = []
+    for accountant in accountants:
+        sigma = calibrate_noise_multiplier(
+            target,
+            delta,
+            steps=args["steps"],
+            sample_rate=args["sample_rate"],
+            accountant=accountant,  # type: ignore[arg-type]
+            value_discretization_interval=args["discretization"],
+        )
+        result = compare_epsilons(
+            delta,
+            steps=args["steps"],
+            sample_rate=args["sample_rate"],
+            noise_multiplier=sigma,
+            value_discretization_interval=args["discretization"],
+        )
+        rows.append({"accountant": accountant, "noise_multiplier": sigma,
+                     **{k: getattr(result, k) for k in _KEYS}})
+    if args["as_json"]:
+        emit_json({
+            "quantity": "noise_multiplier",
+            "target_epsilon": target,
+            "delta": delta,
+            "steps": args["steps"],
+            "sample_rate": args["sample_rate"],
+            "standard_discretization": args["discretization"],
+            "calibrations": rows,
+            "labels": {**EpsilonComparison.LABELS,
+                       "noise_multiplier": "smallest sigma (to 1e-4 relative, rounded up) "
+                       "whose epsilon under `accountant` is at most the target"},
+        })
+        return
+    from opacus_lastiterate.figures import Column, FigureResult
+
+    table = FigureResult(
+        name="epsilon",
+        title=(
+            f"DP-SGD, T = {args['steps']} steps, q = {args['sample_rate']:g}: the noise "
+            f"multiplier for epsilon <= {target:g} at delta = {delta:g}, and every epsilon at it"
+        ),
+        settings={},
+        columns=[Column("accountant", "calibrated to", ""), Column("noise_multiplier", "sigma",
+                 ".4f"), *(Column(k, k.replace("_heuristic", "").replace("_", " "), ".4f")
+                 for k in _KEYS)],
+        rows=rows,
+        labels={
+            **{a: CALIBRATION_LABELS[a] for a in accountants},
+            "sigma": "smallest noise multiplier meeting the target (to 1e-4 relative, rounded "
+            "up)",
+            "epsilons": "the heuristic ones describe the final model only and are not a "
+            "proven bound for deep networks",
+        },
+    )
+    click.echo(table.table())
+
+
+def _plot_curve(args: dict[str, Any]) -> None:
+    from opacus_lastiterate.figures import last_iterate_fig1 as fig1
+
+    path = args["plot"]
+    delta = args["delta"]
+    rows = fig1.curve(
+        delta,
+        sample_rate=args["sample_rate"],
+        noise_multiplier=args["noise_multiplier"],
+        steps=fig1.steps_grid(max(args["steps"], 1)),
+        value_discretization_interval=args["discretization"],
+    )
+    fig1.plot_configuration(rows, delta, path)
+    click.echo(f"saved plot: {path}", err=args["as_json"])
+
+
+@click.command(short_help="Epsilon at delta, delta at epsilon, or sigma for a target.")
+@dp_sgd_options(noise_required=False, delta_required=False)
+@click.option("--epsilon", type=NON_NEGATIVE, default=None,
+              help="Give delta at this epsilon instead of epsilon at --delta.")
+@click.option("--target-epsilon", type=POSITIVE, default=None,
+              help="Calibrate: the noise multiplier that meets this epsilon at --delta.")
+@click.option("--calibrate", "calibrate", multiple=True,
+              type=click.Choice(["heuristic", "robust", "standard", "full_batch"]),
+              help="With --target-epsilon: the accountant(s) to calibrate (repeatable; "
+              "default heuristic, robust and standard).")
+@click.option("--discretization", type=POSITIVE, default=1e-4, show_default=True,
+              help="Value discretisation interval of the PLD accountant (standard epsilon).")
+@click.option("--lr-schedule", default=None, metavar="NAME|FILE",
+              help="Learning-rate schedule: constant, step (StepLR: --step-size, --gamma), "
+              "cosine (CosineAnnealingLR over T), or a text file with one rate per step; adds "
+              "the weighted heuristic (docs/last_iterate.md, 'Per-step weights: schedules "
+              "and momentum').")
+@click.option("--momentum", type=NON_NEGATIVE, default=0.0, show_default=True,
+              help="Heavy-ball momentum of torch SGD (adds the weighted heuristic).")
+@click.option("--dampening", type=NON_NEGATIVE, default=0.0, show_default=True,
+              help="Momentum dampening of torch SGD.")
+@click.option("--nesterov", is_flag=True, help="Nesterov momentum (torch SGD).")
+@click.option("--step-size", type=STEPS, default=None,
+              help="StepLR step size [default: T / 3].")
+@click.option("--gamma", type=POSITIVE, default=0.1, show_default=True,
+              help="StepLR decay factor.")
+@click.option("--accuracy", type=Interval(0.0, 1.0), default=1e-3, show_default=True,
+              help="Relative accuracy of the weighted heuristic.")
+@json_option
+@plot_option("the four epsilons against the number of steps t = 1..T", "epsilon.png")
+def epsilon(**args: Any) -> None:
+    """Heuristic, robust, standard and full-batch epsilon of T steps of DP-SGD.
+
+    \b
+    epsilon at delta:   --noise-multiplier S --delta D
+    delta at epsilon:   --noise-multiplier S --epsilon E
+    calibrate sigma:    --target-epsilon E --delta D [--calibrate heuristic|robust|standard]
+
+    The heuristic describes the final model only and is exact for linear losses, not a proven
+    bound for deep networks; the standard epsilon is the proven bound when every iterate is
+    released.
+    """
+    noise, delta, eps, target = (
+        args["noise_multiplier"], args["delta"], args["epsilon"], args["target_epsilon"]
+    )
+    if target is not None:
+        if noise is not None or eps is not None:
+            raise click.UsageError(
+                "--target-epsilon finds the noise multiplier: leave out --noise-multiplier "
+                "and --epsilon."
+            )
+        if delta is None:
+            raise click.UsageError("--target-epsilon needs --delta.")
+        if args["plot"] is not None or _weighted_requested(args):
+            raise click.UsageError(
+                "--target-epsilon calibrates the constant-rate accountants: leave out --plot, "
+                "--lr-schedule, --momentum, --dampening and --nesterov."
+            )
+        _calibrate(args, tuple(args["calibrate"]) or ("heuristic", "robust", "standard"))
+        return
+    if args["calibrate"]:
+        raise click.UsageError("--calibrate needs --target-epsilon.")
+    if noise is None:
+        raise click.UsageError(
+            "Missing option '--noise-multiplier' (or pass --target-epsilon to calibrate it)."
+        )
+    if (delta is None) == (eps is None):
+        raise click.UsageError(
+            "Pass exactly one of --delta (epsilon at delta) and --epsilon (delta at epsilon)."
+        )
+    if delta is None and args["plot"] is not None:
+        raise click.UsageError("--plot draws epsilon against T at --delta: pass --delta.")
+    if delta is not None:
+        _epsilon_for_delta(args)
+    else:
+        _delta_for_epsilon(args)
+
+
+def _weighted_requested(args: dict[str, Any]) -> bool:
+    return bool(args["lr_schedule"] is not None or args["momentum"] or args["dampening"]
+                or args["nesterov"])
+

@@ -1,0 +1,55 @@
+"""``opacus-lastiterate plan``: batch sizes with equal heuristic epsilon."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from opacus_lastiterate.analysis import heuristic_epsilon, standard_epsilon
+from opacus_lastiterate.cli import main
+
+ARGS = ["plan", "--dataset-size", "5000", "--batch-sizes", "500,100", "--epochs", "4",
+        "--target-epsilon", "2", "--delta", "1e-5", "--discretization", "1e-3"]
+
+
+def test_json_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*ARGS, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["batch_size"] for r in out["rows"]] == [500, 100]
+    for r in out["rows"]:
+        assert r["steps"] == 4 * 5000 // r["batch_size"] and r["sample_rate"] == r["batch_size"] / 5000
+        kw = {"steps": r["steps"], "sample_rate": r["sample_rate"],
+              "noise_multiplier": r["noise_multiplier"]}
+        assert r["heuristic"] == heuristic_epsilon(1e-5, **kw) <= 2.0
+        assert heuristic_epsilon(1e-5, **{**kw, "noise_multiplier": r["noise_multiplier"] / 1.0002}) > 2
+        assert r["standard"] == standard_epsilon(1e-5, value_discretization_interval=1e-3, **kw)
+    assert out["rows"][1]["standard"] > out["rows"][0]["standard"]
+
+
+def test_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    assert main([*ARGS, "--plot", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "heuristic epsilon = 2 at delta = 1e-05" in text and "sigma/B" in text
+    assert (tmp_path / "plan.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (["--batch-sizes", "500,9000"], "at most --dataset-size"),
+        (["--batch-sizes", "a,b"], "comma-separated integers"),
+        (["--steps", "10"], "exactly one of --epochs and --steps"),
+    ],
+)
+def test_usage_errors(change, message, capsys) -> None:  # type: ignore[no-untyped-def]
+    args = list(ARGS)
+    if change[0] in args:
+        args[args.index(change[0]) + 1] = change[1]
+    else:
+        args += change
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
