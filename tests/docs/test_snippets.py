@@ -23,8 +23,6 @@ from tests.docs.snippets import PROMPT_SHELL, PYTHON, SCRIPT_SHELL, Block
 # (Single-quoted keys: tests/test_docs_citations.py reads a double-quoted page name followed
 # by a double-quoted string as the citation of a section.)
 PENDING: dict[str, str] = {
-    'docs/auditing.md': "its blocks use in_scores, canary_scores, train_set, ... that the page "
-    "never defines (the page is being edited on another branch)",
 }
 
 
