@@ -5,17 +5,23 @@
 #   make test        the default test suite (what CI runs first)
 #   make lint        ruff and mypy
 #   make test-slow   statistical / reproduction tests (marked `slow`)
-#   make test-compat the Opacus integration tests on Opacus 1.5.4 (no accountant registry)
+#   make test-compat the Opacus integration tests and the real-code probe on Opacus 1.5.4 (no
+#                    accountant registry)
+#   make probe-versions  probe the real code of all 26 Opacus releases (0.9.0-1.6.0), one
+#                    environment each under $(OPACUS_ENVS), and audit 1.0.0, 1.6.0 and 0.15.0;
+#                    writes docs/results/opacus_probes.json and opacus_audits.json
 #   make examples    every example script in its quick mode
 #   make bench       benchmark scripts (print timings and ratios)
 #   make docs        the documentation site, warnings as errors (docs/_build/html)
 PYTHON ?= python3
 VENV ?= .venv
 VENV_COMPAT ?= .venv-opacus15
+OPACUS_ENVS ?= $(HOME)/.cache/opacus-lastiterate/opacus-versions
+PROBE_ARGS ?= --native
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint test-slow test-compat examples bench docs clean
+.PHONY: venv demo test lint test-slow test-compat probe-versions examples bench docs clean
 
 venv:
 	PYTHON=$(PYTHON) scripts/bootstrap.sh $(VENV) dev
@@ -35,7 +41,10 @@ test-slow: venv
 
 test-compat:
 	PYTHON=$(PYTHON) scripts/bootstrap.sh $(VENV_COMPAT) test "opacus==1.5.4"
-	$(VENV_COMPAT)/bin/python -m pytest -n 2 tests/accountants $(PYTEST_ARGS)
+	$(VENV_COMPAT)/bin/python -m pytest -n 2 tests/accountants tests/auditing/test_opacus_probe.py $(PYTEST_ARGS)
+
+probe-versions: venv
+	$(PY) scripts/probe_opacus_versions.py --envs $(OPACUS_ENVS) $(PROBE_ARGS)
 
 examples: venv
 	$(PY) scripts/run_examples.py --quick

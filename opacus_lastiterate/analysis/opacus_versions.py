@@ -35,12 +35,14 @@ from opacus_lastiterate.analysis._validation import (
 
 __all__ = [
     "OPACUS_RELEASES",
+    "ExampleWeighting",
     "OpacusRelease",
     "VersionComparison",
     "VersionConfig",
     "compare_versions",
     "corrected_epsilon",
     "divisor",
+    "example_weighting",
     "installed_release",
     "installed_version",
     "release",
@@ -127,13 +129,17 @@ def _d(version: str, q: int, ebs: int, scale: int, acc: int, empty: int | None, 
 
 
 _SUM9 = (
-    "loss_reduction='sum': the clipper ignores it (privacy_engine.py:187 in 0.9.0), so the "
-    "effective clip norm is C/|B| while the noise stays sigma*C"
+    "loss_reduction='sum': the clipper ignores it (privacy_engine.py:187 in 0.9.0): per-example "
+    "gradients are computed as |B| g_i, clipped at C and their sum (not the noise) divided by "
+    "|B|, so the effective clip norm is C/|B| while the noise stays sigma*C"
 )
 _SUM14 = (
-    "loss_reduction='sum': GradSampleModule(module) (privacy_engine.py:156) keeps 'mean', so "
-    "the update is divided by 1/|B| (scaled up by |B|)"
+    "loss_reduction='sum': GradSampleModule(module) (privacy_engine.py:156) keeps 'mean': "
+    "per-example gradients are computed as |B| g_i and clipped at C, the noisy sum is not "
+    "divided (unclipped gradients come out |B| times too large)"
 )
+# loss_reduction="sum": per-example (clip scale, weight) as powers of the realised |B|
+_SUM_RULES = {_SUM9: (-1, 0), _SUM14: (-1, 1)}
 
 #: The 26 PyPI releases, oldest first.
 OPACUS_RELEASES: tuple[OpacusRelease, ...] = (
@@ -330,6 +336,8 @@ def _plan(rel: OpacusRelease, cfg: VersionConfig) -> _Plan:
     poisson = cfg.poisson and rel.poisson_sampler
     per_epoch = int(1 / q) if poisson else k  # UniformWithReplacementSampler.__len__ / loader
     steps = cfg.steps if cfg.steps is not None else per_epoch * int(cfg.epochs or 1)
+    if cfg.loss_reduction == "sum":
+        return _Plan(poisson, q, q if poisson else None, steps, 1.0, "1 (loss_reduction='sum')")
     return _Plan(poisson, q, q if poisson else None, steps, None, "|B| (realised batch size)")
 
 
@@ -343,14 +351,17 @@ def divisor(
     drop_last: bool = False,
     loss_reduction: str = "mean",
 ) -> float:
-    """The number the noisy gradient sum is divided by in version ``rel`` at one step.
+    """d in (sum_i w clip_{aC}(g_i) + Z) / d, the number the noise Z ~ N(0, sigma^2 C^2 I)
+    (and the clipped sum) is divided by in version ``rel`` at one step; a and w are
+    :func:`example_weighting`.
 
     1.x: ``int(N * sample_rate)`` exactly as Opacus computes it (independent of the batch);
     0.x: the realised batch size ``realised_batch_size`` (required). ``loss_reduction="sum"``
-    gives 1 (the releases with a ``sum`` bug are flagged by :func:`compare_versions`)."""
+    gives 1."""
     r = release(rel) if isinstance(rel, str) else rel
     n = check_int("dataset_size", dataset_size, minimum=1)
     b = check_int("batch_size", batch_size, minimum=1)
+    _check_reduction(loss_reduction)
     if loss_reduction == "sum":
         return 1.0
     if r.family == "1.x":
@@ -364,6 +375,39 @@ def divisor(
     if realised_batch_size is None:
         raise ValueError(f"Opacus {r.version} divides by the realised batch size: give it.")
     return float(check_int("realised_batch_size", realised_batch_size, minimum=0))
+
+
+def _check_reduction(loss_reduction: object) -> None:
+    if loss_reduction not in ("mean", "sum"):
+        raise ValueError(f"`loss_reduction` must be 'mean' or 'sum', got {loss_reduction!r}.")
+
+
+@dataclass(frozen=True)
+class ExampleWeighting:
+    """How the per-example gradients g_i enter the update (sum_i w clip_{aC}(g_i) + Z) / d.
+
+    Attributes:
+        clip_scale: a; the effective clip norm is a * C.
+        weight: w, each clipped gradient's weight in the sum.
+    """
+
+    clip_scale: float
+    weight: float
+
+
+def example_weighting(
+    rel: OpacusRelease | str, realised_batch_size: int, *, loss_reduction: str = "mean"
+) -> ExampleWeighting:
+    """a = w = 1, except for ``loss_reduction="sum"`` in 0.9.x (a = 1/|B|, w = 1: the clipper
+    clips |B| g_i at C and divides the sum by |B|, the noise is not divided) and 0.14.0
+    (a = 1/|B|, w = |B|: |B| g_i is clipped at C and summed), |B| the realised batch size."""
+    r = release(rel) if isinstance(rel, str) else rel
+    b = check_int("realised_batch_size", realised_batch_size, minimum=1)
+    _check_reduction(loss_reduction)
+    if loss_reduction == "sum" and r.sum_reduction_bug in _SUM_RULES:
+        clip_power, weight_power = _SUM_RULES[r.sum_reduction_bug]
+        return ExampleWeighting(float(b) ** clip_power, float(b) ** weight_power)
+    return ExampleWeighting(1.0, 1.0)
 
 
 # -- epsilons -------------------------------------------------------------------------------

@@ -11,7 +11,11 @@
   plus :func:`audit_scores` (Clopper-Pearson bound and Gaussian-DP estimate);
 - :mod:`.runner`: many-run audits of real training functions (process pool or Ray);
   :mod:`.run_records`: their resumable JSON-lines record files; :mod:`.opacus_training`: a
-  ready-made Opacus trainer.
+  ready-made Opacus trainer;
+- :mod:`.opacus_probe`: real-code probes of any Opacus release 0.9.0-1.6.0 (divisor, noise
+  scale, empty batches, printed epsilon; runnable by path where only torch and that release
+  are installed), :mod:`.probe_agreement`: their comparison with the version model, and
+  :mod:`.opacus_audit`: the worst-case audit of real Opacus code (``docs/opacus_versions.md``).
 
 The statistics live in :mod:`opacus_lastiterate.analysis.audit`. Background, adversaries and
 references: ``docs/auditing.md``.
@@ -32,7 +36,10 @@ from opacus_lastiterate.auditing.canaries import (
     SimulatedCoordinateAdversary,
 )
 from opacus_lastiterate.auditing.insertion import Insertion, PeriodicInsertion, PoissonInsertion
+from opacus_lastiterate.auditing.opacus_audit import RealOpacusAudit, audit_installed_opacus
+from opacus_lastiterate.auditing.opacus_probe import run_probe
 from opacus_lastiterate.auditing.opacus_training import CanaryKind, OpacusDigitsTrainer
+from opacus_lastiterate.auditing.probe_agreement import ProbeReport, check_probe
 from opacus_lastiterate.auditing.runner import (
     RECORD_FORMAT,
     AuditRunner,
@@ -69,8 +76,10 @@ __all__ = [
     "OpacusDigitsTrainer",
     "PeriodicInsertion",
     "PoissonInsertion",
+    "ProbeReport",
     "RandomDirectionAdversary",
     "RandomDirectionCanary",
+    "RealOpacusAudit",
     "RunRecord",
     "RunRecords",
     "ScoreFunction",
@@ -79,11 +88,14 @@ __all__ = [
     "TrainFunction",
     "TruncatedRecordWarning",
     "WorstCaseLandscape",
+    "audit_installed_opacus",
     "audit_records",
     "audit_scores",
+    "check_probe",
     "read_records",
     "run_assignment",
     "run_audit",
+    "run_probe",
     "simulate_adversarial_dataset",
     "simulate_malicious_dataset",
     "simulate_worst_case_landscape",

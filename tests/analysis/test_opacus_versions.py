@@ -1,20 +1,24 @@
 """The Opacus version model: the 26 releases, the exact 1.x divisor, each version's own
-epsilon, and a probe of the installed Opacus's real optimizer (divisor and noise scale)."""
+epsilon, and agreement with the committed real-code probes of every release (the probe of
+the installed Opacus runs in ``tests/auditing/test_opacus_probe.py``)."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
-import numpy as np
 import pytest
 
 from opacus_lastiterate.analysis.normalisation import opacus1x_batch_arithmetic
 from opacus_lastiterate.analysis.opacus_versions import (
     OPACUS_RELEASES,
+    ExampleWeighting,
     VersionConfig,
     compare_versions,
     corrected_epsilon,
     divisor,
+    example_weighting,
     installed_release,
     installed_version,
     release,
@@ -102,50 +106,6 @@ def test_installed_dataloader_arithmetic_matches_the_model() -> None:
         assert len(loader) == opacus1x_batch_arithmetic(n, b).steps_per_epoch
 
 
-def _probe(sigma: float, n: int = 200, b: int = 30, steps: int = 6) -> list[tuple[int, np.ndarray]]:
-    """Real Opacus optimizer, one-hot data: each per-example gradient is e_i (norm 1)."""
-    import torch
-    from opacus import PrivacyEngine
-    from torch.utils.data import DataLoader, TensorDataset
-
-    torch.manual_seed(0)
-    model = torch.nn.Linear(n, 1, bias=False)
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    model, opt, loader = PrivacyEngine().make_private(
-        module=model, optimizer=opt,
-        data_loader=DataLoader(TensorDataset(torch.eye(n), torch.zeros(n)), batch_size=b),
-        noise_multiplier=sigma, max_grad_norm=1e6 if sigma == 0 else 1.0,
-    )
-    out = []
-    for i, (x, _) in enumerate(loader):
-        if i == steps:
-            break
-        opt.zero_grad()
-        model(x).mean().backward()
-        opt.step()
-        out.append((len(x), model._module.weight.grad.detach().double().flatten().numpy().copy()))
-    return out
-
-
-def test_probe_of_installed_opacus_agrees_with_the_model() -> None:
-    pytest.importorskip("opacus")
-    rel = installed_release()
-    assert rel is not None
-    n, b = 200, 30
-    expected = divisor(rel, n, b)  # 28
-    for size, grad in _probe(0.0):  # noise off: the update is indicator(batch) / divisor
-        nz = grad[grad != 0]
-        assert len(nz) == size
-        if size:
-            assert 1 / nz.mean() == pytest.approx(expected, rel=1e-6)
-    # noise on, C = 1: grad = (sum + N(0, sigma^2 I)) / c; off-batch coordinates are pure noise
-    sigma = 2.0
-    samples = np.concatenate([g for _, g in _probe(sigma)]) * expected
-    k = samples.size  # about 1200; std estimate has relative s.e. 1/sqrt(2k)
-    tolerance = 5 / math.sqrt(2 * k)
-    assert samples.std() == pytest.approx(sigma * 1.0, rel=tolerance)
-
-
 def test_compare_versions_flags() -> None:
     rows = {r.version: r for r in compare_versions(VersionConfig(147, 3, 1.0, 1e-5, epochs=1))}
     assert len(rows) == 26
@@ -163,3 +123,102 @@ def test_compare_versions_flags() -> None:
     safe = VersionConfig(60000, 256, 1.1, 1e-5, epochs=1)
     eps, model = corrected_epsilon("1.6.0", safe)
     assert "safe" in model and eps == pytest.approx(reported_epsilon("1.6.0", safe), rel=0.05)
+
+
+# -- the committed real-code probes of every release ----------------------------------------
+
+PROBES = Path(__file__).resolve().parents[2] / "docs" / "results" / "opacus_probes.json"
+
+
+def _probe_records() -> dict[tuple[str, str], dict]:
+    data = json.loads(PROBES.read_text())
+    return {(r["track"], r["opacus"]): r for r in data["records"]}
+
+
+def test_committed_probes_cover_every_release_and_agree_with_the_model() -> None:
+    from opacus_lastiterate.auditing.probe_agreement import check_probe
+
+    data = json.loads(PROBES.read_text())
+    assert data["command"].startswith("python scripts/probe_opacus_versions.py")
+    records = _probe_records()
+    probed = {v for (track, v) in records if track == "current"}
+    missing = {f["opacus"]: f["reason"] for f in data["could_not_run"] if f["track"] == "current"}
+    assert probed | set(missing) == set(PYPI) and all(missing.values())
+    native = {v for (track, v) in records if track == "native"}
+    assert native == {v for v in PYPI if release(v).key < (1, 0, 0)} - {
+        f["opacus"] for f in data["could_not_run"] if f["track"] == "native"
+    }
+    for (track, version), record in records.items():
+        report = check_probe(record)
+        assert report.agrees, f"{track}: {report.summary()}"
+        cases = {c["case"] for c in record["cases"]}
+        assert {"divisor", "noise", "accountant", "empty", "sum"} <= cases, version
+    # the shims are exactly the documented ones, and only on current torch
+    shims = {v: tuple(r["shims"]) for (t, v), r in records.items() if t == "current" and r["shims"]}
+    assert shims == {
+        **{v: ("torchcsprng",) for v in ("0.9.0", "0.9.1", "0.10.0", "0.10.1")},
+        "0.11.0": ("ModuleAttributeError",),
+        **{v: ("zero_grad(set_to_none=False)",) for v in ("0.14.0", "0.15.0")},
+    }
+    assert all(not r["shims"] for (t, _), r in records.items() if t == "native")
+
+
+@pytest.mark.parametrize(
+    ("measured", "model", "difference"),
+    [
+        ("0.11.0", "0.12.0", "a batch above batch_size raises ValueError"),
+        ("0.13.0", "0.14.0", "classic vs improved RDP conversion; empty batches crash vs dropped"),
+        ("0.14.0", "0.15.0", "loss_reduction='sum' per-example weighting"),
+        ("0.15.0", "1.0.0", "realised batch size vs int(N * q)"),
+        ("1.2.0", "1.3.0", "empty batches crash vs noise-only steps; RDP vs PRV"),
+    ],
+)
+def test_probes_tell_neighbouring_releases_apart(measured: str, model: str, difference: str) -> None:
+    """A record checked against the next release's row disagrees: the checks can fail, and
+    the committed records pin down each row of the table ({difference})."""
+    from opacus_lastiterate.auditing.probe_agreement import check_probe
+
+    record = dict(_probe_records()[("current", measured)], opacus=model)
+    assert not check_probe(record).agrees
+
+
+def test_example_weighting_of_sum_reduction() -> None:
+    for version in ("0.9.0", "0.9.1"):  # |B| g_i clipped at C, the sum divided by |B|
+        assert example_weighting(version, 30, loss_reduction="sum") == ExampleWeighting(1 / 30, 1.0)
+    # |B| g_i clipped at C and summed
+    assert example_weighting("0.14.0", 30, loss_reduction="sum") == ExampleWeighting(1 / 30, 30.0)
+    for version in ("0.10.0", "0.15.0", "1.0.0", "1.6.0"):
+        assert example_weighting(version, 30, loss_reduction="sum") == ExampleWeighting(1.0, 1.0)
+        assert divisor(version, 200, 30, 30, loss_reduction="sum") == 1.0
+    assert example_weighting("0.9.0", 30) == ExampleWeighting(1.0, 1.0)
+    with pytest.raises(ValueError, match="loss_reduction"):
+        example_weighting("1.6.0", 30, loss_reduction="none")
+
+
+def test_committed_real_code_audits_exceed_what_opacus_reports() -> None:
+    """The audits of ``make probe-versions`` (real optimizers of 1.0.0, 1.6.0 and 0.15.0):
+    the lower bound exceeds the epsilon the release prints and stays below the exact epsilon
+    of the audited configuration; the printed epsilon is the version model's."""
+    from opacus_lastiterate.analysis.normalisation import feasgm_verdict
+
+    data = json.loads((PROBES.parent / "opacus_audits.json").read_text())
+    assert data["command"].startswith("python scripts/probe_opacus_versions.py")
+    mechanisms = {}
+    for a in data["audits"]:
+        cfg = a["config"]
+        n = cfg["dataset_size_with_canary"]
+        rel = release(a["opacus"])
+        assert a["audit"]["kind"] == "bound" and a["audit"]["confidence"] == 0.95
+        assert float(a["eps_reported"]) < a["eps_audit_lower_bound"] <= float(a["eps_config"])
+        batch = cfg.get("batch_size") or round(cfg["sample_rate"] * n)
+        vc = VersionConfig(n, batch, cfg["noise_multiplier"], cfg["delta"], epochs=None, steps=cfg["steps"])
+        tolerance = 0.02 if rel.default_accountant == "prv" else 1e-5 * a["eps_reported"]
+        assert a["eps_reported"] == pytest.approx(reported_epsilon(rel, vc), abs=tolerance)
+        if a["mechanism"] == "FEASGM":
+            assert rel.family == "1.x" and cfg["divisors"][0] != cfg["divisors"][1]
+            assert not feasgm_verdict(n, cfg["batch_size"]).safe and a["eps_corrected"] == "inf"
+        else:
+            assert rel.mechanism == "ASGM" and rel.poisson_sampler
+            assert a["eps_audit_lower_bound"] <= float(a["eps_corrected"]) < math.inf
+        mechanisms[a["mechanism"]] = rel.family
+    assert mechanisms["FEASGM"] == "1.x" and mechanisms["ASGM"].startswith("0.")
