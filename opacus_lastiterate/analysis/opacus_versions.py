@@ -398,9 +398,10 @@ class ExampleWeighting:
 def example_weighting(
     rel: OpacusRelease | str, realised_batch_size: int, *, loss_reduction: str = "mean"
 ) -> ExampleWeighting:
-    """a = w = 1, except for ``loss_reduction="sum"`` in 0.9.x (a = 1/|B|, w = 1: the clipper
-    clips |B| g_i at C and divides the sum by |B|, the noise is not divided) and 0.14.0
-    (a = 1/|B|, w = |B|: |B| g_i is clipped at C and summed), |B| the realised batch size."""
+    """a = w = 1, except for ``loss_reduction="sum"`` in 0.9.x (a = ``1/|B|``, w = 1: the
+    clipper clips ``|B| g_i`` at C and divides the sum by ``|B|``, the noise is not divided)
+    and 0.14.0 (a = ``1/|B|``, w = ``|B|``: ``|B| g_i`` is clipped at C and summed), ``|B|``
+    the realised batch size."""
     r = release(rel) if isinstance(rel, str) else rel
     b = check_int("realised_batch_size", realised_batch_size, minimum=1)
     _check_reduction(loss_reduction)

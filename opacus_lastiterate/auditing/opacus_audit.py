@@ -8,7 +8,7 @@ holding one Opacus release). This module is the adversary and the statistics:
 * the score of a run is the exact log-likelihood ratio of everything the adversary saw, a sum
   over steps: FEASGM (1.x) :func:`~opacus_lastiterate.analysis.normalisation.divisor_leak_loss`
   of (u, v) = (<g, e_0>, ||g - u e_0||^2) with the divisors of N - 1 and N records; ASGM (0.x)
-  the likelihood ratio of the d-dimensional update of (sum + Z) / |B| over the unobserved
+  the likelihood ratio of the d-dimensional update of ``(sum + Z) / |B|`` over the unobserved
   batch size (the one :func:`~opacus_lastiterate.analysis.normalisation.simulate_asgm`
   computes); a step that crashed or was dropped on an empty batch scores log(1 - q);
 * ``eps_audit`` is the Clopper-Pearson lower bound of
