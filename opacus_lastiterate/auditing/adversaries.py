@@ -273,24 +273,65 @@ class MaliciousDataset:
         lead = self.big_value + max(abs(self.last_threshold), 1.0) + abs(self.past_threshold) + s
         return math.sqrt(lead**2 + self.steps * s**2)
 
+    def flip_probabilities(self, noise_multiplier: float) -> tuple[float, float]:
+        """``(p_down, p_up)``: one re-threshold at t_past turns a stored +BIG into -BIG / a
+        -BIG into +BIG (``Phi((t_past - BIG) / sigma)``, ``Phi((-BIG - t_past) / sigma)``)."""
+        sigma = check_noise_multiplier(noise_multiplier)
+        p_down = float(special.ndtr((self.past_threshold - self.big_value) / sigma))
+        p_up = float(special.ndtr((-self.big_value - self.past_threshold) / sigma))
+        return p_down, p_up
+
+    def decoded_probabilities(self, noise_multiplier: float, present: bool) -> NDArray[np.float64]:
+        """``P(d_j = 1)``, j < T - 1, for a canary present (or not) at step j: shape ``(T - 1,)``.
+
+        ``d_j = [theta_T[j] >= 0]``. The record is +BIG with probability
+        ``Phi((b - tau) / sigma)``, then ``T - 2 - j`` re-thresholds flip it (two-state chain
+        of :meth:`flip_probabilities`), then the last step's noise decodes +BIG as 1 with
+        probability ``Phi(BIG / sigma)`` (and -BIG with ``Phi(-BIG / sigma)``). Records are
+        independent across j given the presence pattern.
+        """
+        sigma = check_noise_multiplier(noise_multiplier)
+        b = 1.0 if present else 0.0
+        plus = np.full(self.steps - 1, special.ndtr((b - self.last_threshold) / sigma))
+        p_down, p_up = self.flip_probabilities(sigma)
+        if p_down + p_up > 0:
+            lam = (1.0 - p_down - p_up) ** np.arange(self.steps - 2, -1, -1, dtype=np.float64)
+            pi = p_up / (p_down + p_up)
+            plus = plus * (pi + (1 - pi) * lam) + (1 - plus) * pi * (1 - lam)
+        keep = special.ndtr(self.big_value / sigma)
+        return np.asarray(plus * keep + (1 - plus) * (1 - keep), dtype=np.float64)
+
+    def record_weights(
+        self, noise_multiplier: float
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """``(w1, w0)``, shape ``(T - 1,)``: the score's log-likelihood ratio of ``d_j = 1`` and
+        ``d_j = 0`` (flips ignored; class docs); 0 where the canary is never present."""
+        sigma = check_noise_multiplier(noise_multiplier)
+        p = self.insertion.presence_probabilities(self.steps)[:-1]
+        a0 = special.ndtr(-self.last_threshold / sigma)
+        a1 = special.ndtr((1.0 - self.last_threshold) / sigma)
+        w1 = np.log(p * a1 + (1 - p) * a0) - math.log(a0)
+        w0 = np.log(p * (1 - a1) + (1 - p) * (1 - a0)) - math.log1p(-a0)
+        return w1, w0
+
+    def last_llr(self, last: NDArray[np.float64], noise_multiplier: float) -> NDArray[np.float64]:
+        """The score's term for the last coordinate x (in units of U):
+        ``log(1 - p + p exp((2 x - 1) / (2 sigma^2)))``, p its presence probability."""
+        sigma = check_noise_multiplier(noise_multiplier)
+        p_last = float(self.insertion.presence_probabilities(self.steps)[-1])
+        with np.errstate(divide="ignore"):
+            return np.logaddexp(
+                math.log1p(-p_last) if p_last < 1 else -np.inf,
+                (math.log(p_last) if p_last > 0 else -np.inf)
+                + (2 * np.asarray(last, dtype=np.float64) - 1) / (2 * sigma**2),
+            )
+
     def score(self, final: NDArray[np.float64], arithmetic: DPSGDArithmetic) -> NDArray[np.float64]:
         """Log-likelihood ratio of the decoded final model (class docs), shape ``final.shape[:-1]``."""
         x = np.asarray(final, dtype=np.float64) / self.unit(arithmetic)
         if x.shape[-1] != self.steps:
             raise ValueError(f"`final` must have last axis {self.steps}, got shape {x.shape}.")
         sigma = arithmetic.noise_multiplier
-        p = self.insertion.presence_probabilities(self.steps)
-        a0 = special.ndtr(-self.last_threshold / sigma)
-        a1 = special.ndtr((1.0 - self.last_threshold) / sigma)
-        w1 = np.log(p[:-1] * a1 + (1 - p[:-1]) * a0) - math.log(a0)
-        w0 = np.log(p[:-1] * (1 - a1) + (1 - p[:-1]) * (1 - a0)) - math.log1p(-a0)
-        d = x[..., :-1] >= 0.0
-        llr = np.where(d, w1, w0).sum(axis=-1)
-        last = x[..., -1]
-        p_last = p[-1]
-        with np.errstate(divide="ignore"):
-            llr_last = np.logaddexp(
-                math.log1p(-p_last) if p_last < 1 else -np.inf,
-                (math.log(p_last) if p_last > 0 else -np.inf) + (2 * last - 1) / (2 * sigma**2),
-            )
-        return llr + llr_last
+        w1, w0 = self.record_weights(sigma)
+        llr = np.where(x[..., :-1] >= 0.0, w1, w0).sum(axis=-1)
+        return llr + self.last_llr(x[..., -1], sigma)

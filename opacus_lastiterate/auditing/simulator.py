@@ -13,9 +13,11 @@ times the learning rate). Two paths where the mechanism allows it:
 - ``method="analytic"``: the same law with the per-step draws summed in closed form
   (Binomial counts and one Gaussian for constant divisors; a multinomial histogram of the
   (presence, batch size) pairs for the realised divisor; for the malicious data set, the
-  per-coordinate records and the two-state flip chain of the re-thresholding).
+  per-coordinate records and the two-state flip chain of the re-thresholding);
+- ``method="counts"`` (malicious data set, scores only): the score's sufficient statistic
+  (counts of decoded records, last coordinate) drawn from its exact law.
 
-The two are tested against each other in distribution (``tests/auditing``).
+The paths are tested against each other in distribution (``tests/auditing``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import special, stats
+from scipy import stats
 
 from opacus_lastiterate.analysis._validation import (
     check_in_interval,
@@ -56,6 +58,7 @@ __all__ = [
 ]
 
 Method = Literal["analytic", "literal"]
+MaliciousMethod = Literal["analytic", "literal", "counts"]
 _CHUNK_FLOATS = 1 << 22  # floats per vectorised block (32 MiB)
 _PMF_FLOOR = 1e-300  # batch sizes rarer than this are never drawn by the multinomial path
 
@@ -240,7 +243,7 @@ def simulate_malicious_dataset(
     trials: int,
     rng: np.random.Generator,
     canary_in: bool,
-    method: Method = "analytic",
+    method: MaliciousMethod = "analytic",
     return_models: bool = False,
 ) -> NDArray[np.float64]:
     """Scores (or final models, ``return_models=True``, shape ``(trials, T)``) of the attack.
@@ -253,28 +256,40 @@ def simulate_malicious_dataset(
     record directly: ``y_j = b_j + sigma Z_j``, sign ``[y_j >= tau]``, flipped by the
     ``T - 2 - j`` re-thresholds with the exact two-state chain, final value
     ``U (+-BIG + sigma Z)``; the last coordinate is ``U (b + sigma Z)``. Time ``trials x T``.
+    Counts path (scores only, same conditions): the score depends on the model only through
+    the number of decoded records equal to 1 among the coordinates sharing a presence
+    probability (one group for Poisson insertion) and the last coordinate; each count is
+    drawn from its exact law (Poisson-binomial of
+    :meth:`MaliciousDataset.decoded_probabilities`, flips included) by inversion. Time
+    ``trials`` (``benchmarks/bench_malicious_counts.py``).
     """
     _check_type("attack", attack, MaliciousDataset)
     _check_type("arithmetic", arithmetic, DPSGDArithmetic)
     n = check_int("trials", trials, minimum=1)
     check_rng(rng)
     inside = _check_bool("canary_in", canary_in)
-    how = _check_method(method)
+    if method not in ("analytic", "literal", "counts"):
+        raise ValueError(f"`method` must be 'analytic', 'literal' or 'counts', got {method!r}.")
+    how = method
     if not isinstance(return_models, bool):
         raise TypeError(f"`return_models` must be a bool, got {return_models!r}.")
+    if how == "counts" and return_models:
+        raise ValueError("method='counts' draws scores only; use return_models=False.")
     t = attack.steps
-    if how == "analytic":
+    if how != "literal":
         if arithmetic.normalisation == "realised":
             raise ValueError(
-                "method='analytic' needs a constant divisor (normalisation 'sum' or 'expected'); "
+                f"method={how!r} needs a constant divisor (normalisation 'sum' or 'expected'); "
                 "use method='literal' for 'realised'."
             )
         need = attack.min_unclipped_repeaters(arithmetic.noise_multiplier)
         if attack.num_repeaters < need:
             raise ValueError(
-                f"`num_repeaters` must be >= {need:.1f} for method='analytic' (repeaters never "
+                f"`num_repeaters` must be >= {need:.1f} for method={how!r} (repeaters never "
                 f"clipped), got {attack.num_repeaters}; use method='literal' to simulate clipping."
             )
+    if how == "counts":
+        return _malicious_counts(attack, arithmetic.noise_multiplier, n, rng, inside)
     out = np.empty((n, t)) if return_models else np.empty(n)
     for lo, hi in _chunks(n, 3 * t):
         size = hi - lo
@@ -332,8 +347,7 @@ def _malicious_analytic(
     if t > 1:
         sign = y[:, :-1] >= attack.last_threshold  # decided at step j + 1
         # T - 2 - j re-thresholds of +-BIG + sigma Z at t_past: a two-state chain.
-        p_down = special.ndtr((attack.past_threshold - big) / sigma)  # + -> -
-        p_up = special.ndtr((-big - attack.past_threshold) / sigma)  # - -> +
+        p_down, p_up = attack.flip_probabilities(sigma)  # + -> -, - -> +
         n_flips = np.arange(t - 2, -1, -1, dtype=np.float64)
         if p_down + p_up > 0:
             lam = (1.0 - p_down - p_up) ** n_flips
@@ -342,6 +356,39 @@ def _malicious_analytic(
             sign = rng.random((trials, t - 1)) < prob_plus
         x[:, :-1] = np.where(sign, big, -big) + sigma * rng.standard_normal((trials, t - 1))
     return attack.unit(arithmetic) * x
+
+
+def _poisson_binomial_pmf(probabilities: NDArray[np.float64]) -> NDArray[np.float64]:
+    """pmf of a sum of independent Bernoulli(p_j), by successive convolution."""
+    pmf = np.ones(1)
+    for p in probabilities:
+        pmf = np.convolve(pmf, [1.0 - p, p])
+    return pmf
+
+
+def _malicious_counts(
+    attack: MaliciousDataset,
+    sigma: float,
+    trials: int,
+    rng: np.random.Generator,
+    inside: bool,
+) -> NDArray[np.float64]:
+    presence = attack.insertion.presence_probabilities(attack.steps)
+    w1, w0 = attack.record_weights(sigma)
+    absent = attack.decoded_probabilities(sigma, present=False)
+    present = attack.decoded_probabilities(sigma, present=True)
+    out = np.zeros(trials)
+    for p in np.unique(presence[:-1]):
+        group = presence[:-1] == p
+        if not np.any(w1[group]) and not np.any(w0[group]):
+            continue  # the score ignores these records (the canary is never there)
+        probs = absent[group] if not inside else p * present[group] + (1 - p) * absent[group]
+        cdf = np.cumsum(_poisson_binomial_pmf(probs))
+        ones = np.minimum(np.searchsorted(cdf, rng.random(trials), side="right"), group.sum())
+        out += ones * w1[group][0] + (group.sum() - ones) * w0[group][0]
+    b = rng.random(trials) < presence[-1] if inside else np.zeros(trials, dtype=bool)
+    last = b + sigma * rng.standard_normal(trials)
+    return out + attack.last_llr(last, sigma)
 
 
 # ---------------------------------------------------------------------------------------

@@ -79,3 +79,30 @@ def test_malicious_score_orders_records() -> None:
     assert s[1] > s[0] and s[2] > s[0]
     with pytest.raises(ValueError, match="past_threshold"):
         MaliciousDataset(steps=3, insertion=PoissonInsertion(0.1), big_value=1.0, past_threshold=2.0)
+
+
+def test_malicious_decoded_probabilities_and_score_terms() -> None:
+    from scipy.special import ndtr
+
+    sigma = 0.5
+    attack = MaliciousDataset(steps=5, insertion=PoissonInsertion(0.2), last_threshold=1.5)
+    # BIG = 100: no flip, no decoding error; P(d = 1) = Phi((b - tau) / sigma)
+    np.testing.assert_allclose(attack.decoded_probabilities(sigma, present=True), ndtr(-1.0))
+    np.testing.assert_allclose(attack.decoded_probabilities(sigma, present=False), ndtr(-3.0))
+    assert attack.flip_probabilities(sigma) == (0.0, 0.0)
+    # flips: record j is re-thresholded T - 2 - j times (a two-state Markov chain, here by
+    # matrix powers), then decoded by the last step's noise
+    leaky = MaliciousDataset(steps=40, insertion=PoissonInsertion(0.2), big_value=1.0, past_threshold=0.2, last_threshold=1.5)
+    down, up = leaky.flip_probabilities(sigma)
+    assert down == pytest.approx(ndtr(-1.6)) and up == pytest.approx(ndtr(-2.4))
+    probs = leaky.decoded_probabilities(sigma, present=True)
+    chain = np.array([[1 - down, down], [up, 1 - up]])  # states (+BIG, -BIG)
+    keep = ndtr(1.0 / sigma)
+    for j in (0, 17, 38):
+        plus = (np.array([ndtr(-1.0), ndtr(1.0)]) @ np.linalg.matrix_power(chain, 38 - j))[0]
+        assert probs[j] == pytest.approx(plus * keep + (1 - plus) * (1 - keep), rel=1e-12)
+    # the score is the sum of its documented terms
+    w1, w0 = attack.record_weights(sigma)
+    final = np.array([[100.0, -100.0, -100.0, 100.0, 0.7]])
+    want = w1[0] + w0[1] + w0[2] + w1[3] + np.log(0.8 + 0.2 * np.exp((2 * 0.7 - 1) / (2 * sigma**2)))
+    assert attack.score(final, DPSGDArithmetic(sigma))[0] == pytest.approx(want)

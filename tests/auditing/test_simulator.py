@@ -108,6 +108,44 @@ def test_malicious_analytic_equals_literal(norm, batch, canary_in) -> None:
     assert stats.ks_2samp(attack.score(fast, arith), attack.score(slow, arith)).pvalue > KS_LEVEL
 
 
+@pytest.mark.parametrize("insertion", [PoissonInsertion(0.3), PeriodicInsertion(2, 1)])
+@pytest.mark.parametrize("canary_in", [True, False])
+def test_malicious_counts_equals_literal_with_flips(insertion, canary_in) -> None:
+    """Small BIG and t_past: re-threshold flips and decoding errors are frequent (several %),
+    and the counts path (Poisson-binomial of the decoded records) still has the literal law."""
+    arith = DPSGDArithmetic(0.6)
+    attack = MaliciousDataset(
+        steps=8, insertion=insertion, num_repeaters=2_000, big_value=1.2,
+        last_threshold=1.0, past_threshold=0.3,
+    )
+    assert attack.flip_probabilities(0.6)[0] > 0.05
+    rng = np.random.default_rng(40 + canary_in)
+    fast = simulate_malicious_dataset(attack, arith, trials=40_000, rng=rng, canary_in=canary_in, method="counts")
+    slow = simulate_malicious_dataset(attack, arith, trials=20_000, rng=rng, canary_in=canary_in, method="literal")
+    assert stats.ks_2samp(fast, slow).pvalue > KS_LEVEL
+    # the decoded records' frequencies are the stated probabilities
+    models = simulate_malicious_dataset(
+        attack, arith, trials=20_000, rng=rng, canary_in=canary_in, method="literal", return_models=True
+    )
+    p = insertion.presence_probabilities(8)[:-1]
+    want = attack.decoded_probabilities(0.6, present=False)
+    if canary_in:
+        want = p * attack.decoded_probabilities(0.6, present=True) + (1 - p) * want
+    got = (models[:, :-1] >= 0).mean(0)
+    assert np.all(np.abs(got - want) <= Z_TOL * np.sqrt(want * (1 - want) / 20_000))
+
+
+def test_malicious_counts_refuses_models_and_checks_method() -> None:
+    attack = MaliciousDataset(steps=4, insertion=PoissonInsertion(0.3))
+    kw = {"trials": 5, "rng": np.random.default_rng(0), "canary_in": True}
+    with pytest.raises(ValueError, match="scores only"):
+        simulate_malicious_dataset(attack, DPSGDArithmetic(0.6), method="counts", return_models=True, **kw)
+    with pytest.raises(ValueError, match="counts"):
+        simulate_malicious_dataset(attack, DPSGDArithmetic(0.6), method="fast", **kw)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="constant divisor"):
+        simulate_malicious_dataset(attack, DPSGDArithmetic(0.6, normalisation="realised"), method="counts", **kw)
+
+
 def test_malicious_literal_realised_runs_and_analytic_refuses() -> None:
     arith = DPSGDArithmetic(0.6, normalisation="realised")
     attack = MaliciousDataset(steps=4, insertion=PoissonInsertion(0.3), num_repeaters=500, big_value=10.0)
