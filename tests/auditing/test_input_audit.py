@@ -120,3 +120,30 @@ def test_cached_train(tmp_path: Path) -> None:
     np.testing.assert_array_equal(  # a cached model is the trained one, not a retrained one
         cache.load(True, 7).weight.detach().numpy(), first.weight.detach().numpy()
     )
+
+
+@pytest.mark.slow
+def test_opacus_digits_input_audit_reaches_a_positive_bound(tmp_path: Path) -> None:
+    """Real Opacus training with a strong (blank, least-likely label) canary from a
+    worst-case initialisation at small noise: the canary's bound must be positive and every
+    bound below the standard epsilon (a proven upper bound)."""
+    from opacus_lastiterate.auditing import (
+        OpacusInputTrainer,
+        blank_canary,
+        least_likely_label,
+    )
+
+    probe = OpacusInputTrainer(canary=blank_canary((64,), 0), hidden=8, num_examples=60,
+                               steps=10, noise_multiplier=0.5, init_examples=200,
+                               init_steps=100, initialisation="worst-case")
+    label = least_likely_label(probe.random_initial_model(), torch.zeros(64))
+    canary = blank_canary((64,), label)
+    trainer = OpacusInputTrainer(canary=canary, hidden=8, num_examples=60, steps=10,
+                                 noise_multiplier=0.5, init_examples=200, init_steps=100,
+                                 initialisation="worst-case")
+    report = run_input_audit(trainer, canary, directory=tmp_path, evaluation_runs=80,
+                             crafting_runs=24, delta=1e-5, workers=0, progress=False,
+                             crafting_options=dict(steps=20, bounds=(0.0, 1.0)))
+    standard = trainer.standard_epsilon(1e-5)
+    assert report.audit("canary").bound.epsilon > 0.5
+    assert all(0.0 <= a.bound.epsilon <= standard for a in report.audits)

@@ -65,7 +65,7 @@ def test_blank_canary_and_validation() -> None:
 def test_clip_backdoor_is_the_least_variance_direction() -> None:
     rng = np.random.default_rng(0)
     q, _ = np.linalg.qr(rng.standard_normal((4, 4)))
-    data = (rng.standard_normal((5000, 4)) * np.array([3.0, 2.0, 1.0, 0.1])) @ q.T + 5.0
+    data = (rng.standard_normal((800, 4)) * np.array([3.0, 2.0, 1.0, 0.1])) @ q.T + 5.0
     c = clip_backdoor_canary(torch.tensor(data), label=1)
     v = c.features.double().numpy()
     # independent: eigenvector of the smallest eigenvalue of the sample covariance
