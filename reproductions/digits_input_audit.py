@@ -254,10 +254,14 @@ def save_plot(cells: list[dict[str, Any]], out: Path) -> Path:
             ax.plot(eps, [c["heuristic_epsilon"] for c in main], "k--", label="heuristic")
             ax.plot(eps, [c["ceiling"] for c in main], ":", color="grey",
                     label="best bound these runs can give")
-            names = [a["name"] for a in main[0]["audits"] if a["bound"]["kind"] == "bound"]
-            for name in names:
+            for name in [a["name"] for a in main[0]["audits"]]:
+                valid = next(a for a in main[0]["audits"] if a["name"] == name)["bound"]["kind"]
+                style = dict(marker="o") if valid == "bound" else dict(
+                    marker="x" if name.startswith("adaptive") else "+", color="grey",
+                    linestyle=":")
+                label = f"ID: {name}" + ("" if valid == "bound" else ", NOT VALID")
                 ax.plot(eps, [next(a for a in c["audits"] if a["name"] == name)["bound"]["epsilon"]
-                              for c in main], marker="o", label=f"ID: {name}")
+                              for c in main], label=label, **style)
         markers = {"mislabelled": "s", "blank": "^", "clip-backdoor": "D"}
         for c in mine:
             if c["canary"] in markers:
