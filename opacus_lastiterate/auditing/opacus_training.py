@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -54,6 +55,66 @@ def _digits() -> tuple[np.ndarray, np.ndarray]:
 
     x, y = load_digits(return_X_y=True)
     return (x / 16.0).astype(np.float32), y.astype(np.int64)
+
+
+def _train_dp_sgd(
+    model: nn.Module,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    seed: int,
+    steps: int,
+    batch_size: int,
+    noise_multiplier: float,
+    max_grad_norm: float,
+    learning_rate: float,
+    expected_batch_size: int | None = None,
+    before_training: Callable[[torch.optim.Optimizer, nn.Module, torch.Generator], None]
+    | None = None,
+) -> nn.Module:
+    """``steps`` steps of Opacus DP-SGD (Poisson sampling, plain SGD) on ``(x, y)``.
+
+    The batch sampling, the noise and ``before_training``'s generator are seeded from
+    ``SeedSequence(seed)``; nothing global is drawn from. ``expected_batch_size`` overrides
+    the divisor Opacus derives from ``len(x)`` (to keep it the same with and without an
+    added canary). Returns ``model`` (unwrapped) holding the final parameters.
+    """
+    sampling_seed, noise_seed, canary_seed = np.random.SeedSequence(seed).generate_state(3)
+    sampling = torch.Generator().manual_seed(int(sampling_seed))
+    noise = torch.Generator().manual_seed(int(noise_seed))
+    canary_rng = torch.Generator().manual_seed(int(canary_seed))
+    optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate)
+    dataset = TensorDataset(torch.from_numpy(x.copy()), torch.from_numpy(y.copy()))
+    loader = DataLoader(dataset, batch_size=batch_size, generator=sampling)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Secure RNG turned off")
+        warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook")
+        engine = PrivacyEngine(accountant="last_iterate")
+        private, optimizer, loader = engine.make_private(
+            module=model,
+            optimizer=optimizer,
+            data_loader=loader,
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=max_grad_norm,
+            poisson_sampling=True,
+            noise_generator=noise,
+        )
+        if expected_batch_size is not None:
+            optimizer.expected_batch_size = expected_batch_size  # type: ignore[attr-defined]
+        if before_training is not None:
+            before_training(optimizer, model, canary_rng)
+        criterion = nn.CrossEntropyLoss()
+        taken = 0
+        while taken < steps:
+            for xb, yb in loader:
+                optimizer.zero_grad()
+                criterion(private(xb), yb).backward()
+                optimizer.step()
+                taken += 1
+                if taken == steps:
+                    break
+        private.remove_hooks()
+    return model  # the unwrapped module, holding the final parameters
 
 
 @dataclass(frozen=True)
@@ -168,42 +229,19 @@ class OpacusDigitsTrainer:
         x, y, xc, yc = self._split()
         if include_canary and self.canary == "input":
             x, y = np.concatenate([x, xc[None, :]]), np.concatenate([y, [yc]])
-        sampling_seed, noise_seed, canary_seed = np.random.SeedSequence(s).generate_state(3)
-        sampling = torch.Generator().manual_seed(int(sampling_seed))
-        noise = torch.Generator().manual_seed(int(noise_seed))
-        canary_rng = torch.Generator().manual_seed(int(canary_seed))
-
-        model = self.initial_model()
-        optimizer = torch.optim.SGD(model.parameters(), lr=self.learning_rate)
-        dataset = TensorDataset(torch.from_numpy(x.copy()), torch.from_numpy(y.copy()))
-        loader = DataLoader(dataset, batch_size=self.batch_size, generator=sampling)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Secure RNG turned off")
-            warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook")
-            engine = PrivacyEngine(accountant="last_iterate")
-            private, optimizer, loader = engine.make_private(
-                module=model,
-                optimizer=optimizer,
-                data_loader=loader,
-                noise_multiplier=self.noise_multiplier,
-                max_grad_norm=self.max_grad_norm,
-                poisson_sampling=True,
-                noise_generator=noise,
-            )
-            if include_canary and self.canary == "gradient":
-                self._insert_gradient_canary(optimizer, model, canary_rng)
-            criterion = nn.CrossEntropyLoss()
-            taken = 0
-            while taken < self.steps:
-                for xb, yb in loader:
-                    optimizer.zero_grad()
-                    criterion(private(xb), yb).backward()
-                    optimizer.step()
-                    taken += 1
-                    if taken == self.steps:
-                        break
-            private.remove_hooks()
-        return model  # the unwrapped module, holding the final parameters
+        before = self._insert_gradient_canary if include_canary and self.canary == "gradient" else None
+        return _train_dp_sgd(
+            self.initial_model(),
+            x,
+            y,
+            seed=s,
+            steps=self.steps,
+            batch_size=self.batch_size,
+            noise_multiplier=self.noise_multiplier,
+            max_grad_norm=self.max_grad_norm,
+            learning_rate=self.learning_rate,
+            before_training=before,
+        )
 
     def _insert_gradient_canary(
         self, optimizer: torch.optim.Optimizer, model: nn.Module, rng: torch.Generator
