@@ -28,10 +28,12 @@ from opacus_lastiterate.analysis._validation import (
     check_noise_multiplier,
     check_positive,
 )
-from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
-from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
 from opacus_lastiterate.auditing.input_canaries import InputCanary
-from opacus_lastiterate.auditing.opacus_training import _digits, _train_dp_sgd
+from opacus_lastiterate.auditing.opacus_training import (
+    _ConstantRunEpsilons,
+    _digits,
+    _train_dp_sgd,
+)
 from opacus_lastiterate.auditing.worst_case_init import worst_case_initialisation
 
 __all__ = ["Architecture", "Initialisation", "OpacusInputTrainer", "digits_data"]
@@ -48,7 +50,7 @@ def digits_data() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @dataclass(frozen=True)
-class OpacusInputTrainer:
+class OpacusInputTrainer(_ConstantRunEpsilons):
     """DP-SGD (Opacus) on digits, with an input canary added when ``include_canary``.
 
     Attributes:
@@ -210,25 +212,6 @@ class OpacusInputTrainer:
             expected_batch_size=self.expected_batch_size,
         )
 
-    # ------------------------------------------------------------------ accounting
-
-    def heuristic_epsilon(self, delta: float) -> float:
-        """The last-iterate heuristic epsilon of this training (not a DP guarantee)."""
-        return heuristic_epsilon(
-            delta,
-            steps=self.steps,
-            sample_rate=self.sample_rate,
-            noise_multiplier=self.noise_multiplier,
-        )
-
-    def standard_epsilon(self, delta: float) -> float:
-        """The standard composition epsilon (every iterate released): a DP upper bound."""
-        return standard_epsilon(
-            delta,
-            steps=self.steps,
-            sample_rate=self.sample_rate,
-            noise_multiplier=self.noise_multiplier,
-        )
 
 
 @functools.lru_cache(maxsize=8)

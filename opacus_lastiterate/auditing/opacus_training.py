@@ -117,8 +117,37 @@ def _train_dp_sgd(
     return model  # the unwrapped module, holding the final parameters
 
 
+class _ConstantRunEpsilons:
+    """heuristic_epsilon / standard_epsilon of a trainer's constant (T, q, sigma) run."""
+
+    steps: int
+    noise_multiplier: float
+
+    @property
+    def sample_rate(self) -> float:
+        raise NotImplementedError
+
+    def heuristic_epsilon(self, delta: float) -> float:
+        """The last-iterate heuristic epsilon of this training (not a DP guarantee)."""
+        return heuristic_epsilon(
+            delta,
+            steps=self.steps,
+            sample_rate=self.sample_rate,
+            noise_multiplier=self.noise_multiplier,
+        )
+
+    def standard_epsilon(self, delta: float) -> float:
+        """The standard composition epsilon (all iterates released): a DP upper bound."""
+        return standard_epsilon(
+            delta,
+            steps=self.steps,
+            sample_rate=self.sample_rate,
+            noise_multiplier=self.noise_multiplier,
+        )
+
+
 @dataclass(frozen=True)
-class OpacusDigitsTrainer:
+class OpacusDigitsTrainer(_ConstantRunEpsilons):
     """DP-SGD (Opacus, last-iterate accountant) on digits, with an optional canary.
 
     Attributes:
@@ -269,22 +298,3 @@ class OpacusDigitsTrainer:
         xc, yc = self.canary_example()
         return -float(nn.functional.cross_entropy(model(xc), yc))
 
-    # ------------------------------------------------------------------ accounting
-
-    def heuristic_epsilon(self, delta: float) -> float:
-        """The last-iterate heuristic epsilon of this training (not a DP guarantee)."""
-        return heuristic_epsilon(
-            delta,
-            steps=self.steps,
-            sample_rate=self.sample_rate,
-            noise_multiplier=self.noise_multiplier,
-        )
-
-    def standard_epsilon(self, delta: float) -> float:
-        """The standard composition epsilon (all iterates released): a DP upper bound."""
-        return standard_epsilon(
-            delta,
-            steps=self.steps,
-            sample_rate=self.sample_rate,
-            noise_multiplier=self.noise_multiplier,
-        )

@@ -29,7 +29,7 @@ from opacus_lastiterate.analysis.baselines.composition import (
 from opacus_lastiterate.analysis.comparison import EpsilonComparison
 from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
 from opacus_lastiterate.figures._base import Column, FigureResult
-from opacus_lastiterate.figures._plotting import pyplot, save
+from opacus_lastiterate.figures._plotting import panel_axes, pyplot, save
 
 __all__ = [
     "DELTA",
@@ -172,13 +172,10 @@ def draw_panel(ax: Any, rows: list[dict[str, Any]], delta: float, title: str) ->
 
 def plot(result: FigureResult, path: Path) -> None:
     """One panel per regime, log-log: standard, heuristic, robust heuristic, full batch."""
-    plt = pyplot()
-    panels = list(dict.fromkeys(r["panel"] for r in result.rows))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2), squeeze=False)
-    for ax, panel in zip(axes[0], panels):
-        rows = [r for r in result.rows if r["panel"] == panel]
+    fig, panels = panel_axes(result.rows, 5.0, 4.2)
+    for ax, panel, rows in panels:
         draw_panel(ax, rows, result.settings["delta"], panel)
-    axes[0][0].legend(fontsize=9)
+    panels[0][0].legend(fontsize=9)
     fig.suptitle("Last-iterate heuristic against standard and full-batch analyses")
     save(fig, path)
 

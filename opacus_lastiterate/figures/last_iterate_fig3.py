@@ -33,7 +33,7 @@ from opacus_lastiterate.analysis.baselines.composition import (
 from opacus_lastiterate.analysis.calibration import calibrate_noise_multiplier
 from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
 from opacus_lastiterate.figures._base import Column, FigureResult
-from opacus_lastiterate.figures._plotting import pyplot, save
+from opacus_lastiterate.figures._plotting import panel_axes, save
 
 __all__ = ["DELTA", "NAME", "STEPS", "TRIALS", "compute", "plot"]
 
@@ -134,11 +134,8 @@ def compute(
 
 def plot(result: FigureResult, path: Path) -> None:
     """One panel per q: standard, heuristic, the audit's bound and estimate over T."""
-    plt = pyplot()
-    panels = list(dict.fromkeys(r["panel"] for r in result.rows))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
-    for ax, panel in zip(axes[0], panels):
-        sel = [r for r in result.rows if r["panel"] == panel]
+    fig, panels = panel_axes(result.rows, 5.5, 4.0)
+    for ax, panel, sel in panels:
         t = [r["steps"] for r in sel]
         ax.plot(t, [r["standard"] for r in sel], "k.-", label="standard (all iterates)")
         ax.plot(t, [r["heuristic"] for r in sel], "C0.-", label="last-iterate heuristic")

@@ -24,7 +24,7 @@ from opacus_lastiterate.analysis.last_iterate.counterexamples import (
     quadratic_regulariser_comparison,
 )
 from opacus_lastiterate.figures._base import Column, FigureResult
-from opacus_lastiterate.figures._plotting import pyplot, save
+from opacus_lastiterate.figures._plotting import panel_axes, save
 
 __all__ = ["ALPHA", "DELTA", "NAME", "ONE_STEP_EPSILONS", "RATES", "STEPS", "compute", "plot"]
 
@@ -111,11 +111,8 @@ def compute(size: str = "default") -> FigureResult:
 
 def plot(result: FigureResult, path: Path) -> None:
     """One panel per one-step epsilon; one line per sample rate; the ratio over T."""
-    plt = pyplot()
-    panels = list(dict.fromkeys(r["panel"] for r in result.rows))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
-    for ax, panel in zip(axes[0], panels):
-        rows = [r for r in result.rows if r["panel"] == panel]
+    fig, panels = panel_axes(result.rows, 5.5, 4.0)
+    for ax, panel, rows in panels:
         for q in dict.fromkeys(r["sample_rate"] for r in rows):
             sel = [r for r in rows if r["sample_rate"] == q]
             ax.plot([r["steps"] for r in sel], [r["ratio"] for r in sel], "o-", ms=3,

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from opacus_lastiterate.figures._base import Column, FigureResult
-from opacus_lastiterate.figures._plotting import pyplot, save
+from opacus_lastiterate.figures._plotting import panel_axes, save
 
 __all__ = ["ASGM_Q", "DIMENSION", "EASGM_Q", "NAME", "SIZES", "compute", "plot"]
 
@@ -164,12 +164,9 @@ def compute(
 
 def plot(result: FigureResult, path: Path) -> None:
     """One log-log panel per mechanism: audited (with error bars), model and SGM."""
-    plt = pyplot()
-    panels = list(dict.fromkeys(r["panel"] for r in result.rows))
-    fig, axes = plt.subplots(1, len(panels), figsize=(11, 4.2), squeeze=False)
+    fig, panels = panel_axes(result.rows, 11.0 / len({r["panel"] for r in result.rows}), 4.2)
     d = result.settings["dimension"]
-    for ax, panel in zip(axes[0], panels):
-        rows = [r for r in result.rows if r["panel"] == panel]
+    for ax, panel, rows in panels:
         n = [r["dataset_size"] for r in rows]
         ax.errorbar(n, [r["audited"] for r in rows], yerr=[r["audited_half_width"] for r in rows],
                     fmt="o-", capsize=3, label=f"audited, d = {d} (LR test, Monte Carlo)")
