@@ -575,6 +575,7 @@ class PrivacyMonitor:
         self._replica: _Replica | None = _Replica.of(acc) if self._heuristic else None
         self._history: list[list[Any]] = [list(h) for h in acc.history]
         self._evaluated = _num_steps(acc)
+        self._final: tuple[int, EpsilonRecord | None] | None = None  # (steps, record) of finish()
         if rdp is not None and len(rdp) == self._rdp.orders.size:
             self._rdp.rdp = np.asarray(rdp, dtype=float)
         else:
@@ -905,8 +906,11 @@ class PrivacyMonitor:
         corrected) of the final model, call the audit's ``finish`` (its result in
         :attr:`audit_result`) and close the sinks that have a ``close`` method (on every
         rank, also those that ``sink_rank`` kept silent). Returns the final record (None
-        before any step)."""
+        before any step). A second call without new steps (an adapter may have finished
+        already) returns the same record and emits nothing."""
         self.flush()
+        if self._final is not None and self._final[0] == self._evaluated:
+            return self._final[1]
         record = None
         if self._history:
             sigma, q, _ = self._history[-1]
@@ -936,6 +940,7 @@ class PrivacyMonitor:
             close = getattr(sink, "close", None)
             if callable(close):
                 close()
+        self._final = (self._evaluated, record)
         return record
 
     # -- checkpoints ----------------------------------------------------------------------

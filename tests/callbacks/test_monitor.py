@@ -63,6 +63,23 @@ def test_records_equal_the_accountant_at_every_step() -> None:
     assert monitor.records_emitted == 9
 
 
+def test_finish_twice_emits_one_final_record(tmp_path) -> None:
+    """An adapter finishes the monitor at the end of training; the user's own finish() must
+    return the same record, not write to the closed sinks."""
+    from opacus_lastiterate.callbacks import JsonlSink
+
+    engine, model, opt, loader = make_dp()
+    log = tmp_path / "privacy.jsonl"
+    monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[JsonlSink(log)])
+    monitor.attach(opt)
+    train(model, opt, loader, 3)
+    first = monitor.finish()
+    again = monitor.finish()
+    assert first is not None and again == first
+    lines = log.read_text().splitlines()
+    assert len(lines) == 4 and sum('"final": true' in line for line in lines) == 1
+
+
 def test_momentum_and_schedule_use_the_weighted_value() -> None:
     engine, model, opt, loader = make_dp(momentum=0.9)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=6)
