@@ -26,89 +26,173 @@
 
 The statistics live in :mod:`opacus_lastiterate.analysis.audit`. Background, adversaries and
 references: ``docs/auditing.md``.
+
+Names resolve lazily on first access (PEP 562 ``__getattr__``): importing this package loads
+neither torch nor Opacus, so a pool or Ray worker, or a command that only reads run records,
+pays for them only when it uses a name that needs them.
 """
 
-from opacus_lastiterate.auditing.adversarial_samples import (
-    CRAFTING_OBJECTIVES,
-    DEFAULT_MARGIN,
-    CraftedSample,
-    CraftingObjective,
-    ModelPopulation,
-    adaptive_expansion_objective,
-    craft_adversarial_sample,
-    uniform_expansion_objective,
-)
-from opacus_lastiterate.auditing.adversaries import (
-    AdversarialDataset,
-    MaliciousDataset,
-    WorstCaseLandscape,
-)
-from opacus_lastiterate.auditing.arithmetic import DPSGDArithmetic, Normalisation
-from opacus_lastiterate.auditing.canaries import (
-    DiracCanary,
-    DiracCanaryAdversary,
-    GradientCanary,
-    RandomDirectionAdversary,
-    RandomDirectionCanary,
-    SimulatedCoordinateAdversary,
-)
-from opacus_lastiterate.auditing.input_audit import (
-    CraftingMode,
-    InputAuditReport,
-    SampleAudit,
-    check_disjoint_runs,
-    run_input_audit,
-)
-from opacus_lastiterate.auditing.input_canaries import (
-    CANARY_TYPES,
-    SCORE_STATISTICS,
-    CanaryType,
-    InputCanary,
-    InputScore,
-    ScoreStatistic,
-    blank_canary,
-    clip_backdoor_canary,
-    in_distribution_canary,
-    least_likely_label,
-    mislabelled_canary,
-    sample_scores,
-)
-from opacus_lastiterate.auditing.input_training import (
-    Architecture,
-    Initialisation,
-    OpacusInputTrainer,
-    digits_data,
-)
-from opacus_lastiterate.auditing.insertion import Insertion, PeriodicInsertion, PoissonInsertion
-from opacus_lastiterate.auditing.model_cache import CachedTrain
-from opacus_lastiterate.auditing.opacus_audit import RealOpacusAudit, audit_installed_opacus
-from opacus_lastiterate.auditing.opacus_probe import run_probe
-from opacus_lastiterate.auditing.opacus_training import CanaryKind, OpacusDigitsTrainer
-from opacus_lastiterate.auditing.probe_agreement import ProbeReport, check_probe
-from opacus_lastiterate.auditing.runner import (
-    RECORD_FORMAT,
-    AuditRunner,
-    RunRecord,
-    RunRecords,
-    ScoreFunction,
-    TrainFunction,
-    TruncatedRecordWarning,
-    audit_records,
-    read_records,
-    run_assignment,
-    run_audit,
-)
-from opacus_lastiterate.auditing.simulator import (
-    SimulatedAudit,
-    audit_scores,
-    simulate_adversarial_dataset,
-    simulate_malicious_dataset,
-    simulate_worst_case_landscape,
-)
-from opacus_lastiterate.auditing.worst_case_init import (
-    canary_gradient_norm,
-    worst_case_initialisation,
-)
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
+    from opacus_lastiterate.auditing.adversarial_samples import (
+        CRAFTING_OBJECTIVES,
+        DEFAULT_MARGIN,
+        CraftedSample,
+        CraftingObjective,
+        ModelPopulation,
+        adaptive_expansion_objective,
+        craft_adversarial_sample,
+        uniform_expansion_objective,
+    )
+    from opacus_lastiterate.auditing.adversaries import (
+        AdversarialDataset,
+        MaliciousDataset,
+        WorstCaseLandscape,
+    )
+    from opacus_lastiterate.auditing.arithmetic import DPSGDArithmetic, Normalisation
+    from opacus_lastiterate.auditing.canaries import (
+        DiracCanary,
+        DiracCanaryAdversary,
+        GradientCanary,
+        RandomDirectionAdversary,
+        RandomDirectionCanary,
+        SimulatedCoordinateAdversary,
+    )
+    from opacus_lastiterate.auditing.input_audit import (
+        CraftingMode,
+        InputAuditReport,
+        SampleAudit,
+        check_disjoint_runs,
+        run_input_audit,
+    )
+    from opacus_lastiterate.auditing.input_canaries import (
+        CANARY_TYPES,
+        SCORE_STATISTICS,
+        CanaryType,
+        InputCanary,
+        InputScore,
+        ScoreStatistic,
+        blank_canary,
+        clip_backdoor_canary,
+        in_distribution_canary,
+        least_likely_label,
+        mislabelled_canary,
+        sample_scores,
+    )
+    from opacus_lastiterate.auditing.input_training import (
+        Architecture,
+        Initialisation,
+        OpacusInputTrainer,
+        digits_data,
+    )
+    from opacus_lastiterate.auditing.insertion import Insertion, PeriodicInsertion, PoissonInsertion
+    from opacus_lastiterate.auditing.model_cache import CachedTrain
+    from opacus_lastiterate.auditing.opacus_audit import RealOpacusAudit, audit_installed_opacus
+    from opacus_lastiterate.auditing.opacus_probe import run_probe
+    from opacus_lastiterate.auditing.opacus_training import CanaryKind, OpacusDigitsTrainer
+    from opacus_lastiterate.auditing.probe_agreement import ProbeReport, check_probe
+    from opacus_lastiterate.auditing.runner import (
+        RECORD_FORMAT,
+        AuditRunner,
+        RunRecord,
+        RunRecords,
+        ScoreFunction,
+        TrainFunction,
+        TruncatedRecordWarning,
+        audit_records,
+        read_records,
+        run_assignment,
+        run_audit,
+    )
+    from opacus_lastiterate.auditing.simulator import (
+        SimulatedAudit,
+        audit_scores,
+        simulate_adversarial_dataset,
+        simulate_malicious_dataset,
+        simulate_worst_case_landscape,
+    )
+    from opacus_lastiterate.auditing.worst_case_init import (
+        canary_gradient_norm,
+        worst_case_initialisation,
+    )
+
+_LAZY: dict[str, str] = {
+    "AdversarialDataset": "adversaries",
+    "Architecture": "input_training",
+    "AuditRunner": "runner",
+    "CANARY_TYPES": "input_canaries",
+    "CRAFTING_OBJECTIVES": "adversarial_samples",
+    "CachedTrain": "model_cache",
+    "CanaryKind": "opacus_training",
+    "CanaryType": "input_canaries",
+    "CraftedSample": "adversarial_samples",
+    "CraftingMode": "input_audit",
+    "CraftingObjective": "adversarial_samples",
+    "DEFAULT_MARGIN": "adversarial_samples",
+    "DPSGDArithmetic": "arithmetic",
+    "DiracCanary": "canaries",
+    "DiracCanaryAdversary": "canaries",
+    "GradientCanary": "canaries",
+    "Initialisation": "input_training",
+    "InputAuditReport": "input_audit",
+    "InputCanary": "input_canaries",
+    "InputScore": "input_canaries",
+    "Insertion": "insertion",
+    "MaliciousDataset": "adversaries",
+    "ModelPopulation": "adversarial_samples",
+    "Normalisation": "arithmetic",
+    "OpacusDigitsTrainer": "opacus_training",
+    "OpacusInputTrainer": "input_training",
+    "PeriodicInsertion": "insertion",
+    "PoissonInsertion": "insertion",
+    "ProbeReport": "probe_agreement",
+    "RECORD_FORMAT": "runner",
+    "RandomDirectionAdversary": "canaries",
+    "RandomDirectionCanary": "canaries",
+    "RealOpacusAudit": "opacus_audit",
+    "RunRecord": "runner",
+    "RunRecords": "runner",
+    "SCORE_STATISTICS": "input_canaries",
+    "SampleAudit": "input_audit",
+    "ScoreFunction": "runner",
+    "ScoreStatistic": "input_canaries",
+    "SimulatedAudit": "simulator",
+    "SimulatedCoordinateAdversary": "canaries",
+    "TrainFunction": "runner",
+    "TruncatedRecordWarning": "runner",
+    "WorstCaseLandscape": "adversaries",
+    "adaptive_expansion_objective": "adversarial_samples",
+    "audit_installed_opacus": "opacus_audit",
+    "audit_records": "runner",
+    "audit_scores": "simulator",
+    "blank_canary": "input_canaries",
+    "canary_gradient_norm": "worst_case_init",
+    "check_disjoint_runs": "input_audit",
+    "check_probe": "probe_agreement",
+    "clip_backdoor_canary": "input_canaries",
+    "craft_adversarial_sample": "adversarial_samples",
+    "digits_data": "input_training",
+    "in_distribution_canary": "input_canaries",
+    "least_likely_label": "input_canaries",
+    "mislabelled_canary": "input_canaries",
+    "read_records": "runner",
+    "run_assignment": "runner",
+    "run_audit": "runner",
+    "run_input_audit": "input_audit",
+    "run_probe": "opacus_probe",
+    "sample_scores": "input_canaries",
+    "simulate_adversarial_dataset": "simulator",
+    "simulate_malicious_dataset": "simulator",
+    "simulate_worst_case_landscape": "simulator",
+    "uniform_expansion_objective": "adversarial_samples",
+    "worst_case_initialisation": "worst_case_init",
+}
+"""Public name -> defining submodule; resolved on first access (torch loads then)."""
 
 __all__ = [
     "CANARY_TYPES",
@@ -181,3 +265,18 @@ __all__ = [
     "uniform_expansion_objective",
     "worst_case_initialisation",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Resolve a public name on first access (PEP 562)."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value  # later accesses skip this function
+        return value
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")  # e.g. auditing.runner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
