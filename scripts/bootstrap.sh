@@ -29,11 +29,15 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
 fi
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+    echo "bootstrap: installing $torch_spec into $venv ..."
     if [ -n "${TORCH_INDEX_URL:-}" ]; then
         "${pip[@]}" install "$torch_spec" --index-url "$TORCH_INDEX_URL"
     else
         "${pip[@]}" install "$torch_spec"
     fi
 fi
+echo "bootstrap: installing opacus-lastiterate[$extras] and its dependencies into $venv" \
+    "(a minute or two the first time) ..."
 "${pip[@]}" install -e "$here[$extras]" "$@"
 echo "$want" > "$stamp"
+echo "bootstrap: $venv is ready (activate it with: source $venv/bin/activate)"
