@@ -201,11 +201,19 @@ def test_resume_after_the_driver_is_killed(cluster: str, tmp_path: Path) -> None
         f"AuditRunner(mod.slow_gaussian_train, mod.identity_score, num_runs={num_runs}, "
         f"seed={seed}, path={str(path)!r}, backend='ray', workers=1, progress=False).run()\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", child], cwd=tmp_path, stderr=subprocess.DEVNULL)
+    log = tmp_path / "driver.log"
+    proc = subprocess.Popen(
+        # from the repository root: Ray puts the driver's working directory on its workers'
+        # path, and they import this test module by name to unpickle the training function
+        [sys.executable, "-c", child], cwd=Path(__file__).resolve().parents[2],
+        stderr=log.open("w"), stdout=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (path.exists() and len(_lines(path)) >= 1 + 4):
-            assert proc.poll() is None, "the driver finished or crashed before it was killed"
+            assert proc.poll() is None, (
+                "the driver finished or crashed before it was killed: " + log.read_text()[-3000:]
+            )
             assert time.monotonic() < deadline, "the driver wrote no records"
             time.sleep(0.01)
         os.kill(proc.pid, signal.SIGKILL)
