@@ -24,10 +24,10 @@ Importing this package is light: it loads neither torch, opacus nor the mathemat
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from opacus_lastiterate import _opacus_hook
+from opacus_lastiterate._lazy import lazy_attributes
 from opacus_lastiterate.exceptions import (
     AuditWarning,
     HeuristicCalibrationWarning,
@@ -140,19 +140,6 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Resolve the lazy public names and subpackages on first access (PEP 562)."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # later accesses skip this function
-        return value
-    if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__) | _SUBMODULES)
-
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals(), _SUBMODULES)
 
 _opacus_hook.install()

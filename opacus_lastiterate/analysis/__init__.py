@@ -20,10 +20,9 @@ cheap and ``dp_accounting`` or ``scipy.signal`` load only with the functions tha
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from opacus_lastiterate._lazy import lazy_attributes
 from opacus_lastiterate.exceptions import UnsupportedOptimizerError  # light: no scipy
 
 if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
@@ -212,16 +211,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Resolve a public name or a submodule on first access (PEP 562)."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value  # later accesses skip this function
-        return value
-    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        return importlib.import_module(f"{__name__}.{name}")  # e.g. analysis.last_iterate
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())

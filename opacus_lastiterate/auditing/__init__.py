@@ -34,9 +34,9 @@ pays for them only when it uses a name that needs them.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from opacus_lastiterate._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
     from opacus_lastiterate.auditing.adversarial_samples import (
@@ -267,16 +267,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Resolve a public name on first access (PEP 562)."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value  # later accesses skip this function
-        return value
-    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        return importlib.import_module(f"{__name__}.{name}")  # e.g. auditing.runner
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
