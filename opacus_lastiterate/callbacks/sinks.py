@@ -156,7 +156,21 @@ class _AppendFile:
         self._fd = None
 
 
-class JsonlSink:
+class _FileSink:
+    """A sink writing through an :class:`_AppendFile` (``self._file``)."""
+
+    _file: _AppendFile
+
+    def flush(self) -> None:
+        """Write buffered records now."""
+        self._file.flush()
+
+    def close(self) -> None:
+        """Write buffered records and close the file."""
+        self._file.close()
+
+
+class JsonlSink(_FileSink):
     """One JSON object per line, appended to ``path`` (module docs, "Durability").
 
     Args:
@@ -187,16 +201,8 @@ class JsonlSink:
 
         self._file.rewind(keep)
 
-    def flush(self) -> None:
-        """Write buffered records now."""
-        self._file.flush()
 
-    def close(self) -> None:
-        """Write buffered records and close the file."""
-        self._file.close()
-
-
-class CsvSink:
+class CsvSink(_FileSink):
     """One CSV row per record (header :data:`~.monitor.FIELDS` on a new file), appended.
 
     Arguments as :class:`JsonlSink`. Appending to a file with another header is refused.
@@ -251,14 +257,6 @@ class CsvSink:
                 return True
 
         self._file.rewind(keep)
-
-    def flush(self) -> None:
-        """Write buffered records now."""
-        self._file.flush()
-
-    def close(self) -> None:
-        """Write buffered records and close the file."""
-        self._file.close()
 
 
 class TensorBoardSink:
