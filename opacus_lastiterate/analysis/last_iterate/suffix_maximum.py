@@ -68,7 +68,7 @@ from dataclasses import dataclass
 
 from opacus_lastiterate.analysis._validation import check_delta, check_in_interval
 from opacus_lastiterate.analysis.last_iterate.canary_count import poisson_binomial_count
-from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
+from opacus_lastiterate.analysis.last_iterate.heuristic import count_pair
 from opacus_lastiterate.analysis.run import TrainingSegment, suffix, total_steps
 
 __all__ = [
@@ -113,10 +113,7 @@ def _pair_epsilon(
     if variance == 0.0:
         return math.inf if any(n > 0 for n in steps_by_rate.values()) else 0.0
     count = poisson_binomial_count([(n, q) for q, n in sorted(steps_by_rate.items())])
-    pair = ShiftedGaussianMixture(
-        count.support.astype(float), count.log_pmf, math.sqrt(variance), count.dropped_mass
-    )
-    return pair.epsilon(delta)
+    return count_pair(count, variance).epsilon(delta)
 
 
 class _Search:
