@@ -1,9 +1,11 @@
 """Baselines printed beside the heuristic (``docs/last_iterate.md``, "Baselines").
 
 * Standard composition (every intermediate model released): the Poisson-subsampled Gaussian
-  mechanism composed over the history, with Google's ``dp_accounting`` PLD accountant
-  (add/remove neighbours, pessimistic discretisation of the privacy loss with interval
-  ``value_discretization_interval``). The result is an upper bound on the exact value.
+  mechanism composed over the history with Google's ``dp_accounting`` PLDs: what its
+  ``PLDAccountant`` composes (add/remove neighbours, pessimistic connect-the-dots
+  discretisation of the privacy loss with interval ``value_discretization_interval``), each
+  segment's one-step PLD built by ``subsampled_gaussian_pld``. The result is an upper bound
+  on the exact value.
 * Full-batch DP-GD with the same expected step and noise variance: q = 1 and noise
   multiplier sigma / q for each step, i.e. mu-GDP with mu^2 = sum_t (q_t / sigma_t)^2,
   in closed form.
@@ -12,7 +14,6 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from scipy import special
 
@@ -25,10 +26,7 @@ from opacus_lastiterate.analysis.baselines.gaussian_mechanism import (
     gaussian_epsilon,
 )
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
-from opacus_lastiterate.analysis.run import DPSGDRun, RunLike, TrainingSegment, as_run
-
-if TYPE_CHECKING:
-    from dp_accounting import dp_event
+from opacus_lastiterate.analysis.run import DPSGDRun, RunLike, as_run
 
 __all__ = [
     "DEFAULT_DISCRETIZATION",
@@ -40,23 +38,6 @@ __all__ = [
 
 DEFAULT_DISCRETIZATION = 1e-4
 """Default ``value_discretization_interval`` of the PLD accountant (dp_accounting's own)."""
-
-
-def _dp_sgd_event(segments: tuple[TrainingSegment, ...]) -> dp_event.DpEvent:
-    from dp_accounting import dp_event
-
-    return dp_event.ComposedDpEvent(
-        [
-            dp_event.SelfComposedDpEvent(
-                dp_event.PoissonSampledDpEvent(
-                    s.sample_rate, dp_event.GaussianDpEvent(s.noise_multiplier)
-                ),
-                s.steps,
-            )
-            for s in segments
-            if s.steps > 0
-        ]
-    )
 
 
 def standard_epsilon(
@@ -106,21 +87,29 @@ class StandardComposition(PrivacyModel):
         self._pld = None
 
     def _composed(self):  # -> dp_accounting PrivacyLossDistribution (built once)
+        """What dp_accounting's ``PLDAccountant`` composes for the run's events, with each
+        segment's one-step PLD built by :func:`subsampled_gaussian_pld` (the same PLD, about
+        eight times faster to build)."""
         if self._pld is None:
-            import dp_accounting  # deferred: about 0.7 s to import
+            from dp_accounting.pld.privacy_loss_distribution import identity
 
-            accountant = dp_accounting.pld.PLDAccountant(
-                dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
-                value_discretization_interval=self.interval,
+            from opacus_lastiterate.analysis.baselines.subsampled_gaussian_pld import (
+                subsampled_gaussian_pld,
             )
-            self._pld = accountant.compose(_dp_sgd_event(self.run.segments))
+
+            pld = identity(value_discretization_interval=self.interval)
+            for s in self.run.segments:
+                if s.steps > 0:
+                    one = subsampled_gaussian_pld(s.noise_multiplier, s.sample_rate, self.interval)
+                    pld = pld.compose(one.self_compose(s.steps))
+            self._pld = pld
         return self._pld
 
     def _epsilon(self, delta: float) -> float:
-        return float(self._composed().get_epsilon(delta))
+        return float(self._composed().get_epsilon_for_delta(delta))
 
     def _delta(self, epsilon: float) -> float:
-        return float(self._composed().get_delta(epsilon))
+        return float(self._composed().get_delta_for_epsilon(epsilon))
 
     def __repr__(self) -> str:
         return f"StandardComposition(steps={self.run.num_steps}, interval={self.interval:g})"
