@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -178,6 +179,27 @@ class PrivacyBudget:
 # -- cheap standard epsilon -----------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=256)
+def _per_step_rdp(
+    noise_multiplier: float, sample_rate: float, orders: tuple[float, ...]
+) -> np.ndarray:
+    """RDP of one step at ``orders`` (read-only; shared by every monitor in the process:
+    Opacus's ``compute_rdp`` costs about 65 ms per (sigma, q) for its default orders)."""
+    if noise_multiplier == 0.0:
+        vec = np.full(len(orders), np.inf)
+    else:
+        from opacus.accountants.analysis.rdp import compute_rdp
+
+        vec = np.asarray(
+            compute_rdp(
+                q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=list(orders)
+            ),
+            dtype=float,
+        )
+    vec.setflags(write=False)
+    return vec
+
+
 class IncrementalRDP:
     """Standard composition by RDP: one vector over orders, added to once per step.
 
@@ -203,20 +225,7 @@ class IncrementalRDP:
         key = (noise_multiplier, sample_rate)
         vec = self._cache.get(key)
         if vec is None:
-            if noise_multiplier == 0.0:
-                vec = np.full_like(self.orders, np.inf)
-            else:
-                from opacus.accountants.analysis.rdp import compute_rdp
-
-                vec = np.asarray(
-                    compute_rdp(
-                        q=sample_rate,
-                        noise_multiplier=noise_multiplier,
-                        steps=1,
-                        orders=list(self.orders),
-                    ),
-                    dtype=float,
-                )
+            vec = _per_step_rdp(noise_multiplier, sample_rate, tuple(self.orders.tolist()))
             self._cache[key] = vec
         return vec
 
