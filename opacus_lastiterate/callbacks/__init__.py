@@ -28,8 +28,10 @@ from opacus_lastiterate.callbacks.canary_audit import (
     make_input_canaries,
 )
 from opacus_lastiterate.callbacks.monitor import (
+    DOUBLING_START,
     FIELDS,
     LABELS,
+    Cadence,
     EpsilonRecord,
     IncrementalRDP,
     MonitorAudit,
@@ -56,8 +58,10 @@ _LAZY = {
 }
 
 __all__ = [
+    "DOUBLING_START",
     "FIELDS",
     "LABELS",
+    "Cadence",
     "CanaryAuditResult",
     "CsvSink",
     "EpsilonRecord",

@@ -7,13 +7,13 @@ returned) and produces one :class:`EpsilonRecord` per optimizer step:
   for deep networks): every ``heuristic_every`` steps (default every step) for the
   constant-rate formula, every ``weighted_every`` steps (default 100) when a learning-rate
   schedule, momentum or weight decay makes the accountant use the weighted heuristic;
-* ``robust_epsilon``: its certified maximum over suffixes (every ``robust_every`` steps and
-  at :meth:`PrivacyMonitor.finish`);
+* ``robust_epsilon``: its certified maximum over suffixes (on the ``robust_every`` cadence,
+  by default at steps 100, 200, 400, ..., and at :meth:`PrivacyMonitor.finish`);
 * ``standard_epsilon_rdp``: standard composition (all iterates released) from an RDP
   vector, converted with the min over orders: a cheap *upper bound* (every step);
 * ``standard_epsilon_pld``: the tight standard epsilon, dp_accounting's PLD accountant
-  (:class:`~opacus_lastiterate.analysis.baselines.composition.StandardComposition`) every
-  ``standard_every`` steps and at the end;
+  (:class:`~opacus_lastiterate.analysis.baselines.composition.StandardComposition`) on the
+  ``standard_every`` cadence (by default at steps 100, 200, 400, ...) and at the end;
 * ``corrected_epsilon``: a normalisation accountant's epsilon (``"asgm"``/``"feasgm"``,
   ``docs/normalisation.md``) on the ``standard_every`` cadence, when one is monitored;
 * ``lr``, ``noise_multiplier``, ``sample_rate`` of the step.
@@ -77,9 +77,11 @@ from opacus_lastiterate.analysis.last_iterate.budget_horizon import steps_within
 from opacus_lastiterate.exceptions import PrivacyBudgetExceededError
 
 __all__ = [
+    "DOUBLING_START",
     "FIELDS",
     "LABELS",
     "BudgetMetric",
+    "Cadence",
     "EpsilonRecord",
     "IncrementalRDP",
     "MonitorAudit",
@@ -322,6 +324,14 @@ _RecordedSGD.__name__ = "SGD"
 
 Settings = tuple[float, float, float, bool, float] | None
 
+Cadence = int | Literal["doubling"] | None
+"""How often a value is computed: every k steps, ``"doubling"`` (at steps 100, 200, 400, 800,
+...: the total cost of a value that grows with T stays within about twice its cost at the
+end), or None (only at :meth:`PrivacyMonitor.finish`)."""
+
+DOUBLING_START = 100
+"""First step of the ``"doubling"`` cadence."""
+
 
 class _Replica(LastIterateAccountant):
     """A :class:`LastIterateAccountant` that the monitor feeds with queued steps, each
@@ -369,12 +379,24 @@ class _Replica(LastIterateAccountant):
 # -- helpers --------------------------------------------------------------------------------
 
 
-def _check_cadence(name: str, value: object) -> int | None:
-    if value is None:
-        return None
+def _check_cadence(name: str, value: object, *, doubling: bool = True) -> Any:
+    if value is None or (doubling and value == "doubling"):
+        return value
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"`{name}` must be an integer >= 1 or None, got {value!r}.")
+        allowed = ', "doubling"' if doubling else ""
+        raise ValueError(f"`{name}` must be an integer >= 1{allowed} or None, got {value!r}.")
     return int(value)
+
+
+def _due(step: int, every: Cadence) -> bool:
+    """Whether a value with cadence ``every`` is computed at ``step``: every k steps, or at
+    steps DOUBLING_START * 2^j (``"doubling"``), or never (None: only at ``finish``)."""
+    if every is None:
+        return False
+    if every == "doubling":
+        blocks, rest = divmod(step, DOUBLING_START)
+        return rest == 0 and blocks > 0 and blocks & (blocks - 1) == 0
+    return step % every == 0
 
 
 def _host_float(value: object) -> float | None:
@@ -482,13 +504,15 @@ class PrivacyMonitor:
         sinks: where records go: objects of :mod:`~opacus_lastiterate.callbacks.sinks` or
             any callable taking an :class:`EpsilonRecord`.
         heuristic_every: compute ``heuristic_epsilon`` every k steps while the accountant
-            uses the constant-rate formula (and at :meth:`finish`); None: only at the end.
+            uses the constant-rate formula (and at :meth:`finish`); a :data:`Cadence`.
         weighted_every: the same while it uses the weighted heuristic (a learning-rate
             schedule, momentum or weight decay: one weighted solve per evaluation).
-        robust_every: compute ``robust_epsilon`` every k steps (and at :meth:`finish`);
-            None: only at :meth:`finish`.
-        standard_every: compute ``standard_epsilon_pld`` and ``corrected_epsilon`` every k
-            steps (and at :meth:`finish`); None: only at :meth:`finish`.
+        robust_every: when to compute ``robust_epsilon`` (a certified search, tens of ms
+            at large T), besides :meth:`finish`; default ``"doubling"``: steps 100, 200,
+            400, ...
+        standard_every: when to compute ``standard_epsilon_pld`` and ``corrected_epsilon``
+            (a PLD composition, 0.1-1 s at large T), besides :meth:`finish`; default
+            ``"doubling"``.
         flush_every: evaluate the queued steps and send their records to the sinks every k
             steps; None: only at :meth:`flush`, :meth:`state_dict`, :meth:`finish` and the
             adapters' epoch ends.
@@ -510,10 +534,10 @@ class PrivacyMonitor:
         *,
         delta: float,
         sinks: Iterable[Sink] = (),
-        heuristic_every: int | None = 1,
-        weighted_every: int | None = 100,
-        robust_every: int | None = 100,
-        standard_every: int | None = 100,
+        heuristic_every: Cadence = 1,
+        weighted_every: Cadence = 100,
+        robust_every: Cadence = "doubling",
+        standard_every: Cadence = "doubling",
         flush_every: int | None = 100,
         corrected_accountant: object = None,
         budget: PrivacyBudget | None = None,
@@ -538,7 +562,7 @@ class PrivacyMonitor:
         self.weighted_every = _check_cadence("weighted_every", weighted_every)
         self.robust_every = _check_cadence("robust_every", robust_every)
         self.standard_every = _check_cadence("standard_every", standard_every)
-        self.flush_every = _check_cadence("flush_every", flush_every)
+        self.flush_every = _check_cadence("flush_every", flush_every, doubling=False)
         normalisation = (ASGMAccountant, FEASGMAccountant)
         if corrected_accountant is not None and not isinstance(corrected_accountant, normalisation):
             raise TypeError(
@@ -853,12 +877,12 @@ class PrivacyMonitor:
         if replica is not None:
             replica.replay(sigma, q, settings)
             every = self.weighted_every if replica.weighted else self.heuristic_every
-            if need == "heuristic_epsilon" or (every and step % every == 0):
+            if need == "heuristic_epsilon" or _due(step, every):
                 heuristic = float(replica.get_epsilon(d))
-            if need == "robust_epsilon" or (self.robust_every and step % self.robust_every == 0):
+            if need == "robust_epsilon" or _due(step, self.robust_every):
                 robust = float(replica.get_epsilon(d, robust=True))
         pld = corrected = None
-        if self.standard_every and step % self.standard_every == 0:
+        if _due(step, self.standard_every):
             pld, corrected = self._standard()
         self._last_lr = lr
         return EpsilonRecord(

@@ -13,6 +13,7 @@ from opacus.accountants import RDPAccountant
 
 from opacus_lastiterate.analysis.baselines.composition import StandardComposition
 from opacus_lastiterate.callbacks import (
+    DOUBLING_START,
     FIELDS,
     EpsilonRecord,
     IncrementalRDP,
@@ -20,6 +21,7 @@ from opacus_lastiterate.callbacks import (
     PrivacyBudgetExceededError,
     PrivacyMonitor,
 )
+from opacus_lastiterate.callbacks.monitor import _due
 from tests.callbacks.conftest import DELTA, make_dp, train
 
 
@@ -310,6 +312,37 @@ def test_budget_with_schedule_rolls_back_the_trace() -> None:
     assert engine.get_epsilon(DELTA) == pytest.approx(limit, rel=1e-9)
 
 
+def test_default_cadence_computes_robust_and_pld_at_doubling_steps() -> None:
+    engine, model, opt, loader = make_dp()
+    records: list[EpsilonRecord] = []
+    monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt)
+    assert monitor.robust_every == monitor.standard_every == "doubling"
+    train(model, opt, loader, 2 * DOUBLING_START + 3)
+    monitor.flush()
+    assert [r.step for r in records] == list(range(1, 2 * DOUBLING_START + 4))
+    expensive = {DOUBLING_START, 2 * DOUBLING_START}
+    assert {r.step for r in records if r.robust_epsilon is not None} == expensive
+    assert {r.step for r in records if r.standard_epsilon_pld is not None} == expensive
+    assert all(r.heuristic_epsilon is not None for r in records)
+    at = records[2 * DOUBLING_START - 1]
+    history = [tuple(h) for h in engine.accountant.history]
+    assert len(history) == 1 and history[0][:2] == (1.0, 1 / 8)
+    pld = StandardComposition([(1.0, 1 / 8, 2 * DOUBLING_START)]).epsilon(DELTA)
+    assert at.standard_epsilon_pld == pytest.approx(pld, rel=1e-12)
+
+
+@pytest.mark.parametrize("every", [1, 7, 100, "doubling", None])
+def test_due_steps_follow_the_cadence(every) -> None:
+    steps = range(1, 20_001)
+    due = {s for s in steps if _due(s, every)}
+    if every is None:
+        assert due == set()
+    elif every == "doubling":
+        assert due == {DOUBLING_START * 2**j for j in range(8)}  # 100 ... 12,800
+    else:
+        assert due == set(range(every, 20_001, every))
+
+
 # -- arguments, state, attach ------------------------------------------------------------------
 
 
@@ -321,6 +354,10 @@ def test_arguments_are_checked() -> None:
         PrivacyMonitor(engine, delta=2.0)
     with pytest.raises(ValueError, match="`robust_every`"):
         PrivacyMonitor(engine, delta=DELTA, robust_every=0)
+    with pytest.raises(ValueError, match="`standard_every` must be an integer >= 1, \"doubling\""):
+        PrivacyMonitor(engine, delta=DELTA, standard_every="halving")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`flush_every` must be an integer >= 1 or None"):
+        PrivacyMonitor(engine, delta=DELTA, flush_every="doubling")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"`sinks\[0\]`"):
         PrivacyMonitor(engine, delta=DELTA, sinks=[3])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="`epsilon`"):
