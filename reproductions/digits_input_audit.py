@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 from _plotting import plotting_available
-from scipy import optimize
+from scipy import optimize, stats
 
 from opacus_lastiterate.analysis.audit import plan_multi_run_audit
 from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
@@ -44,6 +44,7 @@ from opacus_lastiterate.auditing import (
     CRAFTING_OBJECTIVES,
     InputCanary,
     OpacusInputTrainer,
+    RunRecords,
     blank_canary,
     clip_backdoor_canary,
     digits_data,
@@ -187,7 +188,13 @@ def run_cell(args: argparse.Namespace, variant: str, target: float, kind: str) -
         delta=args.delta, confidence=args.confidence, seed=args.seed, workers=args.workers,
         progress=not args.no_progress, in_sample=args.in_sample,
     )
+    paired = {
+        a.name: paired_auroc_difference(report.audits[0].records, a.records, seed=args.seed)
+        for a in report.audits[1:]
+        if a.mode != "in-sample" and a.records is not None
+    }
     return {
+        "paired_auroc_difference": paired,
         "variant": variant, "target_epsilon": target, "canary": kind,
         "noise_multiplier": sigma, "sample_rate": trainer.sample_rate, "steps": steps,
         "heuristic_epsilon": trainer.heuristic_epsilon(args.delta),
@@ -197,6 +204,34 @@ def run_cell(args: argparse.Namespace, variant: str, target: float, kind: str) -
                                         confidence=args.confidence).epsilon,
         **report.as_dict(),
     }
+
+
+def paired_auroc_difference(
+    canary: RunRecords | None, sample: RunRecords, *, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """AUROC of ``sample`` minus AUROC of the canary on the same evaluation runs: the point
+    difference and a 95% percentile interval of a paired bootstrap (runs resampled jointly,
+    so the two scores of a run stay together). AUROC = Pr[in-score > out-score] + ties / 2,
+    the Mann-Whitney U statistic over n_in n_out."""
+    assert canary is not None
+    if [r.index for r in canary.records] != [r.index for r in sample.records]:
+        raise ValueError("the canary and the sample were not scored on the same runs")
+    member = np.array([r.include_canary for r in canary.records])
+    scores = np.array([[r.score for r in canary.records], [r.score for r in sample.records]])
+
+    def auroc(s: np.ndarray, m: np.ndarray) -> float:
+        if m.all() or not m.any():
+            return float("nan")
+        return float(stats.mannwhitneyu(s[m], s[~m]).statistic) / (m.sum() * (~m).sum())
+
+    point = auroc(scores[1], member) - auroc(scores[0], member)
+    rng = np.random.default_rng(seed)
+    diffs = []
+    for _ in range(resamples):
+        i = rng.integers(0, member.size, member.size)
+        diffs.append(auroc(scores[1, i], member[i]) - auroc(scores[0, i], member[i]))
+    low, high = np.nanpercentile(diffs, [2.5, 97.5])
+    return point, float(low), float(high)
 
 
 def print_cell(cell: dict[str, Any]) -> None:
@@ -217,6 +252,9 @@ def print_cell(cell: dict[str, Any]) -> None:
         mark = "" if a["bound"]["kind"] == "bound" else "  INVALID (crafted on these runs)"
         print(f"  {a['name']:<22} {a['bound']['epsilon']:>7.3f} {a['estimate']['epsilon']:>8.3f} "
               f"{a['auroc']:>6.3f}  {how}{mark}")
+    for name, (point, low, high) in cell.get("paired_auroc_difference", {}).items():
+        print(f"  AUROC of {name} minus the canary's: {point:+.3f} (paired bootstrap over the "
+              f"runs, 95% interval {low:+.3f} to {high:+.3f})")
 
 
 def comparison(cells: list[dict[str, Any]], confidence: float) -> list[str]:

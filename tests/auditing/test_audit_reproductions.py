@@ -84,3 +84,36 @@ def test_gradient_crafting_small_mlp_quick() -> None:
     s_bound, s_hat = rows.pop("A_GC-S")
     assert len(rows) == 2 and s_bound <= mu_ub
     assert s_hat > np.mean([hat for _, hat in rows.values()]) and not math.isnan(s_hat)
+
+
+def test_paired_auroc_difference_counts_pairs_and_brackets_the_point(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """digits_input_audit.paired_auroc_difference: the point difference equals a brute-force
+    count of (in, out) pairs, the interval contains it, and misaligned runs are refused."""
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    mod = _load("digits_input_audit", monkeypatch)
+    from opacus_lastiterate.auditing.run_records import RunRecord, RunRecords
+
+    rng = np.random.default_rng(3)
+    member = rng.random(300) < 0.5
+    a = rng.normal(size=300) + 0.5 * member
+    b = np.round(rng.normal(size=300) + 0.8 * member, 1)  # ties included
+
+    def records(scores, order=None):
+        idx = range(300) if order is None else order
+        runs = tuple(RunRecord(i, i, bool(member[i]), float(scores[i])) for i in idx)
+        return RunRecords(runs, {}, "")
+
+    def brute(s):
+        ins, outs = s[member], s[~member]
+        wins = sum((x > y) + 0.5 * (x == y) for x in ins for y in outs)
+        return wins / (ins.size * outs.size)
+
+    point, low, high = mod.paired_auroc_difference(records(a), records(b), resamples=300)
+    assert point == pytest.approx(brute(b) - brute(a), abs=1e-12)
+    assert low <= point <= high and high - low < 0.2
+    shuffled = list(range(299, -1, -1))
+    with pytest.raises(ValueError, match="same runs"):
+        mod.paired_auroc_difference(records(a), records(b, shuffled[:-1]))
