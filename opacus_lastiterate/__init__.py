@@ -31,6 +31,7 @@ from opacus_lastiterate._lazy import lazy_attributes
 from opacus_lastiterate.exceptions import (
     AuditWarning,
     HeuristicCalibrationWarning,
+    MonitorWarning,
     NonMonotoneHeuristicWarning,
     NonRandomizedInclusionWarning,
     NormalisationWarning,
@@ -115,6 +116,7 @@ __all__ = [
     "HeuristicCalibrationWarning",
     "LastIterateAccountant",
     "LastIterateHeuristic",
+    "MonitorWarning",
     "NonMonotoneHeuristicWarning",
     "NonRandomizedInclusionWarning",
     "Normalisation",

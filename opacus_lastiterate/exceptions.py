@@ -18,6 +18,7 @@ from __future__ import annotations
 __all__ = [
     "AuditWarning",
     "HeuristicCalibrationWarning",
+    "MonitorWarning",
     "NonMonotoneHeuristicWarning",
     "NonRandomizedInclusionWarning",
     "NormalisationWarning",
@@ -66,6 +67,14 @@ class NormalisationWarning(OpacusLastIterateWarning):
 
 class ZeroNoiseWarning(OpacusLastIterateWarning):
     """A step with ``noise_multiplier=0`` was recorded: epsilon is infinite from then on."""
+
+
+# -- callbacks --------------------------------------------------------------------------------
+
+
+class MonitorWarning(OpacusLastIterateWarning):
+    """A :class:`~opacus_lastiterate.callbacks.PrivacyMonitor` changed how it works to keep
+    training going, e.g. its evaluation process failed and it evaluates inline from then on."""
 
 
 # -- analysis ---------------------------------------------------------------------------------

@@ -65,6 +65,7 @@ import dataclasses
 import functools
 import math
 import numbers
+import pickle
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -74,7 +75,7 @@ import numpy as np
 from opacus_lastiterate.accountants.last_iterate import LastIterateAccountant
 from opacus_lastiterate.analysis._validation import check_delta
 from opacus_lastiterate.analysis.last_iterate.budget_horizon import steps_within_limit
-from opacus_lastiterate.exceptions import PrivacyBudgetExceededError
+from opacus_lastiterate.exceptions import MonitorWarning, PrivacyBudgetExceededError
 
 __all__ = [
     "DOUBLING_START",
@@ -85,6 +86,7 @@ __all__ = [
     "EpsilonRecord",
     "IncrementalRDP",
     "MonitorAudit",
+    "MonitorWarning",
     "PrivacyBudget",
     "PrivacyBudgetExceededError",
     "PrivacyMonitor",
@@ -338,10 +340,11 @@ class _Replica(LastIterateAccountant):
     followed by the same queries an accountant asked after every step receives."""
 
     @classmethod
-    def of(cls, accountant: LastIterateAccountant) -> _Replica:
+    def of(cls, accountant: LastIterateAccountant, dropped: int = 0) -> _Replica:
+        """A replica at the accountant's state, without its last ``dropped`` steps."""
         replica = cls()
         replica.weight_accuracy = accountant.weight_accuracy
-        replica.load_state_dict(accountant.state_dict())
+        replica.load_state_dict(_drop_last_steps(accountant.state_dict(), dropped))
         return replica
 
     def replay(self, sigma: float, q: float, settings: Settings) -> None:
@@ -422,6 +425,14 @@ def _drop_last_step(state: Mapping[str, Any]) -> dict[str, Any]:
         *key, n = trace[-1]
         trace[-1:] = [(*key, n - 1)] if n > 1 else []
         out["optimizer_trace"] = trace
+    return out
+
+
+def _drop_last_steps(state: Mapping[str, Any], steps: int) -> dict[str, Any]:
+    """An accountant state with its last ``steps`` recorded steps removed."""
+    out = dict(state)
+    for _ in range(steps):
+        out = _drop_last_step(out)
     return out
 
 
@@ -526,6 +537,15 @@ class PrivacyMonitor:
             (default 0); the other ranks still account, build the records, check the budget
             and call the audit, identically. A process without an initialised process group
             counts as rank 0. None: call the sinks on every rank.
+        evaluation: ``"inline"`` (default): the records are computed on the training
+            thread, at each flush; ``"process"``: in a separate Python process (another
+            core), fed at each flush, so that the evaluation leaves the training thread
+            (``docs/callbacks.md``, "Evaluation in a separate process"). The records are the
+            same floats; they are emitted at the flush after they come back (at
+            :meth:`state_dict` and :meth:`finish`, all of them). The process starts in the
+            background (seconds of imports, :meth:`wait_ready`); if it fails, the monitor
+            evaluates inline from then on, with one :class:`MonitorWarning`. Not with a
+            ``budget``.
     """
 
     def __init__(
@@ -544,6 +564,7 @@ class PrivacyMonitor:
         audit: MonitorAudit | None = None,
         optimizer: object = None,
         sink_rank: int | None = 0,
+        evaluation: Literal["inline", "process"] = "inline",
     ) -> None:
         from opacus_lastiterate.accountants.normalisation import (
             ASGMAccountant,
@@ -585,6 +606,17 @@ class PrivacyMonitor:
             )
         if audit is not None and not isinstance(audit, MonitorAudit):
             raise TypeError("`audit` must have on_step(record) and finish() methods.")
+        if evaluation not in ("inline", "process"):
+            raise ValueError(f"`evaluation` must be 'inline' or 'process', got {evaluation!r}.")
+        if evaluation == "process" and budget is not None:
+            raise ValueError(
+                "`evaluation='process'` cannot be used with a `budget`: the budget guard needs "
+                "the exact value of a step on the training thread, before its update; use "
+                "evaluation='inline'."
+            )
+        self.evaluation = evaluation
+        self._worker: Any = None  # the EvaluationWorker of evaluation="process"
+        self._worker_failed = False
         self.budget = budget
         self.audit = audit
         self.audit_result: Any = None
@@ -617,6 +649,13 @@ class PrivacyMonitor:
         self._ready: list[EpsilonRecord] = []
         self._last_lr: float | None = None if self.last_record is None else self.last_record.lr
         self._reset_horizons()
+        # evaluation="process": batches sent and not answered, with the RDP vector and the
+        # learning rate before each; warnings raised in the worker, to re-issue
+        self._in_flight: list[tuple[list[_Queued], np.ndarray, float | None]] = []
+        self._worker_warnings: list[tuple[str, type[Warning]]] = []
+        if self.evaluation == "process":
+            self._stop_worker()
+            self._start_worker()
 
     def _reset_horizons(self) -> None:
         self._rdp_horizon: tuple[tuple[float, float], int] | None = None
@@ -651,7 +690,7 @@ class PrivacyMonitor:
     @property
     def pending(self) -> int:
         """Steps recorded whose records have not been sent to the sinks yet."""
-        return len(self._queue) + len(self._ready)
+        return len(self._queue) + len(self._ready) + sum(len(b[0]) for b in self._in_flight)
 
     def attach(self, optimizer: object) -> PrivacyMonitor:
         """Wrap the accountant's hook of an Opacus ``DPOptimizer`` (``make_private``'s).
@@ -739,7 +778,8 @@ class PrivacyMonitor:
             self._skip_update = False
             return None
         out = inner_step(*args, **kwargs)
-        if self.flush_every is not None and self.pending >= self.flush_every:
+        backlog = len(self._queue) if self._worker is not None else self.pending
+        if self.flush_every is not None and backlog >= self.flush_every:
             self.flush()
         return out
 
@@ -917,9 +957,15 @@ class PrivacyMonitor:
 
     def flush(self) -> None:
         """Compute the records of every recorded step and send them to the sinks (and the
-        audit), in step order."""
-        self._evaluate()
+        audit), in step order. With ``evaluation="process"``: send the recorded steps to the
+        evaluation process and emit the records that have come back."""
+        if self._uses_worker:
+            self._send()
+            self._collect(wait=False)
+        else:
+            self._evaluate()
         ready, self._ready = self._ready, []
+        self._reissue_warnings()
         for record in ready:
             self._emit(record)
 
@@ -941,32 +987,16 @@ class PrivacyMonitor:
         rank, also those that ``sink_rank`` kept silent). Returns the final record (None
         before any step). A second call without new steps (an adapter may have finished
         already) returns the same record and emits nothing."""
+        self._drain()
         self.flush()
         if self._final is not None and self._final[0] == self._evaluated:
             return self._final[1]
         record = None
         if self._history:
-            sigma, q, _ = self._history[-1]
-            d = self.delta
-            heuristic = robust = None
-            if self._replica is not None:
-                heuristic = float(self._replica.get_epsilon(d))
-                robust = float(self._replica.get_epsilon(d, robust=True))
-            pld, corrected = self._standard()
-            record = EpsilonRecord(
-                step=self._evaluated,
-                delta=d,
-                heuristic_epsilon=heuristic,
-                robust_epsilon=robust,
-                standard_epsilon_rdp=self._rdp.epsilon(d),
-                standard_epsilon_pld=pld,
-                corrected_epsilon=corrected,
-                lr=self._last_lr,
-                noise_multiplier=float(sigma),
-                sample_rate=float(q),
-                final=True,
-            )
+            record = self._remote_final() if self._worker is not None else self._final_record()
+            self._reissue_warnings()
             self._emit(record)
+        self._stop_worker()
         if self.audit is not None:
             self.audit_result = self.audit.finish()
         for sink in self.sinks:
@@ -976,6 +1006,159 @@ class PrivacyMonitor:
         self._final = (self._evaluated, record)
         return record
 
+    def _final_record(self) -> EpsilonRecord:
+        """The final record: every epsilon of the evaluated steps (some must exist)."""
+        sigma, q, _ = self._history[-1]
+        d = self.delta
+        heuristic = robust = None
+        if self._replica is not None:
+            heuristic = float(self._replica.get_epsilon(d))
+            robust = float(self._replica.get_epsilon(d, robust=True))
+        pld, corrected = self._standard()
+        return EpsilonRecord(
+            step=self._evaluated,
+            delta=d,
+            heuristic_epsilon=heuristic,
+            robust_epsilon=robust,
+            standard_epsilon_rdp=self._rdp.epsilon(d),
+            standard_epsilon_pld=pld,
+            corrected_epsilon=corrected,
+            lr=self._last_lr,
+            noise_multiplier=float(sigma),
+            sample_rate=float(q),
+            final=True,
+        )
+
+    # -- evaluation in a separate process ---------------------------------------------------
+
+    @property
+    def _uses_worker(self) -> bool:
+        return self.evaluation == "process" and not self._worker_failed
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until the evaluation process (``evaluation="process"``) has started; True
+        then and with ``evaluation="inline"``, False on timeout or if it failed (the
+        monitor then evaluates inline)."""
+        if self._worker is None:
+            return not self._uses_worker
+        return bool(self._worker.wait_ready(timeout))
+
+    def _start_worker(self, dropped: int = 0) -> None:
+        """Start an evaluation process at the evaluated state (the accountant without its
+        last ``dropped`` steps, which are queued)."""
+        from opacus_lastiterate.callbacks._evaluation_process import EvaluationWorker
+
+        config = {
+            "accountant": self.accountant,
+            "corrected": self._corrected if self._own_corrected else None,
+            "dropped": dropped,
+            "delta": self.delta,
+            "heuristic_every": self.heuristic_every,
+            "weighted_every": self.weighted_every,
+            "robust_every": self.robust_every,
+            "standard_every": self.standard_every,
+            "rdp": self._rdp.rdp,
+            "last_lr": self._last_lr,
+        }
+        try:
+            self._worker = EvaluationWorker(pickle.dumps(config, protocol=pickle.HIGHEST_PROTOCOL))
+        except Exception as exc:  # accounting must never stop training
+            self._fall_back(f"it could not be started: {type(exc).__name__}: {exc}")
+
+    def _stop_worker(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop()
+
+    def _send(self) -> None:
+        """Send the queued steps to the evaluation process; the history, the RDP vector and
+        the learning rate move on at once (:meth:`state_dict` needs nothing more)."""
+        if not self._queue:
+            return
+        if self._worker is None:  # stopped by finish(): training went on
+            self._start_worker(dropped=len(self._queue))
+            if self._worker is None:
+                return
+        queue, self._queue = self._queue, []
+        self._in_flight.append((queue, self._rdp.rdp, self._last_lr))
+        self._rdp.advance([(sigma, q) for _, sigma, q, _, _ in queue], self.delta)
+        for _, sigma, q, _, _ in queue:
+            _extend(self._history, sigma, q)
+        self._evaluated += len(queue)
+        self._last_lr = queue[-1][3]
+        corrected = self._corrected
+        settings = None if corrected is None else (
+            dict(corrected._config), corrected._observed_dimension
+        )
+        self._worker.send(("batch", queue, settings))
+
+    def _collect(self, wait: bool) -> None:
+        """Move the answered batches' records to the ready list (``wait``: until every sent
+        step is answered)."""
+        while self._worker is not None and self._in_flight:
+            answer = self._worker.receive(wait)
+            if answer is None:
+                return
+            if answer[0] != "records":
+                self._fall_back(answer[1])
+                return
+            _, records, caught = answer
+            self._in_flight.pop(0)
+            self._ready.extend(records)
+            self._worker_warnings.extend(caught)
+
+    def _drain(self) -> None:
+        """Send the queued steps and wait for every record (evaluation="process")."""
+        if self._uses_worker:
+            self._send()
+            self._collect(wait=True)
+
+    def _remote_final(self) -> EpsilonRecord:
+        """The final record, computed by the evaluation process (after :meth:`_drain`)."""
+        self._worker.send(("final",))
+        answer = self._worker.receive(True)
+        if answer[0] == "final":
+            self._worker_warnings.extend(answer[2])
+            return answer[1]  # type: ignore[no-any-return]
+        self._fall_back(answer[1])
+        return self._final_record()
+
+    def _reissue_warnings(self) -> None:
+        """Warn here what the evaluation process warned (the user's filters apply)."""
+        if self._worker_warnings:
+            from opacus_lastiterate._warn import warn
+
+            caught, self._worker_warnings = self._worker_warnings, []
+            for message, category in caught:
+                warn(message, category)
+
+    def _fall_back(self, reason: str) -> None:
+        """The evaluation process failed: evaluate inline from now on. The steps sent and
+        not answered are evaluated again here, from the accountant's state without them."""
+        from opacus_lastiterate._warn import warn
+
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop(kill=True)
+        self._worker_failed = True
+        warn(
+            f"PrivacyMonitor: the evaluation process failed ({reason}); the records are "
+            "computed on the training thread from now on (evaluation='inline').",
+            MonitorWarning,
+        )
+        unanswered = [entry for batch, _, _ in self._in_flight for entry in batch]
+        if self._in_flight:
+            _, self._rdp.rdp, self._last_lr = self._in_flight[0]
+            self._in_flight = []
+        acc = self.accountant
+        dropped = len(unanswered) + len(self._queue)
+        state = _drop_last_steps(acc.state_dict(), dropped)
+        self._replica = _Replica.of(acc, dropped) if self._heuristic else None
+        self._history = [list(h) for h in state["history"]]
+        self._evaluated = _num_steps(acc) - dropped
+        self._queue = unanswered + self._queue
+        self._evaluate()
+
     # -- checkpoints ----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -983,7 +1166,8 @@ class PrivacyMonitor:
         accountant's history (Lightning and Hugging Face checkpoints do not save Opacus's
         accountant), the corrected accountant's, the RDP vector, the budget flag and the
         last record. Flushes first, so that the sinks hold every record up to the
-        checkpoint."""
+        checkpoint (with ``evaluation="process"``, after waiting for every record)."""
+        self._drain()
         self.flush()
 
         def plain(state: Mapping[str, Any]) -> dict[str, Any]:
