@@ -1,0 +1,169 @@
+"""PrivacyMonitor(evaluation="process"): the records computed in a child process are the
+inline ones, float for float; checkpoints, a dead child and the child's warnings.
+
+Each test starts a child Python process (a few seconds of imports)."""
+
+from __future__ import annotations
+
+import gc
+import math
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+from opacus_lastiterate.callbacks import (
+    EpsilonRecord,
+    MonitorWarning,
+    PrivacyBudget,
+    PrivacyMonitor,
+)
+from tests.callbacks.conftest import DELTA, make_dp, train
+
+
+def _run(
+    evaluation: str,
+    steps: int,
+    *,
+    momentum: float = 0.0,
+    schedule: bool = False,
+    sigma: float = 1.0,
+    after: Any = None,
+    **kwargs: Any,
+) -> tuple[list[EpsilonRecord], PrivacyMonitor, Any, Any, Any]:
+    """Records of ``steps`` steps (not finished), the monitor and (model, optimizer, loader)."""
+    engine, model, opt, loader = make_dp(momentum=momentum, sigma=sigma)
+    records: list[EpsilonRecord] = []
+    monitor = PrivacyMonitor(
+        engine, delta=DELTA, sinks=[records.append], optimizer=opt, evaluation=evaluation,  # type: ignore[arg-type]
+        **kwargs,
+    )
+    assert monitor.wait_ready(120)
+    scheduler = None
+    if schedule:  # cosine decay of the learning rate
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: 0.5 * (1.0 + math.cos(math.pi * s / (steps + 1)))
+        )
+
+    def each(step: int) -> None:
+        if scheduler is not None:
+            scheduler.step()
+        if after is not None:
+            after(step, monitor)
+
+    train(model, opt, loader, steps, after=each)
+    return records, monitor, model, opt, loader
+
+
+def test_plain_sgd_records_equal_inline_exactly() -> None:
+    kw = dict(robust_every=3, standard_every=4, flush_every=7)
+    expected, inline, *_ = _run("inline", 30, **kw)
+    inline.finish()
+    records, monitor, *_ = _run("process", 30, **kw)
+    assert monitor._worker is not None
+    final = monitor.finish()
+    assert monitor._worker is None  # stopped
+    assert records == expected and len(records) == 31
+    assert final is not None and final.final and final.robust_epsilon is not None
+    assert sum(r.robust_epsilon is not None for r in records) == 10 + 1
+
+
+def test_momentum_and_cosine_schedule_records_equal_inline_exactly() -> None:
+    kw = dict(momentum=0.9, schedule=True, weighted_every=50, flush_every=20)
+    expected, inline, *_ = _run("inline", 120, **kw)
+    inline.finish()
+    records, monitor, *_ = _run("process", 120, **kw)
+    monitor.finish()
+    assert records == expected
+    weighted = [r.step for r in records if r.heuristic_epsilon is not None and not r.final]
+    assert weighted == [50, 100]  # the weighted heuristic, on its cadence
+    assert len({r.lr for r in records}) > 100  # the schedule moved the learning rate
+
+
+def test_state_dict_mid_run_equals_inline_and_resume_continues() -> None:
+    states: dict[str, dict[str, Any]] = {}
+
+    def checkpoint_and_rewind(evaluation: str) -> Any:
+        def after(step: int, monitor: PrivacyMonitor) -> None:
+            if step == 15:
+                states[evaluation] = monitor.state_dict()
+            if step == 20:  # a crash after step 20: resume from the checkpoint at 15
+                monitor.load_state_dict(states[evaluation])
+        return after
+
+    kw = dict(robust_every=5, standard_every=5, flush_every=4)
+    expected, inline, *_ = _run("inline", 30, after=checkpoint_and_rewind("inline"), **kw)
+    inline.finish()
+    records, monitor, *_ = _run("process", 30, after=checkpoint_and_rewind("process"), **kw)
+    assert states["process"] == states["inline"]
+    assert states["process"]["last_record"]["step"] == 15  # drained: every record up to it
+    monitor.finish()
+    # before the rewind: the records back by then (those still in flight are dropped, as
+    # queued ones are); after it, the same records (the heuristic: both replicas are rebuilt
+    # cold from the checkpoint, in two processes, so to the root finder's tolerance)
+    rewind = len(records) - 11  # steps 16-25 and the final record follow the rewind
+    assert records[:rewind] == expected[:rewind] and rewind >= 15
+    resumed, want = records[rewind:], expected[-len(records) + rewind:]
+    assert [r.step for r in resumed] == list(range(16, 26)) + [25]
+    for got, exp in zip(resumed, want, strict=True):
+        assert got.heuristic_epsilon == pytest.approx(exp.heuristic_epsilon, rel=1e-12)
+        assert _without_heuristic(got) == _without_heuristic(exp)
+
+
+def test_killed_child_falls_back_inline_with_one_warning() -> None:
+    kw = dict(robust_every=3, standard_every=4, flush_every=5)
+    expected, inline, *_ = _run("inline", 30, **kw)
+    inline.finish()
+    in_flight: list[int] = []
+
+    def kill(step: int, monitor: PrivacyMonitor) -> None:
+        if step == 12:  # steps up to 10 sent, 11-12 sent now: killed before most answers
+            monitor._send()
+            in_flight.append(sum(len(b[0]) for b in monitor._in_flight))
+            monitor._worker.process.kill()
+            monitor._worker.process.wait()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records, monitor, *_ = _run("process", 30, after=kill, **kw)
+        monitor.finish()
+    fallbacks = [w for w in caught if issubclass(w.category, MonitorWarning)]
+    assert len(fallbacks) == 1 and "evaluation process failed" in str(fallbacks[0].message)
+    assert monitor._worker is None and monitor.pending == 0 and in_flight[0] >= 2
+    assert [r.step for r in records] == [r.step for r in expected]
+    # the replica rebuilt at the fallback solves cold: the heuristic to the root finder's
+    # tolerance; every other field (RDP, robust, PLD, settings) is the same float
+    for got, want in zip(records, expected, strict=True):
+        assert got.heuristic_epsilon == pytest.approx(want.heuristic_epsilon, rel=1e-9)
+        assert _without_heuristic(got) == _without_heuristic(want)
+
+
+def _without_heuristic(record: EpsilonRecord) -> dict[str, Any]:
+    d = record.as_dict()
+    del d["heuristic_epsilon"]
+    return d
+
+
+def test_child_warnings_are_reissued_and_process_mode_rejects_a_budget() -> None:
+    engine, *_ = make_dp()
+    with pytest.raises(ValueError, match="evaluation"):
+        PrivacyMonitor(engine, delta=DELTA, evaluation="thread")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="budget"):
+        PrivacyMonitor(engine, delta=DELTA, evaluation="process", budget=PrivacyBudget(1.0))
+    # the replica's zero-noise warning is raised while evaluating: in the child
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records, monitor, *_ = _run("process", 3, sigma=0.0, flush_every=None)
+        monitor._drain()
+        monitor.flush()
+    assert [r.step for r in records] == [1, 2, 3] and math.isinf(records[-1].standard_epsilon_rdp)
+    from_child = [str(w.message) for w in caught if str(w.message).startswith("_Replica:")]
+    assert len(from_child) == 1 and "noise_multiplier=0" in from_child[0]
+    assert not any(issubclass(w.category, MonitorWarning) for w in caught)
+    # the child is stopped when the monitor is garbage-collected
+    process = monitor._worker.process
+    monitor.detach()
+    del monitor
+    gc.collect()
+    assert process.wait(timeout=30) == 0
