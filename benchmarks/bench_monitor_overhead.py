@@ -18,7 +18,13 @@ median of ``--repeats`` alternating runs, after 5 warm-up steps. Three figures p
   The final record of ``finish()`` (robust and PLD epsilon, once per run) is not timed.
   The robust and PLD epsilons are off in these three figures (``None``); two more "in loop"
   ratios add them on the default cadence (``"doubling"``: steps 100, 200, 400) and every
-  100 steps.
+  100 steps;
+* ``in loop, evaluation in a separate process``: ``evaluation="process"``, ``flush_every=100``,
+  in *wall-clock* time (``time.perf_counter``: the child's CPU time is not the training
+  thread's) from after the child is ready (``monitor.wait_ready``) to the last record back
+  (the loop, then the final flush and its wait), against the loop without the monitor in
+  wall-clock time; the ratio of the inline "in loop" run on the same clock beside it, and the
+  child's start-up time (from creating the monitor to ready: imports, pickled accountant).
 
     python benchmarks/bench_monitor_overhead.py                 # 500 steps, 5 repeats
     python benchmarks/bench_monitor_overhead.py --steps 2000 --weighted-every 1000
@@ -46,10 +52,12 @@ from opacus_lastiterate.callbacks import EpsilonRecord, PrivacyMonitor
 
 
 def run(steps: int, schedule: bool, flush_every: int | str | None, args: argparse.Namespace,
-        cadence: object = None) -> tuple[float, float]:
+        cadence: object = None, evaluation: str = "inline") -> tuple[float, float, float, float]:
     """CPU seconds of ``steps`` training steps (data loading included) after 5 warm-up steps,
-    and of the last ``monitor.flush()``; ``flush_every="off"``: no monitor. ``cadence``: the
-    ``robust_every`` and ``standard_every`` of the monitor."""
+    and of the last ``monitor.flush()``; wall-clock seconds of both (the flush waiting for
+    every record with ``evaluation="process"``); the monitor's start-up in wall-clock seconds
+    (until its evaluation process is ready). ``flush_every="off"``: no monitor. ``cadence``:
+    the ``robust_every`` and ``standard_every`` of the monitor."""
     torch.manual_seed(0)
     train_set, _ = train_digits.load_data(0.2, 0)
     model = train_digits.build_model(64)
@@ -64,18 +72,24 @@ def run(steps: int, schedule: bool, flush_every: int | str | None, args: argpars
     )
     records: list[EpsilonRecord] = []
     monitor = None
+    startup = 0.0
     if flush_every != "off":
+        t0 = time.perf_counter()
         monitor = PrivacyMonitor(
             engine, delta=1e-5, sinks=[records.append], optimizer=optimizer,
             flush_every=flush_every,  # type: ignore[arg-type]
             weighted_every=args.weighted_every, robust_every=cadence, standard_every=cadence,
+            evaluation=evaluation,  # type: ignore[arg-type]
         )
+        assert monitor.wait_ready(300)
+        startup = time.perf_counter() - t0
     criterion = nn.CrossEntropyLoss()
-    done, start = 0, 0.0
+    done, start, wall = 0, 0.0, 0.0
     while done < steps + 5:
         for x, y in loader:
             if done == 5:
                 start = time.thread_time()
+                wall = time.perf_counter()
             optimizer.zero_grad()
             criterion(model(x), y).backward()
             optimizer.step()
@@ -88,13 +102,16 @@ def run(steps: int, schedule: bool, flush_every: int | str | None, args: argpars
     finish = 0.0
     if monitor is not None:
         t0 = time.thread_time()
+        monitor._drain()  # evaluation="process": send the queue, wait for every record
         monitor.flush()  # the per-step records still queued (all of them for flush_every=None)
         finish = time.thread_time() - t0
+    wall = time.perf_counter() - wall
+    if monitor is not None:
         monitor.finish()  # the final record (robust, PLD: once per run, not timed)
         assert len(records) == steps + 5 + 1 and [r.step for r in records[:-1]] == list(
             range(1, steps + 6)
         )
-    return elapsed, finish
+    return elapsed, finish, wall, startup
 
 
 def main() -> int:
@@ -113,14 +130,21 @@ def main() -> int:
         times: dict[object, list[float]] = {"off": [], None: [], 100: []}
         finishes: dict[object, list[float]] = {None: [], 100: []}
         cadenced: dict[object, list[float]] = {"doubling": [], 100: []}
+        walls: dict[object, list[float]] = {"off": [], 100: [], "process": []}
+        startups: list[float] = []
         for _ in range(args.repeats):
             for flush in ("off", None, 100):
-                elapsed, finish = run(args.steps, schedule, flush, args)
+                elapsed, finish, wall, _ = run(args.steps, schedule, flush, args)
                 times[flush].append(elapsed)
                 if flush != "off":
                     finishes[flush].append(finish)
+                if flush != None:  # noqa: E711 (a dict key)
+                    walls[flush].append(wall)
             for cadence in cadenced:
-                cadenced[cadence].append(sum(run(args.steps, schedule, 100, args, cadence)))
+                cadenced[cadence].append(sum(run(args.steps, schedule, 100, args, cadence)[:2]))
+            _, _, wall, startup = run(args.steps, schedule, 100, args, evaluation="process")
+            walls["process"].append(wall)
+            startups.append(startup)
         base = statistics.median(times["off"])
         hot = statistics.median(times[None])
         evaluation = statistics.median(finishes[None])
@@ -139,6 +163,13 @@ def main() -> int:
             "  in loop with robust and PLD epsilon: default cadence (doubling) ratio "
             f"{statistics.median(cadenced['doubling']) / base:.4f}; every 100 steps ratio "
             f"{statistics.median(cadenced[100]) / base:.4f}"
+        )
+        wall_base = statistics.median(walls["off"])
+        print(
+            "  in loop, evaluation in a separate process (wall clock, flush_every=100): ratio "
+            f"{statistics.median(walls['process']) / wall_base:.4f} (inline, same clock: "
+            f"{statistics.median(walls[100]) / wall_base:.4f}); child start-up "
+            f"{statistics.median(startups):.2f} s"
         )
     return 0
 
