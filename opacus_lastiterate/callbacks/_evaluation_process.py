@@ -81,10 +81,13 @@ def _read(
         ready.set()
 
 
-def _shutdown(process: subprocess.Popen[bytes], outbox: queue.Queue[Any], kill: bool) -> None:
-    """Stop the child: ask it to stop and wait up to 5 s (``kill``: at once), else kill it."""
-    if process.poll() is None and not kill:
+def _shutdown(process: subprocess.Popen[bytes], outbox: queue.Queue[Any], how: str) -> None:
+    """Stop the child. ``how``: ``"ask"``: send it "stop" (it exits once it has read it);
+    ``"wait"``: also wait up to 5 s, then kill it; ``"kill"``: kill it at once."""
+    if process.poll() is None and how != "kill":
         outbox.put(_STOP)
+        if how == "ask":
+            return
         try:
             process.wait(timeout=5.0)
         except subprocess.TimeoutExpired:
@@ -125,7 +128,8 @@ class EvaluationWorker:
             (_read, (self.process.stdout, self._inbox, self._ready, self._ended)),
         ):
             threading.Thread(target=target, args=args, daemon=True).start()
-        self._finalizer = weakref.finalize(self, _shutdown, self.process, self._outbox, False)
+        # garbage-collected (with its monitor): ask the child to stop, without waiting
+        self._finalizer = weakref.finalize(self, _shutdown, self.process, self._outbox, "ask")
 
     def send(self, request: tuple[Any, ...]) -> None:
         """Queue a request (never blocks; a failure shows as a ``("dead", reason)`` answer)."""
@@ -144,9 +148,9 @@ class EvaluationWorker:
         return self._ready.wait(timeout) and not self._ended.is_set()
 
     def stop(self, kill: bool = False) -> None:
-        """Stop the child (``kill``: without asking it first); idempotent."""
+        """Stop the child: ask it and wait up to 5 s (``kill``: kill it at once)."""
         self._finalizer.detach()
-        _shutdown(self.process, self._outbox, kill)
+        _shutdown(self.process, self._outbox, "kill" if kill else "wait")
 
 
 # -- the child's side -----------------------------------------------------------------------

@@ -33,7 +33,9 @@ replays the queued steps, in order, into a private copy of the ``LastIterateAcco
 (the *replica*) and asks it for epsilon after each step, exactly as an accountant asked
 after every step would be asked, so each logged value is the one the accountant reports at
 that step (the same call sequence gives the same floats); the RDP vectors of a batch are
-composed and converted in one vectorised pass.
+composed and converted in one vectorised pass. With ``evaluation="process"`` the batches go
+to a headless monitor in a separate Python process instead, which returns the same records
+(``docs/callbacks.md``, "Evaluation in a separate process").
 
 The budget guard is exact without evaluating every step: a step is allowed at once when a
 certified upper bound is within the limit (the RDP standard epsilon, which bounds every
@@ -654,7 +656,7 @@ class PrivacyMonitor:
         self._in_flight: list[tuple[list[_Queued], np.ndarray, float | None]] = []
         self._worker_warnings: list[tuple[str, type[Warning]]] = []
         if self.evaluation == "process":
-            self._stop_worker()
+            self._stop_worker(kill=True)  # its answers are of the state replaced
             self._start_worker()
 
     def _reset_horizons(self) -> None:
@@ -1065,10 +1067,10 @@ class PrivacyMonitor:
         except Exception as exc:  # accounting must never stop training
             self._fall_back(f"it could not be started: {type(exc).__name__}: {exc}")
 
-    def _stop_worker(self) -> None:
+    def _stop_worker(self, kill: bool = False) -> None:
         worker, self._worker = self._worker, None
         if worker is not None:
-            worker.stop()
+            worker.stop(kill)
 
     def _send(self) -> None:
         """Send the queued steps to the evaluation process; the history, the RDP vector and
