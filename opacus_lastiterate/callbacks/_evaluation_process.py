@@ -77,6 +77,7 @@ def _read(
     except Exception as exc:  # a truncated or unreadable answer
         inbox.put(("dead", f"reading from it failed: {type(exc).__name__}: {exc}"))
     finally:
+        stdout.close()
         ended.set()
         ready.set()
 

@@ -692,7 +692,8 @@ class PrivacyMonitor:
     @property
     def pending(self) -> int:
         """Steps recorded whose records have not been sent to the sinks yet."""
-        return len(self._queue) + len(self._ready) + sum(len(b[0]) for b in self._in_flight)
+        sent = sum(len(b[0]) for b in self._in_flight) if self._in_flight else 0
+        return len(self._queue) + len(self._ready) + sent
 
     def attach(self, optimizer: object) -> PrivacyMonitor:
         """Wrap the accountant's hook of an Opacus ``DPOptimizer`` (``make_private``'s).
