@@ -187,3 +187,37 @@ def test_long_sweep_against_from_scratch(name):
     _, got = _run(lrs, 0.01, 0.9, check=steps, **opt)
     for t in sorted(steps):
         _bracketed(got[t], _scratch(lrs, 0.01, 0.9, t, **opt), ACC)
+
+
+def test_pmf_fold_in_scratch_arrays_equals_fresh_arrays_and_spares_copies() -> None:
+    """_Pmf.fold reuses its scratch arrays: every value is the float of the allocate-per-fold
+    formula, and an array handed to a copy (or to a pickle) is never written afterwards."""
+    import pickle
+
+    from opacus_lastiterate.analysis.last_iterate.incremental_weighted import _Pmf
+
+    rng = np.random.default_rng(7)
+    start = rng.random(50)
+    pmf, ref = _Pmf(start.copy()), start.copy()
+    copies: list[tuple[_Pmf, np.ndarray]] = []
+    for i in range(200):
+        k, q = int(rng.integers(1, 40)), float(rng.uniform(0.01, 0.5))
+        pmf.fold(k, q)
+        out = np.empty(ref.size + k)  # the formula with a fresh array per fold
+        np.multiply(ref, 1.0 - q, out=out[: ref.size])
+        out[ref.size :] = 0.0
+        out[k:] += q * ref
+        ref = out
+        assert np.array_equal(pmf.p, ref)
+        if i % 7 == 0:
+            c = pmf.copy()
+            copies.append((c, c.p.copy()))
+        if i % 11 == 0:
+            pmf.trim(1e-300)
+            ref = pmf.p.copy()
+    for c, values in copies:  # the original folded many times since: the copies are intact
+        assert np.array_equal(c.p, values)
+    data = pickle.dumps(pmf)
+    assert len(data) < pmf.p.nbytes + 2_000  # the values, not the scratch arrays
+    back = pickle.loads(data)
+    assert np.array_equal(back.p, pmf.p) and all(b is None for b in back._scratch)
