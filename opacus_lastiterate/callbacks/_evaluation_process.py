@@ -98,6 +98,10 @@ def _shutdown(process: subprocess.Popen[bytes], outbox: queue.Queue[Any], how: s
         process.wait()
 
 
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+"""Thread-pool sizes set to 1 in the evaluation process unless the user set them."""
+
+
 class EvaluationWorker:
     """A running evaluation process, seen from the parent.
 
@@ -112,6 +116,8 @@ class EvaluationWorker:
     def __init__(self, config: bytes) -> None:
         path = [p or os.getcwd() for p in sys.path]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+        for name in _THREAD_VARIABLES:  # one core: leave the others to training
+            env.setdefault(name, "1")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "opacus_lastiterate.callbacks._evaluation_process"],
             stdin=subprocess.PIPE,
