@@ -543,8 +543,9 @@ class PrivacyMonitor:
             thread, at each flush; ``"process"``: in a separate Python process (another
             core), fed at each flush, so that the evaluation leaves the training thread
             (``docs/callbacks.md``, "Evaluation in a separate process"). The records are the
-            same floats; they are emitted at the flush after they come back (at
-            :meth:`state_dict` and :meth:`finish`, all of them). The process starts in the
+            same floats (up to the last bits of BLAS sums: the process is single-threaded);
+            they are emitted at the flush after they come back (at :meth:`state_dict` and
+            :meth:`finish`, all of them). The process starts in the
             background (seconds of imports, :meth:`wait_ready`); if it fails, the monitor
             evaluates inline from then on, with one :class:`MonitorWarning`. Not with a
             ``budget``.

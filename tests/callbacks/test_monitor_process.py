@@ -1,10 +1,12 @@
 """PrivacyMonitor(evaluation="process"): the records computed in a child process are the
-inline ones, float for float; checkpoints, a dead child and the child's warnings.
+inline ones (float for float, up to the last bits of the weighted heuristic's BLAS dot
+products in the single-threaded child); checkpoints, a dead child and the child's warnings.
 
 Each test starts a child Python process (a few seconds of imports)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import warnings
@@ -69,13 +71,23 @@ def test_plain_sgd_records_equal_inline_exactly() -> None:
     assert sum(r.robust_epsilon is not None for r in records) == 10 + 1
 
 
-def test_momentum_and_cosine_schedule_records_equal_inline_exactly() -> None:
+def test_momentum_and_cosine_schedule_records_equal_inline() -> None:
     kw = dict(momentum=0.9, schedule=True, weighted_every=50, flush_every=20)
     expected, inline, *_ = _run("inline", 120, **kw)
     inline.finish()
     records, monitor, *_ = _run("process", 120, **kw)
     monitor.finish()
-    assert records == expected
+    # The child runs single-threaded BLAS (OMP/OPENBLAS/MKL_NUM_THREADS=1 unless set): the
+    # weighted heuristic's long dot products may round differently in the last bits there.
+    assert len(records) == len(expected)
+    for got, want in zip(records, expected, strict=True):
+        if want.heuristic_epsilon is None:
+            assert got.heuristic_epsilon is None
+        else:
+            assert got.heuristic_epsilon == pytest.approx(want.heuristic_epsilon, rel=1e-12)
+        assert dataclasses.replace(got, heuristic_epsilon=None) == dataclasses.replace(
+            want, heuristic_epsilon=None
+        )
     weighted = [r.step for r in records if r.heuristic_epsilon is not None and not r.final]
     assert weighted == [50, 100]  # the weighted heuristic, on its cadence
     assert len({r.lr for r in records}) > 100  # the schedule moved the learning rate
