@@ -342,11 +342,13 @@ class _Replica(LastIterateAccountant):
     followed by the same queries an accountant asked after every step receives."""
 
     @classmethod
-    def of(cls, accountant: LastIterateAccountant, dropped: int = 0) -> _Replica:
-        """A replica at the accountant's state, without its last ``dropped`` steps."""
+    def of(
+        cls, accountant: LastIterateAccountant, state: Mapping[str, Any] | None = None
+    ) -> _Replica:
+        """A replica of ``accountant`` at ``state`` (default: its current state)."""
         replica = cls()
         replica.weight_accuracy = accountant.weight_accuracy
-        replica.load_state_dict(_drop_last_steps(accountant.state_dict(), dropped))
+        replica.load_state_dict(accountant.state_dict() if state is None else state)
         return replica
 
     def replay(self, sigma: float, q: float, settings: Settings) -> None:
@@ -1157,7 +1159,7 @@ class PrivacyMonitor:
         acc = self.accountant
         dropped = len(unanswered) + len(self._queue)
         state = _drop_last_steps(acc.state_dict(), dropped)
-        self._replica = _Replica.of(acc, dropped) if self._heuristic else None
+        self._replica = _Replica.of(acc, state) if self._heuristic else None
         self._history = [list(h) for h in state["history"]]
         self._evaluated = _num_steps(acc) - dropped
         self._queue = unanswered + self._queue
