@@ -153,14 +153,18 @@ class RunAccountant(IAccountant):
                 "epsilon is inf.",
                 ZeroNoiseWarning,
             )
+        self._extend_segments(sigma, q, 1)
+        self._after_step(sigma, q)
+
+    def _extend_segments(self, sigma: float, q: float, steps: int) -> None:
+        """Add ``steps`` validated steps at (sigma, q) to the history (no hooks)."""
         segs = self._segments
         if segs and segs[-1].noise_multiplier == sigma and segs[-1].sample_rate == q:
-            segs[-1] = TrainingSegment._trusted(sigma, q, segs[-1].steps + 1)
+            segs[-1] = TrainingSegment._trusted(sigma, q, segs[-1].steps + steps)
         else:
-            segs.append(TrainingSegment._trusted(sigma, q, 1))
-        self._num_steps += 1
+            segs.append(TrainingSegment._trusted(sigma, q, steps))
+        self._num_steps += steps
         self._run = None
-        self._after_step(sigma, q)
 
     def get_optimizer_hook_fn(self, sample_rate: float) -> Callable[[Any], None]:
         """The hook ``make_private`` attaches to the DPOptimizer: records

@@ -84,6 +84,11 @@ class _Sweep:
             self._next = t + 1 if t < 1024 else max(t + 1, round(t * 1.01))
             yield t
 
+    @property
+    def exhausted(self) -> bool:
+        """Whether every t below the limit has been evaluated."""
+        return self._next >= self.limit
+
     def record(self, steps: int, value: float) -> None:
         if value > self.best:
             self.best, self.best_steps = value, steps
@@ -215,19 +220,22 @@ class LastIterateAccountant(RunAccountant):
                 OptimizerTraceWarning,
             )
             return
-        key = (st.lr, st.momentum, st.dampening, st.nesterov, st.weight_decay)
+        self._append_settings((st.lr, st.momentum, st.dampening, st.nesterov, st.weight_decay))
+
+    def _append_settings(self, key: tuple[float, float, float, bool, float], steps: int = 1) -> None:
+        """Add ``steps`` steps with SGD settings ``key`` to the run-length encoded trace."""
         if self._trace and self._trace[-1][:5] == key:
-            self._trace[-1] = (*key, self._trace[-1][5] + 1)
+            self._trace[-1] = (*key, self._trace[-1][5] + steps)
             if self._summary is not None:
-                n, steps, varies, lrs = self._summary
-                self._summary = (n, steps + 1, varies, lrs)
+                n, total, varies, lrs = self._summary
+                self._summary = (n, total + steps, varies, lrs)
         else:
-            self._trace.append((*key, 1))
+            self._trace.append((*key, steps))
             if self._summary is not None and self._summary[0] == len(self._trace) - 1:
-                n, steps, varies, lrs = self._summary
+                n, total, varies, lrs = self._summary
                 lrs.add(key[0])
                 varies = varies or len(lrs) > 1 or key[1] != 0.0 or key[4] != 0.0
-                self._summary = (n + 1, steps + 1, varies, lrs)
+                self._summary = (n + 1, total + steps, varies, lrs)
 
     @property
     def optimizer_trace(self) -> list[TraceEntry]:
@@ -335,14 +343,19 @@ class LastIterateAccountant(RunAccountant):
         if sweep.best > best:
             best_t, best = sweep.best_steps, sweep.best
         if eps < best * (1.0 - 1e-9):
-            self._monotone_warned.add(delta)
-            warn(
-                f"The last-iterate heuristic is not monotone here: eps_T = {eps:.4f} after "
-                f"T = {self._num_steps} steps, but the last {best_t} steps alone give "
-                f"{best:.4f}. A regulariser that zeroes the model would expose the larger "
-                "value; report get_epsilon(delta, robust=True) beside it.",
-                NonMonotoneHeuristicWarning,
-            )
+            self._warn_non_monotone(delta, eps, self._num_steps, best_t, best)
+
+    def _warn_non_monotone(
+        self, delta: float, eps: float, steps: int, best_t: int, best: float
+    ) -> None:
+        self._monotone_warned.add(delta)
+        warn(
+            f"The last-iterate heuristic is not monotone here: eps_T = {eps:.4f} after "
+            f"T = {steps} steps, but the last {best_t} steps alone give {best:.4f}. A "
+            "regulariser that zeroes the model would expose the larger value; report "
+            "get_epsilon(delta, robust=True) beside it.",
+            NonMonotoneHeuristicWarning,
+        )
 
     def _advance_full_check(self, delta: float, eps: float) -> None:
         """The check for histories of several segments: a certified search over all
@@ -365,14 +378,8 @@ class LastIterateAccountant(RunAccountant):
                 self._full_checked[delta] = steps
                 peak = done.value
                 if eps_then < peak.attained * (1.0 - 1e-9):
-                    self._monotone_warned.add(delta)
-                    warn(
-                        "The last-iterate heuristic is not monotone here: eps_T = "
-                        f"{eps_then:.4f} after T = {steps} steps, but the last "
-                        f"{peak.argmax_steps} steps alone give {peak.attained:.4f}. A "
-                        "regulariser that zeroes the model would expose the larger value; "
-                        "report get_epsilon(delta, robust=True) beside it.",
-                        NonMonotoneHeuristicWarning,
+                    self._warn_non_monotone(
+                        delta, eps_then, steps, peak.argmax_steps, peak.attained
                     )
                 return
 

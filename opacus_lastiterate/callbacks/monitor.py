@@ -74,7 +74,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from opacus_lastiterate.accountants.last_iterate import LastIterateAccountant
+from opacus_lastiterate.accountants.last_iterate import LastIterateAccountant, _Sweep
 from opacus_lastiterate.analysis._validation import check_delta
 from opacus_lastiterate.analysis.last_iterate.budget_horizon import steps_within_limit
 from opacus_lastiterate.exceptions import MonitorWarning, PrivacyBudgetExceededError
@@ -336,6 +336,8 @@ end), or None (only at :meth:`PrivacyMonitor.finish`)."""
 DOUBLING_START = 100
 """First step of the ``"doubling"`` cadence."""
 
+_MIN_RUN = 4  # queued steps of one setting replayed together (fewer: one by one)
+
 
 class _Replica(LastIterateAccountant):
     """A :class:`LastIterateAccountant` that the monitor feeds with queued steps, each
@@ -360,6 +362,66 @@ class _Replica(LastIterateAccountant):
         elif not self._trace_disabled:
             self._record_optimizer(_RecordedSGD(settings))
         self._record(sigma, q)
+
+    def replay_constant(
+        self, sigma: float, q: float, settings: Settings, count: int, delta: float
+    ) -> np.ndarray | None:
+        """Record ``count`` steps at (sigma, q) with ``settings`` and return the heuristic
+        epsilon at ``delta`` after each: the values that :meth:`replay` and ``get_epsilon``
+        step by step give (to the root finder's tolerance, about 1e-13 relative), solved
+        together (:meth:`IncrementalHeuristic.advance`). The same warnings are given. None,
+        with nothing recorded, where only the step-by-step path applies: noise 0, the
+        weighted heuristic, settings that would leave the constant-rate formula, a history
+        assigned from outside, or a monotonicity check that is not the single-segment one
+        with nothing left to sweep."""
+        if not (
+            sigma > 0.0
+            and not self._externally_assigned
+            and not self._weights_in_use()
+            and self.stays_constant_rate(settings)
+        ):
+            return None
+        sweep = None
+        if delta not in self._monotone_warned:  # get_epsilon's check still runs
+            segments = self._segments
+            if segments and not (
+                len(segments) == 1
+                and segments[0].noise_multiplier == sigma
+                and segments[0].sample_rate == q
+            ):
+                return None  # several segments: the spread-out search of every query
+            sweep = self._sweeps.get(delta)
+            if sweep is None:  # as the first get_epsilon call makes it
+                sweep = self._sweeps[delta] = _Sweep(limit=self._num_steps + 1)
+            if not sweep.exhausted:
+                return None  # shorter runs still to evaluate, two per query
+        if settings is None:
+            if not self._trace_disabled:
+                self._trace_disabled, self._trace, self._summary = True, [], None
+        elif not self._trace_disabled:
+            self._append_settings(settings, count)
+        self._extend_segments(sigma, q, count)
+        self._weighted_engine = None  # rebuilt from the trace if ever needed
+        peak = self._engine.suffix_peak(delta)
+        eps = self._engine.advance(sigma, q, count, delta)
+        if sweep is not None:  # get_epsilon's single-segment check, every step at once
+            best = np.maximum.accumulate(eps)
+            if peak is not None:
+                best = np.maximum(best, peak.epsilon)
+            best = np.maximum(best, sweep.best)
+            low = np.flatnonzero(eps < best * (1.0 - 1e-9))
+            if low.size:
+                j = int(low[0])
+                first = int(np.argmax(eps[: j + 1]))
+                best_t, value = self._num_steps - count + 1 + first, float(eps[first])
+                if peak is not None and peak.epsilon >= value:
+                    best_t, value = peak.steps, peak.epsilon
+                if sweep.best > value:
+                    best_t, value = sweep.best_steps, sweep.best
+                self._warn_non_monotone(
+                    delta, float(eps[j]), self._num_steps - count + 1 + j, best_t, value
+                )
+        return eps
 
     @property
     def weighted(self) -> bool:
@@ -904,29 +966,88 @@ class PrivacyMonitor:
 
     def _evaluate(self, need: str | None = None) -> None:
         """Compute the records of the queued steps, in order (``need``: a field that the
-        last one must have, for the budget)."""
+        last one must have, for the budget). Runs of steps with the same settings under the
+        constant-rate formula are replayed together (:meth:`_Replica.replay_constant`)."""
         queue, self._queue = self._queue, []
         if not queue:
             return
         rdp = self._rdp.advance([(sigma, q) for _, sigma, q, _, _ in queue], self.delta)
         last = len(queue) - 1
-        for i, entry in enumerate(queue):
-            self._ready.append(self._evaluate_step(entry, float(rdp[i]), need if i == last else None))
+        i = 0
+        while i < len(queue):
+            j = self._constant_run(queue, i, need)
+            heuristics = None
+            if j - i >= _MIN_RUN:
+                _, sigma, q, _, settings = queue[i]
+                heuristics = self._replica.replay_constant(  # type: ignore[union-attr]
+                    sigma, q, settings, j - i, self.delta
+                )
+            if heuristics is None:
+                self._ready.append(
+                    self._evaluate_step(queue[i], float(rdp[i]), need if i == last else None)
+                )
+                i += 1
+                continue
+            for k in range(i, j):
+                _, sigma, q, _, _ = queue[k]
+                _extend(self._history, sigma, q)
+                self._evaluated += 1
+                self._ready.append(
+                    self._record(
+                        queue[k], float(rdp[k]), float(heuristics[k - i]),
+                        need if k == last else None,
+                    )
+                )  # fmt: skip
+            i = j
+
+    def _constant_run(self, queue: list[_Queued], i: int, need: str | None) -> int:
+        """The end j of the run queue[i:j] that can be replayed together: the same (sigma,
+        q, settings), the heuristic due at every step, and nothing else due (nor ``need``)
+        before its last step."""
+        replica = self._replica
+        if replica is None or self.heuristic_every != 1 or replica.weighted:
+            return i
+        _, sigma, q, _, settings = queue[i]
+        j = i
+        while j < len(queue):
+            step, s_j, q_j, _, settings_j = queue[j]
+            if (s_j, q_j, settings_j) != (sigma, q, settings):
+                break
+            j += 1
+            if (
+                (need is not None and j == len(queue))
+                or _due(step, self.robust_every)
+                or _due(step, self.standard_every)
+            ):
+                break
+        return j
 
     def _evaluate_step(self, entry: _Queued, rdp: float, need: str | None) -> EpsilonRecord:
-        step, sigma, q, lr, settings = entry
+        step, sigma, q, _, settings = entry
         d = self.delta
         _extend(self._history, sigma, q)
         self._evaluated += 1
-        heuristic = robust = None
+        heuristic = None
         replica = self._replica
         if replica is not None:
             replica.replay(sigma, q, settings)
             every = self.weighted_every if replica.weighted else self.heuristic_every
             if need == "heuristic_epsilon" or _due(step, every):
                 heuristic = float(replica.get_epsilon(d))
-            if need == "robust_epsilon" or _due(step, self.robust_every):
-                robust = float(replica.get_epsilon(d, robust=True))
+        return self._record(entry, rdp, heuristic, need)
+
+    def _record(
+        self, entry: _Queued, rdp: float, heuristic: float | None, need: str | None
+    ) -> EpsilonRecord:
+        """The record of the step just replayed: the robust and standard epsilons when due
+        (or needed) at this step."""
+        step, sigma, q, lr, _ = entry
+        d = self.delta
+        robust = None
+        if self._replica is not None and (
+            need == "robust_epsilon" or _due(step, self.robust_every)
+        ):
+            robust = float(self._replica.get_epsilon(d, robust=True))
         pld = corrected = None
         if _due(step, self.standard_every):
             pld, corrected = self._standard()

@@ -16,6 +16,11 @@ from torch.utils.data import DataLoader, Dataset
 from opacus_lastiterate.callbacks import EpsilonRecord, PrivacyBudget, PrivacyMonitor
 from tests.callbacks.conftest import DELTA
 
+# Queued steps of one setting are solved together (IncrementalHeuristic.advance): their
+# epsilons equal the accountant's step-by-step values to the root finder's tolerance
+# (about 1e-13 relative), not bit for bit.
+BATCHED = 1e-12
+
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
@@ -90,7 +95,7 @@ def test_trainer_logs_the_accountant_epsilon(tmp_path: Path) -> None:
     trainer.train()
     assert [r.step for r in records] == [1, 2, 3, 4, 4] and records[-1].final
     for r, (n, eps) in zip(records, expected + expected[-1:], strict=True):
-        assert r.step == n and r.heuristic_epsilon == eps
+        assert r.step == n and r.heuristic_epsilon == pytest.approx(eps, rel=BATCHED)
     lrs = [r.lr for r in records[:4]]
     assert lrs[0] == pytest.approx(0.1) and lrs == sorted(lrs, reverse=True)  # linear decay
     assert engine.accountant.num_steps == 4 == trainer.state.global_step

@@ -15,6 +15,11 @@ from torch.utils.data import DataLoader, TensorDataset
 from opacus_lastiterate.callbacks import EpsilonRecord, PrivacyBudget, PrivacyMonitor
 from tests.callbacks.conftest import DELTA
 
+# Queued steps of one setting are solved together (IncrementalHeuristic.advance): their
+# epsilons equal the accountant's step-by-step values to the root finder's tolerance
+# (about 1e-13 relative), not bit for bit.
+BATCHED = 1e-12
+
 pl = pytest.importorskip("lightning.pytorch")
 
 
@@ -101,7 +106,7 @@ def test_lightning_trainer_logs_the_accountant_epsilon(tmp_path: Path) -> None:
     steps = [r.step for r in checker.records]
     assert steps == [1, 2, 3, 4, 5, 5] and checker.records[-1].final
     for r, (n, eps) in zip(checker.records, checker.expected + [checker.expected[-1]], strict=True):
-        assert r.step == n and r.heuristic_epsilon == eps
+        assert r.step == n and r.heuristic_epsilon == pytest.approx(eps, rel=BATCHED)
     assert engine.accountant.num_steps == 5 == trainer.global_step
     # checkpoint: the callback's state holds the accountant's history
     path = tmp_path / "run.ckpt"
@@ -157,7 +162,7 @@ def test_opacus_dp_lightning_data_module(tmp_path: Path) -> None:
     trainer.fit(model, datamodule=DPLightningDataModule(Data()))
     assert [r.step for r in checker.records] == [1, 2, 3, 4, 4]
     for r, (n, eps) in zip(checker.records, checker.expected + [checker.expected[-1]], strict=True):
-        assert r.step == n and r.heuristic_epsilon == eps
+        assert r.step == n and r.heuristic_epsilon == pytest.approx(eps, rel=BATCHED)
     assert engine.accountant.history == [(1.0, 1 / 8, 4)]
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "BinomialSequence",
     "CountDistribution",
     "binomial_count",
+    "binomial_count_stack",
     "convolve_counts",
     "poisson_binomial_count",
 ]
@@ -82,6 +83,42 @@ def binomial_count(steps: int, sample_rate: float) -> CountDistribution:
     log_total = m + math.log(float(np.exp(unnormalised - m).sum()))
     log_pmf = unnormalised - log_total + math.log1p(-dropped)
     return CountDistribution(lo, log_pmf, dropped)
+
+
+def binomial_count_stack(steps: np.ndarray, sample_rate: float) -> tuple[int, np.ndarray, np.ndarray]:
+    """Binomial(n_b, q) for every n_b of ``steps`` (integers >= 1, increasing; q < 1) on one
+    grid: ``(offset, log_pmf, dropped)`` with ``log_pmf[b, i]`` the log-probability of
+    ``offset + i`` (-inf outside lane b's window) and ``dropped[b]`` its truncated mass.
+
+    Windows, dropped masses and the log-pmf recursion are those of :func:`binomial_count`,
+    evaluated for all lanes by the same floating-point operations (only the normalising sums
+    may group their terms differently)."""
+    counts = np.asarray(steps, dtype=np.int64)
+    n = counts.astype(float)
+    q = float(sample_rate)
+    mean = n * q
+    var = n * q * (1.0 - q)
+    c = _TAIL_NATS
+    t = c / 3.0 + np.sqrt(c * c / 9.0 + 2.0 * c * var)
+    lo = np.maximum(0.0, np.floor(mean - t)).astype(np.int64)
+    hi = np.minimum(n, np.ceil(mean + t)).astype(np.int64)
+    dropped = np.where(lo > 0, special.bdtr(lo - 1, counts, q), 0.0) + np.where(
+        hi < counts, special.bdtrc(hi, counts, q), 0.0
+    )
+    offset = int(lo.min())
+    k = np.arange(offset, int(hi.max()) + 1, dtype=float)
+    inside = (k[None, :] >= lo[:, None]) & (k[None, :] <= hi[:, None])
+    log_odds = math.log(q) - math.log1p(-q)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        increments = np.log((n[:, None] - k[None, :-1]) / (k[None, :-1] + 1.0)) + log_odds
+    increments[~(inside[:, :-1] & inside[:, 1:])] = 0.0  # steps outside a window: exact zeros
+    unnormalised = np.zeros((n.size, k.size))
+    np.cumsum(increments, axis=1, out=unnormalised[:, 1:])
+    unnormalised[~inside] = -math.inf
+    top = unnormalised.max(axis=1, keepdims=True)
+    log_total = top[:, 0] + np.log(np.exp(unnormalised - top).sum(axis=1))
+    log_pmf = unnormalised - (log_total - np.log1p(-dropped))[:, None]
+    return offset, log_pmf, dropped
 
 
 class BinomialSequence:

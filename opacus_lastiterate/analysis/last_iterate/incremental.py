@@ -11,6 +11,9 @@ between steps:
   that binomial is updated from the last step's (:class:`~.canary_count.BinomialSequence`);
 * per delta, the thresholds (y0, y_PQ, y_QP) of the last solve, which warm-start the root
   finding of the next step (same tolerance, fewer Newton steps);
+* :meth:`IncrementalHeuristic.advance` records many steps at one (sigma, q) and returns the
+  epsilon after each, solving their pairs together (:mod:`.gaussian_mixture_stack`) when
+  every step of the run has that sample rate (one Binomial count per step);
 * per delta, the largest epsilon of a suffix inside the current segment seen so far, so that
   the non-monotonicity check (eps_T < max_{t <= T} eps_t) costs nothing extra per step: a
   suffix of t steps inside the last segment is t steps at that segment's (sigma, q), whose
@@ -26,17 +29,29 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from opacus_lastiterate.analysis.last_iterate.canary_count import (
     BinomialSequence,
     CountDistribution,
+    _window,
+    binomial_count,
+    binomial_count_stack,
     convolve_counts,
     poisson_binomial_count,
 )
 from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
+from opacus_lastiterate.analysis.last_iterate.gaussian_mixture_stack import MixtureStack
 from opacus_lastiterate.analysis.last_iterate.heuristic import count_pair
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment
 
-__all__ = ["IncrementalHeuristic", "SuffixPeak"]
+__all__ = ["STACK_MAX_POINTS", "IncrementalHeuristic", "SuffixPeak"]
+
+STACK_MAX_POINTS = 500
+"""Largest count window (points of Binomial(T, q) kept) at which :meth:`IncrementalHeuristic.advance`
+solves steps together: beyond it the work per point outweighs the calls saved, and the
+step-by-step path (whose warm starts land at once at large T) is faster
+(``benchmarks/bench_batched_heuristic.py``)."""
 
 Hints = tuple[float, float, float]
 
@@ -182,6 +197,105 @@ class IncrementalHeuristic:
                 self._peaks[delta] = SuffixPeak(eps, self._steps)
         return eps
 
+    def advance(
+        self, noise_multiplier: float, sample_rate: float, steps: int, delta: float
+    ) -> np.ndarray:
+        """Record ``steps`` more steps at (sigma, q) and return the epsilon at ``delta`` after
+        each of them: the values that :meth:`append` and :meth:`epsilon` step by step give,
+        to the root finder's tolerance. When every recorded step has rate q (< 1), sigma > 0
+        and the count window stays below :data:`STACK_MAX_POINTS`, the pairs of the new
+        steps are solved together (module docstring)."""
+        out = np.empty(steps)
+        done = 0
+        lo, hi = _window(self._steps + steps, sample_rate)
+        stackable = (
+            noise_multiplier > 0.0
+            and sample_rate < 1.0
+            and not self.noiseless
+            and set(self._steps_by_rate) <= {sample_rate}
+            and hi - lo < STACK_MAX_POINTS
+        )
+        # the first two steps of a run go one by one: the stack needs two solves to start from
+        while done < steps and (not stackable or self._two_solves(delta) is None):
+            self.append(noise_multiplier, sample_rate)
+            out[done] = self.epsilon(delta)
+            done += 1
+        if done < steps:
+            out[done:] = self._stack_epsilons(noise_multiplier, sample_rate, steps - done, delta)
+        return out
+
+    def _two_solves(self, delta: float) -> tuple[int, Hints, int, Hints] | None:
+        """(t0, thresholds at t0, t1, thresholds at t1) of the last two solves, t1 = T."""
+        last = self._hints.get(delta)
+        if last is None or last[0] != self._steps or last[2] is None:
+            return None
+        t1, h1, (t0, h0, _) = last  # type: ignore[misc]
+        return (t0, h0, t1, h1) if t0 < t1 else None
+
+    def _stack_epsilons(
+        self, noise_multiplier: float, sample_rate: float, steps: int, delta: float
+    ) -> np.ndarray:
+        """The stacked path of :meth:`advance` (its conditions hold, two solves known).
+
+        Thresholds are smooth in T, but a straight line through the last two solves drifts
+        over a long batch; so three anchor steps (a third of the way, two thirds, the last)
+        are solved first, from that line, and every other step starts from the cubic through
+        the last solve and the anchors. If an anchor needs the one-pair path, so would most
+        steps: the batch then goes step by step."""
+        t0, h0, t1, h1 = self._two_solves(delta)  # type: ignore[misc]
+        lanes = self._steps + np.arange(1, steps + 1)
+        variances = self._variance + np.arange(1, steps + 1) * (noise_multiplier**2)
+        offset, log_pmf, dropped = binomial_count_stack(lanes, sample_rate)
+        stack = MixtureStack(offset, log_pmf, np.sqrt(variances), dropped)
+        ratio = (lanes - t1) / (t1 - t0)
+        hints = np.array([b + ratio * (b - a) for a, b in zip(h0, h1, strict=True)])
+        anchors = (
+            np.unique([steps // 3, (2 * steps) // 3, steps - 1]) if steps >= 12 else np.arange(0)
+        )
+        if anchors.size:
+            first = stack.select(anchors).epsilons(delta, hints[1, anchors], hints[2, anchors])
+            if not first.solved.all():
+                return self._one_by_one(noise_multiplier, sample_rate, steps, delta)
+            known_t = np.concatenate(([t1], lanes[anchors]))
+            for row, roots in ((1, first.y_pq), (2, first.y_qp)):
+                hints[row] = _polynomial(known_t, np.concatenate(([h1[row]], roots)), lanes)
+            hints[1, anchors], hints[2, anchors] = first.y_pq, first.y_qp
+        solution = stack.epsilons(delta, hints[1], hints[2])
+        eps, y_pq, y_qp = solution.epsilon, solution.y_pq, solution.y_qp
+        for j in np.flatnonzero(~solution.solved):  # solved alone, as :meth:`epsilon` does
+            pair = count_pair(binomial_count(int(lanes[j]), sample_rate), float(variances[j]))
+            hint = (float(hints[0, j]), float(hints[1, j]), float(hints[2, j]))
+            try:
+                value, alone = pair.epsilon_warm(delta, hint)
+            except ArithmeticError:
+                value, alone = pair.epsilon_warm(delta, None)
+            eps[j], y_pq[j], y_qp[j] = value, alone[1], alone[2]
+        self.append(noise_multiplier, sample_rate, steps)
+
+        def thresholds(j: int) -> Hints:
+            return float(hints[0, j]), float(y_pq[j]), float(y_qp[j])
+
+        final = thresholds(-1)
+        before = (int(lanes[-2]), thresholds(-2), None) if steps >= 2 else None
+        if all(math.isfinite(h) for h in final):
+            self._hints[delta] = (self._steps, final, before)
+        self._epsilons[delta] = (self._steps, float(eps[-1]))
+        if len(self._segments) == 1:
+            top = int(np.argmax(eps))
+            peak = self._peaks.get(delta)
+            if peak is None or eps[top] > peak.epsilon:
+                self._peaks[delta] = SuffixPeak(float(eps[top]), int(lanes[top]))
+        return eps
+
+    def _one_by_one(
+        self, noise_multiplier: float, sample_rate: float, steps: int, delta: float
+    ) -> np.ndarray:
+        out = np.empty(steps)
+        for j in range(steps):
+            self.append(noise_multiplier, sample_rate)
+            out[j] = self.epsilon(delta)
+        return out
+
     def _predicted_hints(self, delta: float) -> Hints | None:
         """Thresholds of this step, extrapolated linearly in T from the last two solves."""
         last = self._hints.get(delta)
@@ -207,3 +321,16 @@ class IncrementalHeuristic:
     def suffix_peak(self, delta: float) -> SuffixPeak | None:
         """The largest eps_t seen for t steps of the current (single) segment, if any."""
         return self._peaks.get(delta)
+
+
+def _polynomial(t: np.ndarray, h: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The polynomial of degree len(t) - 1 through the points (t_i, h_i), evaluated at
+    ``at`` (Lagrange form)."""
+    out = np.zeros(at.size)
+    for i in range(t.size):
+        basis = np.ones(at.size)
+        for j in range(t.size):
+            if j != i:
+                basis *= (at - t[j]) / (t[i] - t[j])
+        out += h[i] * basis
+    return out

@@ -12,6 +12,7 @@ import pytest
 from opacus_lastiterate.analysis.last_iterate.canary_count import (
     BinomialSequence,
     binomial_count,
+    binomial_count_stack,
     poisson_binomial_count,
 )
 
@@ -76,3 +77,20 @@ def test_binomial_sequence_rebuilds_when_steps_do_not_follow_on():
     ref = binomial_count(250, 0.1)
     assert jumped.offset == ref.offset
     np.testing.assert_array_equal(jumped.log_pmf, ref.log_pmf)
+
+
+@pytest.mark.parametrize("q", [1e-3, 0.045, 0.5, 0.97])
+@pytest.mark.parametrize("start", [1, 700])
+def test_count_stack_rows_are_the_single_counts(q, start):
+    """Each row of the stack has the window and dropped mass of ``binomial_count`` exactly
+    and its log-pmf to rounding (the recursion is the same; only the normalising sum may
+    group its terms differently)."""
+    steps = np.arange(start, start + 120)
+    offset, log_pmf, dropped = binomial_count_stack(steps, q)
+    for row, n, m in zip(log_pmf, steps, dropped, strict=True):
+        single = binomial_count(int(n), q)
+        kept = np.flatnonzero(np.isfinite(row))
+        assert offset + kept[0] == single.offset and kept.size == single.log_pmf.size
+        assert kept[-1] - kept[0] + 1 == kept.size  # one contiguous window
+        assert m == single.dropped_mass
+        np.testing.assert_allclose(row[kept], single.log_pmf, rtol=0, atol=1e-13)

@@ -110,3 +110,60 @@ def test_fuzz_long_constant_runs_never_fail_and_match(seed: int) -> None:
         if t in checks:
             scratch = LastIterateHeuristic([(sigma, q, t)]).epsilon(delta)
             assert eps == pytest.approx(scratch, rel=REL, abs=1e-12), (q, sigma, delta, t)
+
+
+def _step_by_step(engine: IncrementalHeuristic, sigma: float, q: float, n: int, delta: float):
+    out = []
+    for _ in range(n):
+        engine.append(sigma, q)
+        out.append(engine.epsilon(delta))
+    return np.array(out)
+
+
+@pytest.mark.parametrize(
+    "sigma,q,start,delta",
+    [(1.0, 64 / 1437, 0, 1e-5), (0.6, 0.01, 0, 1e-6), (2.0, 0.2, 0, 1e-5),
+     (0.5, 0.5, 0, 1e-3), (1.0, 0.001, 50_000, 1e-5), (1.0, 0.05, 3_000, 1e-9)],
+)  # fmt: skip
+@pytest.mark.parametrize("batch", [1, 7, 100])
+def test_advance_equals_step_by_step(sigma, q, start, delta, batch):
+    """Batches of steps solved together give the step-by-step values (to the root finder's
+    tolerance), the same suffix peak, and leave the engine where step-by-step calls leave
+    it: later steps, one by one, still agree."""
+    one, many = IncrementalHeuristic(), IncrementalHeuristic()
+    if start:
+        one.append(sigma, q, start)
+        many.append(sigma, q, start)
+    want = _step_by_step(one, sigma, q, 300, delta)
+    got = np.concatenate([many.advance(sigma, q, batch, delta) for _ in range(300 // batch)])
+    got = np.concatenate([got, many.advance(sigma, q, 300 - got.size, delta)])
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert many.num_steps == one.num_steps and many.run.as_history() == one.run.as_history()
+    assert many.suffix_peak(delta).steps == one.suffix_peak(delta).steps
+    assert many.epsilon(delta) == got[-1]  # cached, as after a step-by-step query
+    np.testing.assert_allclose(
+        _step_by_step(many, sigma, q, 20, delta), _step_by_step(one, sigma, q, 20, delta),
+        rtol=1e-12,
+    )  # fmt: skip
+
+
+def test_advance_outside_the_stacked_path_still_answers():
+    """Several sample rates, a noise change, zero noise and q = 1 go step by step."""
+    engine, reference = IncrementalHeuristic(), IncrementalHeuristic()
+    for sigma, q, n in [(1.0, 0.05, 30), (1.0, 0.02, 40), (1.5, 0.02, 30), (1.0, 1.0, 5)]:
+        got = engine.advance(sigma, q, n, 1e-5)
+        np.testing.assert_allclose(got, _step_by_step(reference, sigma, q, n, 1e-5), rtol=1e-12)
+    assert engine.run.as_history() == reference.run.as_history()
+    noiseless = IncrementalHeuristic()
+    assert math.isinf(noiseless.advance(0.0, 0.05, 3, 1e-5)[-1])
+    assert noiseless.advance(1.0, 0.05, 3, 1e-5).tolist() == [math.inf] * 3
+
+
+def test_advance_on_a_new_noise_level_of_the_same_rate_stacks_and_agrees():
+    """Same q, new sigma: the count is still one binomial; the variance changes per step."""
+    engine, reference = IncrementalHeuristic(), IncrementalHeuristic()
+    engine.advance(1.0, 0.05, 50, 1e-5)
+    _step_by_step(reference, 1.0, 0.05, 50, 1e-5)
+    got = engine.advance(1.7, 0.05, 60, 1e-5)
+    np.testing.assert_allclose(got, _step_by_step(reference, 1.7, 0.05, 60, 1e-5), rtol=1e-12)
+    assert engine.suffix_peak(1e-5) is None and reference.suffix_peak(1e-5) is None
