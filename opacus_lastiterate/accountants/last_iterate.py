@@ -38,6 +38,7 @@ from opacus_lastiterate.analysis.last_iterate.heuristic import (
 )
 from opacus_lastiterate.analysis.last_iterate.incremental import IncrementalHeuristic
 from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
+    FINE_POINTS,
     IncrementalWeightedHeuristic,
 )
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
@@ -168,6 +169,7 @@ class LastIterateAccountant(RunAccountant):
         self._full_checked: dict[float, int] = {}
         self.weight_accuracy = 1e-3
         """Requested relative accuracy of the schedule/momentum-weighted epsilon."""
+        self._weighted_fine_points = FINE_POINTS  # the weighted engine's grid (see there)
         super().__init__()
 
     # -- bookkeeping hooks (see RunAccountant) ----------------------------------------------
@@ -281,8 +283,9 @@ class LastIterateAccountant(RunAccountant):
             engine is None
             or engine.num_steps != self._steps()
             or engine.accuracy != self.weight_accuracy
+            or engine.fine_points != self._weighted_fine_points
         ):
-            engine = IncrementalWeightedHeuristic(self.weight_accuracy)
+            engine = IncrementalWeightedHeuristic(self.weight_accuracy, self._weighted_fine_points)
             sigma, q = self.run.per_step()
             t = 0
             for lr, momentum, dampening, nesterov, weight_decay, steps in self._trace:

@@ -77,6 +77,10 @@ import numpy as np
 from opacus_lastiterate.accountants.last_iterate import LastIterateAccountant, _Sweep
 from opacus_lastiterate.analysis._validation import check_delta
 from opacus_lastiterate.analysis.last_iterate.budget_horizon import steps_within_limit
+from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
+    FINE_POINTS,
+    SPARSE_FINE_POINTS,
+)
 from opacus_lastiterate.exceptions import MonitorWarning, PrivacyBudgetExceededError
 
 __all__ = [
@@ -337,6 +341,7 @@ DOUBLING_START = 100
 """First step of the ``"doubling"`` cadence."""
 
 _MIN_RUN = 4  # queued steps of one setting replayed together (fewer: one by one)
+_SPARSE_CADENCE = 50  # weighted_every from which the replica's weighted grid is coarser
 
 
 class _Replica(LastIterateAccountant):
@@ -345,11 +350,16 @@ class _Replica(LastIterateAccountant):
 
     @classmethod
     def of(
-        cls, accountant: LastIterateAccountant, state: Mapping[str, Any] | None = None
+        cls,
+        accountant: LastIterateAccountant,
+        state: Mapping[str, Any] | None = None,
+        fine_points: float = FINE_POINTS,
     ) -> _Replica:
-        """A replica of ``accountant`` at ``state`` (default: its current state)."""
+        """A replica of ``accountant`` at ``state`` (default: its current state), whose
+        weighted engine uses ``fine_points`` (``incremental_weighted``)."""
         replica = cls()
         replica.weight_accuracy = accountant.weight_accuracy
+        replica._weighted_fine_points = fine_points
         replica.load_state_dict(accountant.state_dict() if state is None else state)
         return replica
 
@@ -704,7 +714,9 @@ class PrivacyMonitor:
     def _sync(self, rdp: Sequence[float] | None = None) -> None:
         """Start evaluating from the accountant's current state (no queued steps)."""
         acc = self.accountant
-        self._replica: _Replica | None = _Replica.of(acc) if self._heuristic else None
+        self._replica: _Replica | None = (
+            _Replica.of(acc, fine_points=self._weighted_grid) if self._heuristic else None
+        )
         self._history: list[list[Any]] = [list(h) for h in acc.history]
         self._evaluated = _num_steps(acc)
         self._final: tuple[int, EpsilonRecord | None] | None = None  # (steps, record) of finish()
@@ -1159,6 +1171,16 @@ class PrivacyMonitor:
     # -- evaluation in a separate process ---------------------------------------------------
 
     @property
+    def _weighted_grid(self) -> float:
+        """The replica's weighted-engine grid: coarser when the weighted heuristic is asked
+        for every 50 steps or less often (``SPARSE_FINE_POINTS``: half the work per step;
+        each logged value is still an upper bound within ``weight_accuracy``)."""
+        every = self.weighted_every
+        if every is None or every == "doubling" or every >= _SPARSE_CADENCE:
+            return SPARSE_FINE_POINTS
+        return FINE_POINTS
+
+    @property
     def _uses_worker(self) -> bool:
         return self.evaluation == "process" and not self._worker_failed
 
@@ -1280,7 +1302,9 @@ class PrivacyMonitor:
         acc = self.accountant
         dropped = len(unanswered) + len(self._queue)
         state = _drop_last_steps(acc.state_dict(), dropped)
-        self._replica = _Replica.of(acc, state) if self._heuristic else None
+        self._replica = (
+            _Replica.of(acc, state, self._weighted_grid) if self._heuristic else None
+        )
         self._history = [list(h) for h in state["history"]]
         self._evaluated = _num_steps(acc) - dropped
         self._queue = unanswered + self._queue

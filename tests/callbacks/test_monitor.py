@@ -604,3 +604,28 @@ def test_replay_constant_declines_what_only_step_by_step_answers() -> None:
         warnings.simplefilter("error")  # monotone so far: the check is still on
         assert two.replay_constant(3.0, 0.01, SGD, 10, 1e-5) is not None
     assert two.replay_constant(3.5, 0.01, SGD, 10, 1e-5) is None
+
+
+def test_sparse_weighted_cadence_logs_a_certified_value_on_a_coarser_grid() -> None:
+    """weighted_every >= 50: the replica's weighted engine folds on half the fine grid
+    (SPARSE_FINE_POINTS). The logged value is then another certified upper bound: within
+    the accountant's bracket [lower bound, value / (1 - accuracy)] at that step."""
+    from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
+        SPARSE_FINE_POINTS,
+    )
+
+    engine, model, opt, loader = make_dp(momentum=0.9)
+    records: list[EpsilonRecord] = []
+    monitor = PrivacyMonitor(
+        engine, delta=DELTA, sinks=[records.append], optimizer=opt, weighted_every=50,
+        robust_every=None, standard_every=None,
+    )  # fmt: skip
+    train(model, opt, loader, 100)
+    monitor.flush()
+    assert monitor._replica._weighted_engine.fine_points == SPARSE_FINE_POINTS
+    acc = engine.accountant
+    result = acc.weighted_result(DELTA)  # the accountant's own engine: FINE_POINTS
+    logged = records[99].heuristic_epsilon
+    assert [r.step for r in records if r.heuristic_epsilon is not None] == [50, 100]
+    assert result.lower_bound <= logged <= result.epsilon / (1.0 - acc.weight_accuracy)
+    assert logged != result.epsilon  # a different grid, not a copy of the accountant's value

@@ -85,12 +85,19 @@ from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
     solve_trusted,
 )
 
-__all__ = ["IncrementalWeightedHeuristic"]
+__all__ = ["FINE_POINTS", "SPARSE_FINE_POINTS", "IncrementalWeightedHeuristic"]
 
 RATE_SAFETY = 2.0  # eta_bar = RATE_SAFETY x the largest learning rate seen
 FREEZE_SLACK = 0.1  # freeze once the future growth bound G is <= FREEZE_SLACK x h
 SEMI_SLACK = 0.5  # semi-freeze on the coarse grid once G <= SEMI_SLACK x c
 FINE_POINTS = 8.0  # fine grid points per largest weight = FINE_POINTS / accuracy
+SPARSE_FINE_POINTS = 4.0
+"""``fine_points`` for an engine queried every 50 steps or more (a monitor's cadence): half
+the fold work per step for a finer coarse grid at each query. Measured (momentum 0.9, cosine,
+q = 0.045, accuracy 1e-3, one BLAS thread): queried every 100 steps, 0.26 s instead of 0.43 s
+for 500 steps and 9.3 s instead of 14.7 s for 5000; every 50 steps, 3.2 s instead of 4.1 s for
+2000; but every 10 steps 3.4 s instead of 3.1 s, and every step 24 s instead of 15 s for 1000
+(``FINE_POINTS`` is the better choice there)."""
 _FOLD_BUDGET = 1e-32  # mass cut per end and trim of the fine pmfs
 _TRIM_EVERY = 8  # folds between trims
 _BLOCK_WORK = 3_000_000  # frozen steps are folded in blocks of about this many grid updates
@@ -240,10 +247,15 @@ class IncrementalWeightedHeuristic:
 
     Args:
         accuracy: requested bound on (upper - lower) / upper, in (0, 1).
+        fine_points: fine grid points per largest weight, times ``accuracy``
+            (:data:`FINE_POINTS` suits a query after every step, :data:`SPARSE_FINE_POINTS`
+            one every 50 steps or more). Any value gives certified brackets; it trades the
+            work per step against the work per query.
     """
 
-    def __init__(self, accuracy: float = 1e-3) -> None:
+    def __init__(self, accuracy: float = 1e-3, fine_points: float = FINE_POINTS) -> None:
         self.accuracy = float(accuracy)
+        self.fine_points = float(fine_points)
         self._eta: list[float] = []
         self._sigma: list[float] = []
         self._q: list[float] = []
@@ -251,7 +263,7 @@ class IncrementalWeightedHeuristic:
         self._settings: tuple[float, float, bool] | None = None  # (beta, dampening, nesterov)
         self._supported = True
         self._max_eta = 0.0
-        self._fine_points = FINE_POINTS / self.accuracy
+        self._fine_points = self.fine_points / self.accuracy
         self._state: _State | None = None
         # active window (steps frozen..T-1): R_t(T)
         self._r = np.zeros(0)
