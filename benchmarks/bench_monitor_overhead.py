@@ -5,7 +5,9 @@ Trains the MLP of ``examples/train_digits.py`` (digits, Opacus, Poisson sampling
 that records every step, for plain SGD and for SGD momentum 0.9 with a cosine learning-rate
 schedule. Without the monitor the accountant still records every step (Opacus's own hook).
 Times are CPU seconds of the training thread (``time.thread_time``: the machine is shared),
-median of ``--repeats`` alternating runs, after 5 warm-up steps. Three figures per optimizer:
+after 5 warm-up steps; each repeat runs every variant once, in turn, and a ratio is the
+median [and range] over the repeats of that repeat's run against its run without the monitor.
+Three figures per optimizer:
 
 * ``hot path``: the training loop with the monitor queueing every step and evaluating
   nothing in the loop (``flush_every=None``); the ratio with/without is the per-step cost
@@ -26,7 +28,7 @@ median of ``--repeats`` alternating runs, after 5 warm-up steps. Three figures p
   wall-clock time; the ratio of the inline "in loop" run on the same clock beside it, and the
   child's start-up time (from creating the monitor to ready: imports, pickled accountant).
 
-    python benchmarks/bench_monitor_overhead.py                 # 500 steps, 5 repeats
+    python benchmarks/bench_monitor_overhead.py                 # 500 steps, 7 repeats
     python benchmarks/bench_monitor_overhead.py --steps 2000 --weighted-every 1000
 """
 
@@ -114,17 +116,24 @@ def run(steps: int, schedule: bool, flush_every: int | str | None, args: argpars
     return elapsed, finish, wall, startup
 
 
+def _ratio(with_monitor: list[float], without: list[float]) -> str:
+    """Median and range of the per-repeat ratios (each run against the run without the
+    monitor of the same repeat: slow drifts of a shared machine cancel)."""
+    ratios = sorted(a / b for a, b in zip(with_monitor, without, strict=True))
+    return f"{statistics.median(ratios):.4f} [{ratios[0]:.3f}-{ratios[-1]:.3f}]"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--weighted-every", type=int, default=100)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     print(
-        f"digits MLP, {args.steps} steps, CPU time of the training thread, median of "
-        f"{args.repeats} alternating runs; weighted heuristic every {args.weighted_every} steps"
+        f"digits MLP, {args.steps} steps, CPU time of the training thread; ratios: median "
+        f"[range] of {args.repeats} repeats; weighted heuristic every {args.weighted_every} steps"
     )
     for name, schedule in (("plain SGD", False), ("SGD momentum 0.9 + cosine", True)):
         times: dict[object, list[float]] = {"off": [], None: [], 100: []}
@@ -145,30 +154,29 @@ def main() -> int:
             _, _, wall, startup = run(args.steps, schedule, 100, args, evaluation="process")
             walls["process"].append(wall)
             startups.append(startup)
+        n = args.steps
         base = statistics.median(times["off"])
         hot = statistics.median(times[None])
         evaluation = statistics.median(finishes[None])
-        in_loop = statistics.median([t + f for t, f in zip(times[100], finishes[100], strict=True)])
-        n = args.steps
+        in_loop = [t + f for t, f in zip(times[100], finishes[100], strict=True)]
         print(f"{name}:")
         print(
             f"  without monitor {1e3 * base / n:7.3f} ms/step; hot path {1e3 * hot / n:7.3f} "
-            f"ms/step, ratio {hot / base:.4f} (goal <= 1.01)"
+            f"ms/step, ratio {_ratio(times[None], times['off'])} (goal <= 1.01)"
         )
         print(
             f"  evaluation (batched flush) {1e3 * evaluation / (n + 5):7.3f} ms/step; in loop "
-            f"(flush_every=100): ratio {in_loop / base:.4f}"
+            f"(flush_every=100): ratio {_ratio(in_loop, times['off'])}"
         )
         print(
             "  in loop with robust and PLD epsilon: default cadence (doubling) ratio "
-            f"{statistics.median(cadenced['doubling']) / base:.4f}; every 100 steps ratio "
-            f"{statistics.median(cadenced[100]) / base:.4f}"
+            f"{_ratio(cadenced['doubling'], times['off'])}; every 100 steps ratio "
+            f"{_ratio(cadenced[100], times['off'])}"
         )
-        wall_base = statistics.median(walls["off"])
         print(
             "  in loop, evaluation in a separate process (wall clock, flush_every=100): ratio "
-            f"{statistics.median(walls['process']) / wall_base:.4f} (inline, same clock: "
-            f"{statistics.median(walls[100]) / wall_base:.4f}); child start-up "
+            f"{_ratio(walls['process'], walls['off'])} (inline, same clock: "
+            f"{_ratio(walls[100], walls['off'])}); child start-up "
             f"{statistics.median(startups):.2f} s"
         )
     return 0

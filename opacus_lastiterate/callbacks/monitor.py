@@ -30,9 +30,13 @@ synchronisation. The epsilons are computed in batches by :meth:`PrivacyMonitor.f
 ``flush_every`` steps (after the update), at :meth:`~PrivacyMonitor.state_dict` (checkpoints)
 and :meth:`~PrivacyMonitor.finish`, at the adapters' epoch ends, or when called. A batch
 replays the queued steps, in order, into a private copy of the ``LastIterateAccountant``
-(the *replica*) and asks it for epsilon after each step, exactly as an accountant asked
-after every step would be asked, so each logged value is the one the accountant reports at
-that step (the same call sequence gives the same floats); the RDP vectors of a batch are
+(the *replica*) and asks it for epsilon after each step, as an accountant asked after every
+step would be asked, so each logged value is the one the accountant reports at that step:
+runs of queued steps with one constant-rate setting are solved together
+(:meth:`IncrementalHeuristic.advance <opacus_lastiterate.analysis.last_iterate.incremental.IncrementalHeuristic.advance>`,
+equal to the step-by-step values to about 1e-13 relative), and with ``weighted_every`` >= 50
+the weighted heuristic is folded on a coarser grid (another upper bound within
+``weight_accuracy``; ``docs/callbacks.md``, "Cost"). The RDP vectors of a batch are
 composed and converted in one vectorised pass. With ``evaluation="process"`` the batches go
 to a headless monitor in a separate Python process instead, which returns the same records
 (``docs/callbacks.md``, "Evaluation in a separate process").
