@@ -606,14 +606,17 @@ def test_replay_constant_declines_what_only_step_by_step_answers() -> None:
     assert two.replay_constant(3.5, 0.01, SGD, 10, 1e-5) is None
 
 
-def test_sparse_weighted_cadence_logs_a_certified_value_on_a_coarser_grid() -> None:
-    """weighted_every >= 50: the replica's weighted engine folds on half the fine grid
-    (SPARSE_FINE_POINTS). The logged value is then another certified upper bound: within
-    the accountant's bracket [lower bound, value / (1 - accuracy)] at that step."""
-    from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
-        SPARSE_FINE_POINTS,
-    )
+@pytest.mark.parametrize("route", ["grid", "fourier"])
+def test_sparse_weighted_cadence_logs_a_certified_value(route, monkeypatch) -> None:
+    """weighted_every >= 50. On the grid route (forced here by making the Fourier route
+    decline) the replica's weighted engine folds on half the fine grid (SPARSE_FINE_POINTS):
+    the logged value is then another certified upper bound, within the accountant's bracket
+    [lower bound, value / (1 - accuracy)] at that step. On the Fourier route (the default
+    while it certifies) there is no grid: the logged value is the accountant's."""
+    from opacus_lastiterate.analysis.last_iterate import incremental_weighted
 
+    if route == "grid":
+        monkeypatch.setattr(incremental_weighted, "fourier_solve", lambda *a: None)
     engine, model, opt, loader = make_dp(momentum=0.9)
     records: list[EpsilonRecord] = []
     monitor = PrivacyMonitor(
@@ -622,10 +625,16 @@ def test_sparse_weighted_cadence_logs_a_certified_value_on_a_coarser_grid() -> N
     )  # fmt: skip
     train(model, opt, loader, 100)
     monitor.flush()
-    assert monitor._replica._weighted_engine.fine_points == SPARSE_FINE_POINTS
+    replica_engine = monitor._replica._weighted_engine
+    assert replica_engine.fine_points == incremental_weighted.SPARSE_FINE_POINTS
     acc = engine.accountant
     result = acc.weighted_result(DELTA)  # the accountant's own engine: FINE_POINTS
     logged = records[99].heuristic_epsilon
     assert [r.step for r in records if r.heuristic_epsilon is not None] == [50, 100]
     assert result.lower_bound <= logged <= result.epsilon / (1.0 - acc.weight_accuracy)
-    assert logged != result.epsilon  # a different grid, not a copy of the accountant's value
+    if route == "grid":
+        assert replica_engine._state is not None
+        assert logged != result.epsilon  # a different grid, not a copy of the accountant's
+    else:
+        assert replica_engine._state is None  # nothing folded
+        assert logged == result.epsilon

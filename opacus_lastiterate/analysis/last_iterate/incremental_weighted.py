@@ -9,6 +9,13 @@ where w_t(T) is the weight of step t's noisy gradient in the model after T steps
 from scratch costs one convolution per step, T per query. :class:`IncrementalWeightedHeuristic`
 keeps most of that work between steps.
 
+Epsilon queries go first to the grid-free route of :mod:`.weighted_fourier` (exact weights,
+characteristic-function inversion with a certified error; ``docs/last_iterate.md``, "Weighted
+heuristic without a grid"): O(T) per query and no work per step. While it answers, no grid
+state is kept. The first time it declines (a bracket wider than ``accuracy``, typically
+epsilon above about 14 at delta = 1e-5, 8 at 1e-8) the engine switches to the grid below
+for good, so that the grid state is built once. Delta queries use the grid.
+
 Scope
 -----
 The incremental path covers ``torch.optim.SGD`` without weight decay, with one momentum
@@ -79,6 +86,7 @@ import numpy as np
 from scipy import signal
 
 from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
+from opacus_lastiterate.analysis.last_iterate.weighted_fourier import fourier_solve
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
     WeightedHeuristicResult,
     _cut_length,
@@ -251,9 +259,14 @@ class IncrementalWeightedHeuristic:
             (:data:`FINE_POINTS` suits a query after every step, :data:`SPARSE_FINE_POINTS`
             one every 50 steps or more). Any value gives certified brackets; it trades the
             work per step against the work per query.
+        fourier: answer epsilon queries by characteristic-function inversion
+            (:mod:`.weighted_fourier`, no grid, no per-step work) until it first declines;
+            ``False`` keeps to the grid.
     """
 
-    def __init__(self, accuracy: float = 1e-3, fine_points: float = FINE_POINTS) -> None:
+    def __init__(
+        self, accuracy: float = 1e-3, fine_points: float = FINE_POINTS, fourier: bool = True
+    ) -> None:
         self.accuracy = float(accuracy)
         self.fine_points = float(fine_points)
         self._eta: list[float] = []
@@ -265,6 +278,7 @@ class IncrementalWeightedHeuristic:
         self._max_eta = 0.0
         self._fine_points = self.fine_points / self.accuracy
         self._state: _State | None = None
+        self._fourier = bool(fourier)  # epsilon by weighted_fourier until it first declines
         # active window (steps frozen..T-1): R_t(T)
         self._r = np.zeros(0)
         self._exponent = 0
@@ -493,6 +507,12 @@ class IncrementalWeightedHeuristic:
             return result(0.0, 0.0, 0.0, 0, 1, 0.0)
         if not self._supported:
             return self._scratch(quantity, argument)
+        if self._fourier and quantity == "epsilon":
+            got = self._fourier_solve(argument)
+            if got is not None:
+                self._state = None  # no grid to keep up to date while this route answers
+                return got
+            self._fourier = False  # from here on the grid answers (module docstring)
         state = self._state
         if state is None:
             state = self._state = self._build()
@@ -519,6 +539,19 @@ class IncrementalWeightedHeuristic:
         self._exponent = e
         size = int(np.count_nonzero(up.p))
         return result(upper, lower, rel, round(self._fine_points), size, up.dropped)
+
+    def _fourier_solve(self, delta: float) -> WeightedHeuristicResult | None:
+        """Exact weights through the characteristic function (:mod:`.weighted_fourier`)."""
+        assert self._settings is not None
+        beta = self._settings[0]
+        eta = np.asarray(self._eta)
+        r = signal.lfilter([1.0], [1.0, -beta], eta[::-1])[::-1] if beta > 0 else eta
+        w = self._weights(0, r)
+        keep = w > 0
+        return fourier_solve(
+            delta, w[keep], np.asarray(self._q)[keep], np.asarray(self._sigma)[keep],
+            self.accuracy,
+        )
 
     def _scratch(self, quantity: str, argument: float) -> WeightedHeuristicResult:
         """The from-scratch solve of the whole run (traces outside the incremental scope)."""

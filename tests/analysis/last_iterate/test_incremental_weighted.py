@@ -25,12 +25,13 @@ FAST = 1e-2  # accuracy of the default (fast) comparisons; the slow sweep uses A
 
 
 def _run(lrs, q, sigma, *, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0,
-         delta=1e-5, check=None, accuracy=ACC):  # fmt: skip
-    """Feed the steps one by one; call ``check(t, result)`` at the steps listed in ``check``."""
+         delta=1e-5, check=None, accuracy=ACC, fourier=False):  # fmt: skip
+    """Feed the steps one by one; keep the results at the steps listed in ``check``. The grid
+    route unless ``fourier``."""
     n = len(lrs)
     q = np.broadcast_to(np.asarray(q, float), (n,))
     sigma = np.broadcast_to(np.asarray(sigma, float), (n,))
-    inc = IncrementalWeightedHeuristic(accuracy)
+    inc = IncrementalWeightedHeuristic(accuracy, fourier=fourier)
     out = {}
     for t in range(n):
         inc.append(float(sigma[t]), float(q[t]), float(lrs[t]), momentum, dampening, nesterov,
@@ -67,25 +68,38 @@ CASES = {
 }
 
 
+ROUTES = pytest.mark.parametrize("fourier", [False, True], ids=["grid", "fourier"])
+
+
+def _check_route(inc, fourier):
+    """The Fourier route answered every query (no grid kept) when asked for."""
+    if fourier:
+        assert inc._fourier and inc._state is None
+
+
+@ROUTES
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_step_by_step_against_from_scratch(name):
+def test_step_by_step_against_from_scratch(name, fourier):
     sched, opt = CASES[name]
     n = 160
     lrs = sched(n)
     steps = {1, 2, 7, 30, 100, 131, 160}
-    _, got = _run(lrs, 0.02, 1.0, check=steps, accuracy=FAST, **opt)
+    inc, got = _run(lrs, 0.02, 1.0, check=steps, accuracy=FAST, fourier=fourier, **opt)
+    _check_route(inc, fourier)
     for t in sorted(steps):
         _bracketed(got[t], _scratch(lrs, 0.02, 1.0, t, accuracy=FAST, **opt))
 
 
-def test_varying_sample_rate_and_noise():
+@ROUTES
+def test_varying_sample_rate_and_noise(fourier):
     n = 150
     lrs = cosine_schedule(0.1, n)
     rng = np.random.default_rng(3)
     q = rng.choice([0.01, 0.05], n)
     sigma = rng.choice([0.8, 1.5], n)
     steps = {5, 60, 150}
-    _, got = _run(lrs, q, sigma, momentum=0.9, check=steps, accuracy=FAST)
+    inc, got = _run(lrs, q, sigma, momentum=0.9, check=steps, accuracy=FAST, fourier=fourier)
+    _check_route(inc, fourier)
     for t in sorted(steps):
         _bracketed(got[t], _scratch(lrs, q, sigma, t, momentum=0.9, accuracy=FAST))
 
@@ -98,15 +112,17 @@ def _exact(weights, q, sigma, delta):
     return ShiftedGaussianMixture(bits @ w, np.log(probs), s).epsilon(delta)
 
 
+@ROUTES
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_against_enumeration_up_to_14_steps(seed):
+def test_against_enumeration_up_to_14_steps(seed, fourier):
     rng = np.random.default_rng(seed)
     n = 14
     lrs = rng.uniform(0.02, 0.2, n)
     q = float(rng.choice([0.1, 0.3, 0.6]))
     opt = [{"momentum": 0.9}, {"momentum": 0.5, "nesterov": True}, {"momentum": 0.7,
            "dampening": 0.5}][seed]  # fmt: skip
-    _, got = _run(lrs, q, 1.0, delta=1e-4, **opt)
+    inc, got = _run(lrs, q, 1.0, delta=1e-4, fourier=fourier, **opt)
+    _check_route(inc, fourier)
     for t in (1, 3, 8, 14):
         exact = _exact(sgd_weights(lrs[:t], **opt), q, 1.0, 1e-4)
         r = got[t]
@@ -151,7 +167,7 @@ def test_late_rate_jump_rebuilds():
 def test_fallback_equals_from_scratch(kw):
     n = 40
     lrs = cosine_schedule(0.1, n)
-    inc = IncrementalWeightedHeuristic()
+    inc = IncrementalWeightedHeuristic(fourier=False)
     moms = np.linspace(0.95, 0.85, n) if kw.get("momentum") == "cycle" else np.full(n, 0.9)
     wd = kw.get("weight_decay", 0.0)
     for t in range(n):
@@ -164,7 +180,7 @@ def test_fallback_equals_from_scratch(kw):
 
 
 def test_empty_and_delta_query():
-    inc = IncrementalWeightedHeuristic()
+    inc = IncrementalWeightedHeuristic(fourier=False)
     assert inc.epsilon(1e-5).value == 0.0
     lrs = cosine_schedule(0.1, 50)
     for t in range(50):
