@@ -14,7 +14,8 @@ characteristic-function inversion with a certified error; ``docs/last_iterate.md
 heuristic without a grid"): O(T) per query and no work per step. While it answers, no grid
 state is kept. The first time it declines (a bracket wider than ``accuracy``, typically
 epsilon above about 14 at delta = 1e-5, 8 at 1e-8) the engine switches to the grid below
-for good, so that the grid state is built once. Delta queries use the grid.
+for good, so that the grid state is built once; so does an engine asked at (nearly) every
+step of a run longer than :data:`FOURIER_EVERY_STEP_LIMIT`. Delta queries use the grid.
 
 Scope
 -----
@@ -93,7 +94,12 @@ from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
     solve_trusted,
 )
 
-__all__ = ["FINE_POINTS", "SPARSE_FINE_POINTS", "IncrementalWeightedHeuristic"]
+__all__ = [
+    "FINE_POINTS",
+    "FOURIER_EVERY_STEP_LIMIT",
+    "SPARSE_FINE_POINTS",
+    "IncrementalWeightedHeuristic",
+]
 
 RATE_SAFETY = 2.0  # eta_bar = RATE_SAFETY x the largest learning rate seen
 FREEZE_SLACK = 0.1  # freeze once the future growth bound G is <= FREEZE_SLACK x h
@@ -106,6 +112,11 @@ q = 0.045, accuracy 1e-3, one BLAS thread): queried every 100 steps, 0.26 s inst
 for 500 steps and 9.3 s instead of 14.7 s for 5000; every 50 steps, 3.2 s instead of 4.1 s for
 2000; but every 10 steps 3.4 s instead of 3.1 s, and every step 24 s instead of 15 s for 1000
 (``FINE_POINTS`` is the better choice there)."""
+FOURIER_EVERY_STEP_LIMIT = 2000
+"""Beyond this many steps an engine asked for epsilon at every step (or every other step)
+leaves the Fourier route for the grid: a Fourier query costs O(T) (about 15 ms at T = 10^4),
+a grid step about O(T q / accuracy) amortised (a median 4.4 ms at T = 10^4,
+``benchmarks/bench_per_step.py``); queried every 3 steps or less often, Fourier is cheaper."""
 _FOLD_BUDGET = 1e-32  # mass cut per end and trim of the fine pmfs
 _TRIM_EVERY = 8  # folds between trims
 _BLOCK_WORK = 3_000_000  # frozen steps are folded in blocks of about this many grid updates
@@ -279,6 +290,7 @@ class IncrementalWeightedHeuristic:
         self._fine_points = self.fine_points / self.accuracy
         self._state: _State | None = None
         self._fourier = bool(fourier)  # epsilon by weighted_fourier until it first declines
+        self._last_query = 0  # step of the last epsilon query (Fourier route's cadence)
         # active window (steps frozen..T-1): R_t(T)
         self._r = np.zeros(0)
         self._exponent = 0
@@ -507,6 +519,10 @@ class IncrementalWeightedHeuristic:
             return result(0.0, 0.0, 0.0, 0, 1, 0.0)
         if not self._supported:
             return self._scratch(quantity, argument)
+        if self._fourier and quantity == "epsilon":
+            gap, self._last_query = n - self._last_query, n
+            if n > FOURIER_EVERY_STEP_LIMIT and gap <= 2:
+                self._fourier = False  # asked (nearly) every step of a long run: the grid
         if self._fourier and quantity == "epsilon":
             got = self._fourier_solve(argument)
             if got is not None:

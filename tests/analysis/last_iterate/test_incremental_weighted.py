@@ -237,3 +237,20 @@ def test_pmf_fold_in_scratch_arrays_equals_fresh_arrays_and_spares_copies() -> N
     assert len(data) < pmf.p.nbytes + 2_000  # the values, not the scratch arrays
     back = pickle.loads(data)
     assert np.array_equal(back.p, pmf.p) and all(b is None for b in back._scratch)
+
+
+def test_long_run_asked_every_step_leaves_the_fourier_route(monkeypatch):
+    """Past FOURIER_EVERY_STEP_LIMIT steps, a query at every step moves the engine to the grid
+    (cheaper per step there); a query every 10 steps keeps the Fourier route."""
+    from opacus_lastiterate.analysis.last_iterate import incremental_weighted
+
+    monkeypatch.setattr(incremental_weighted, "FOURIER_EVERY_STEP_LIMIT", 40)
+    lrs = cosine_schedule(0.1, 60)
+    every, _ = _run(lrs, 0.02, 1.0, momentum=0.9, accuracy=FAST, fourier=True)
+    assert not every._fourier and every._state is not None
+    sparse = IncrementalWeightedHeuristic(FAST)
+    for t, lr in enumerate(lrs, 1):
+        sparse.append(1.0, 0.02, float(lr), 0.9)
+        if t % 10 == 0:
+            sparse.epsilon(1e-5)
+    assert sparse._fourier and sparse._state is None
