@@ -20,13 +20,13 @@ Error of F~ (``docs/last_iterate.md``, "Weighted heuristic without a grid"):
   at most P(X <= x - D) or P(X >= x + D). For x in R = [a, b] with Pr[Z <= a] <= eta delta and
   a Chernoff bound Pr[X >= b] <= eta delta (log E e^{lambda K} <= sum_t q_t (e^{lambda w_t} - 1)),
   D = b - a makes both tails <= eta delta (K >= 0, so Pr[X <= y] <= Pr[Z <= y]).
-* *Truncation.* |phi(theta)| <= exp(-s^2 theta^2 / 2): the terms k >= M sum to less than a
+* *Truncation.* abs(phi(theta)) <= exp(-s^2 theta^2 / 2): the terms k >= M sum to less than a
   geometric series that M is chosen to make <= eta delta.
 * *Rounding.* log phi(theta) is a pairwise sum of T terms: a relative error of 8 machine
   epsilons times (4 + log2 T + theta max w) on the sum of their magnitudes is charged, and 8
-  epsilons times (4 + log2 M + theta |x|) on every term of the inversion sums.
+  epsilons times (4 + log2 M + theta abs(x)) on every term of the inversion sums.
 
-With e the sum of these, for every x in R, |F(x) - F~(x)| <= e. The hockey-stick divergences are
+With e the sum of these, for every x in R, abs(F(x) - F~(x)) <= e. The hockey-stick divergences are
 suprema over half-lines: H(P, Q) = sup_x [1 - F(x) - e^eps Q(X > x)] and H(Q, P) = sup_x
 [Q(X <= x) - e^eps F(x)], so H(P, Q) is within e and H(Q, P) within e^eps e of the same
 suprema with F~ (the points outside R contribute at most eta delta, resp. e^eps eta delta).
