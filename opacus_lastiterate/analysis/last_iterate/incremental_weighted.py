@@ -370,6 +370,13 @@ class IncrementalWeightedHeuristic:
             return np.asarray(self._eta[first : first + r.size]) + beta * a * r
         return a * r
 
+    def _discounted_rates(self) -> np.ndarray:
+        """R_t(T) = sum_{s=t..T} eta_s beta^(s-t) for every step (one backward filter)."""
+        assert self._settings is not None
+        beta = self._settings[0]
+        eta = np.asarray(self._eta)
+        return signal.lfilter([1.0], [1.0, -beta], eta[::-1])[::-1] if beta > 0 else eta.copy()
+
     def _weight_scale(self) -> float:
         """About the largest weight a step can reach at rates <= the largest seen."""
         assert self._settings is not None
@@ -393,7 +400,7 @@ class IncrementalWeightedHeuristic:
             horizon = max(0, math.ceil(math.log(FREEZE_SLACK * h / growth) / math.log(beta)) - 1)
         state = _State(h, eta_bar, horizon, 1, _Pmf(np.ones(1)), _Pmf(np.ones(1), upper=False))
         eta = np.asarray(self._eta)
-        self._r = signal.lfilter([1.0], [1.0, -beta], eta[::-1])[::-1] if beta > 0 else eta.copy()
+        self._r = self._discounted_rates()
         self._exponent = min(self._exponent, 0)
         self._freeze(state, max(0, eta.size - horizon))
         self._hints.clear()
@@ -523,14 +530,12 @@ class IncrementalWeightedHeuristic:
             return self._scratch(quantity, argument)
         if self._fourier and quantity == "epsilon":
             gap, self._last_query = n - self._last_query, n
-            if n > FOURIER_EVERY_STEP_LIMIT and gap <= 2:
-                self._fourier = False  # asked (nearly) every step of a long run: the grid
-        if self._fourier and quantity == "epsilon":
-            got = self._fourier_solve(argument)
+            # asked (nearly) every step of a long run, or declined: the grid from here on
+            got = None if n > FOURIER_EVERY_STEP_LIMIT and gap <= 2 else self._fourier_solve(argument)
             if got is not None:
                 self._state = None  # no grid to keep up to date while this route answers
                 return got
-            self._fourier = False  # from here on the grid answers (module docstring)
+            self._fourier = False
         state = self._state
         if state is None:
             state = self._state = self._build()
@@ -560,11 +565,7 @@ class IncrementalWeightedHeuristic:
 
     def _fourier_solve(self, delta: float) -> WeightedHeuristicResult | None:
         """Exact weights through the characteristic function (:mod:`.weighted_fourier`)."""
-        assert self._settings is not None
-        beta = self._settings[0]
-        eta = np.asarray(self._eta)
-        r = signal.lfilter([1.0], [1.0, -beta], eta[::-1])[::-1] if beta > 0 else eta
-        w = self._weights(0, r)
+        w = self._weights(0, self._discounted_rates())
         keep = w > 0
         return fourier_solve(
             delta, w[keep], np.asarray(self._q)[keep], np.asarray(self._sigma)[keep],
