@@ -4,8 +4,10 @@ Trains the MLP of ``examples/train_digits.py`` (digits, Opacus, Poisson sampling
 ``--steps`` steps without and with a :class:`~opacus_lastiterate.callbacks.PrivacyMonitor`
 that records every step, for plain SGD and for SGD momentum 0.9 with a cosine learning-rate
 schedule. Without the monitor the accountant still records every step (Opacus's own hook).
-Times are CPU seconds of the training thread (``time.thread_time``: the machine is shared),
-after 5 warm-up steps; each repeat runs every variant once, in turn, and a ratio is the
+Times are CPU seconds of the training thread (``time.thread_time``: the machine is shared)
+on the CPU, and wall-clock seconds between two ``torch.cuda.synchronize()`` with
+``--device cuda`` (the batches are moved to the GPU inside the timed loop), after 5 warm-up
+steps; each repeat runs every variant once, in turn, and a ratio is the
 median [and range] over the repeats of that repeat's run against its run without the monitor.
 Three figures per optimizer:
 
@@ -30,6 +32,7 @@ Three figures per optimizer:
 
     python benchmarks/bench_monitor_overhead.py                 # 500 steps, 7 repeats
     python benchmarks/bench_monitor_overhead.py --steps 2000 --weighted-every 1000
+    python benchmarks/bench_monitor_overhead.py --device cuda --repeats 3
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -62,7 +66,9 @@ def run(steps: int, schedule: bool, flush_every: int | str | None, args: argpars
     the ``robust_every`` and ``standard_every`` of the monitor."""
     torch.manual_seed(0)
     train_set, _ = train_digits.load_data(0.2, 0)
-    model = train_digits.build_model(64)
+    device = torch.device(args.device)
+    model = train_digits.build_model(64).to(device)
+    clock = _clock(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9 if schedule else 0.0)
     engine = PrivacyEngine(accountant="last_iterate")
     model, optimizer, loader = engine.make_private(
@@ -90,8 +96,9 @@ def run(steps: int, schedule: bool, flush_every: int | str | None, args: argpars
     while done < steps + 5:
         for x, y in loader:
             if done == 5:
-                start = time.thread_time()
+                start = clock()
                 wall = time.perf_counter()
+            x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
             criterion(model(x), y).backward()
             optimizer.step()
@@ -100,13 +107,13 @@ def run(steps: int, schedule: bool, flush_every: int | str | None, args: argpars
             done += 1
             if done == steps + 5:
                 break
-    elapsed = time.thread_time() - start
+    elapsed = clock() - start
     finish = 0.0
     if monitor is not None:
-        t0 = time.thread_time()
+        t0 = clock()
         monitor._drain()  # evaluation="process": send the queue, wait for every record
         monitor.flush()  # the per-step records still queued (all of them for flush_every=None)
-        finish = time.thread_time() - t0
+        finish = clock() - t0
     wall = time.perf_counter() - wall
     if monitor is not None:
         monitor.finish()  # the final record (robust, PLD: once per run, not timed)
@@ -114,6 +121,19 @@ def run(steps: int, schedule: bool, flush_every: int | str | None, args: argpars
             range(1, steps + 6)
         )
     return elapsed, finish, wall, startup
+
+
+def _clock(device: torch.device) -> Callable[[], float]:
+    """CPU time of this thread on the CPU; wall-clock time after the GPU's queue is done on
+    CUDA (the GPU's work is not this thread's CPU time)."""
+    if device.type == "cpu":
+        return time.thread_time
+
+    def synchronised() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return synchronised
 
 
 def _ratio(with_monitor: list[float], without: list[float]) -> str:
@@ -128,11 +148,18 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--weighted-every", type=int, default=100)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda was requested but CUDA is not available.")
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
+    clock = (
+        "CPU time of the training thread" if args.device == "cpu"
+        else f"wall clock between CUDA synchronisations on {torch.cuda.get_device_name()}"
+    )
     print(
-        f"digits MLP, {args.steps} steps, CPU time of the training thread; ratios: median "
+        f"digits MLP, {args.steps} steps, {clock}; ratios: median "
         f"[range] of {args.repeats} repeats; weighted heuristic every {args.weighted_every} steps"
     )
     for name, schedule in (("plain SGD", False), ("SGD momentum 0.9 + cosine", True)):

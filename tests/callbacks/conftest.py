@@ -15,6 +15,13 @@ import opacus_lastiterate.accountants  # noqa: F401  (registers "last_iterate")
 
 DELTA = 1e-5
 N, BATCH = 256, 32  # q = 1/8
+# Tests that train on a device run on the CPU everywhere and on CUDA where a GPU is present.
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+    ),
+]
 
 
 def make_dp(

@@ -23,6 +23,7 @@ from opacus_lastiterate.callbacks import (
     InTrainingCanaryAudit,
     make_input_canaries,
 )
+from tests.callbacks.conftest import DEVICES
 
 DELTA = 1e-5
 
@@ -45,13 +46,14 @@ def _linear_setup(
     batch: int = 20,
     lr: float = 0.1,
     audit: bool = True,
+    device: str = "cpu",
     **audit_kwargs: Any,
 ) -> LinearRun:
     """Linear model on d = 2m coordinates; the data live on the first m, the canaries on the
     last m, so the data's gradient is zero where the canaries are (the known-answer setting)."""
     d = 2 * m
     torch.manual_seed(seed)
-    model = nn.Linear(d, 1, bias=False)
+    model = nn.Linear(d, 1, bias=False).to(device)
     x = torch.zeros(n, d)
     x[:, :m] = torch.randn(n, m)
     y = torch.randn(n, 1)
@@ -81,6 +83,7 @@ def _linear_setup(
         canaries = InTrainingCanaryAudit(optimizer, **kwargs)
     run = LinearRun(private, optimizer, engine, canaries, q)
     run.loader = dp_loader  # type: ignore[attr-defined]
+    run.device = torch.device(device)  # type: ignore[attr-defined]
     return run
 
 
@@ -88,6 +91,7 @@ def _train(run: LinearRun, steps: int) -> None:
     taken = 0
     while taken < steps:
         for xb, yb in run.loader:  # type: ignore[attr-defined]
+            xb, yb = xb.to(run.device), yb.to(run.device)  # type: ignore[attr-defined]
             run.optimizer.zero_grad()
             nn.functional.mse_loss(run.model(xb), yb).backward()
             run.optimizer.step()
@@ -103,12 +107,14 @@ def _weight(run: LinearRun) -> torch.Tensor:
 # ------------------------------------------------------------------------------ known answer
 
 
-def test_known_answer_bound_positive_and_below_heuristic() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_known_answer_bound_positive_and_below_heuristic(device: str) -> None:
     # Data with zero gradient on the canaries' coordinates: each canary's score is exactly
     # Binomial(T, q) + N(0, sigma^2 T) (times lr C / B) against N(0, sigma^2 T), the pair of
     # the heuristic, so the heuristic is the true epsilon and the bound must stay below it.
-    run = _linear_setup(m=500, sigma=0.5)
+    run = _linear_setup(m=500, sigma=0.5, device=device)
     _train(run, 50)
+    assert _weight(run).device.type == device
     assert run.audit is not None
     report = run.audit.report(delta=DELTA, standard=False)  # PLD at eps ~ 20: seconds
     grad = report.audit("gradient")
@@ -282,12 +288,14 @@ def test_cuda_steps_do_not_synchronise() -> None:  # pragma: no cover - GPU only
     assert audit.insertions().sum() > 0
 
 
-def test_mixed_precision_autocast() -> None:
-    run = _linear_setup(m=40, sigma=1.0)
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_precision_autocast(device: str) -> None:
+    run = _linear_setup(m=40, sigma=1.0, device=device)
     taken = 0
     for xb, yb in run.loader:  # type: ignore[attr-defined]
+        xb, yb = xb.to(device), yb.to(device)
         run.optimizer.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16):
             out = run.model(xb)
         nn.functional.mse_loss(out.float(), yb).backward()
         run.optimizer.step()

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from opacus_lastiterate.callbacks import EpsilonRecord, PrivacyBudget, PrivacyMonitor
-from tests.callbacks.conftest import DELTA
+from tests.callbacks.conftest import DELTA, DEVICES
 
 # Queued steps of one setting are solved together (IncrementalHeuristic.advance): their
 # epsilons equal the accountant's step-by-step values to the root finder's tolerance
@@ -50,7 +50,10 @@ class _Net(nn.Module):
         return out
 
 
-def _setup(tmp_path: Path, max_steps: int, budget: PrivacyBudget | None = None, **kw: Any):
+def _setup(
+    tmp_path: Path, max_steps: int, budget: PrivacyBudget | None = None, device: str = "cpu",
+    **kw: Any,
+):
     from opacus import PrivacyEngine
 
     from opacus_lastiterate.callbacks import HFPrivacyCallback
@@ -67,9 +70,11 @@ def _setup(tmp_path: Path, max_steps: int, budget: PrivacyBudget | None = None, 
         )
     records: list[EpsilonRecord] = []
     expected: list[tuple[int, float]] = []
+    devices: list[str] = []  # where the parameters were at each step
 
     class Probe(transformers.TrainerCallback):  # the accountant asked after every step
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
+            devices.append(next(model.parameters()).device.type)
             acc = engine.accountant
             expected.append((acc.num_steps, acc.get_epsilon(DELTA)))
             return control
@@ -80,19 +85,24 @@ def _setup(tmp_path: Path, max_steps: int, budget: PrivacyBudget | None = None, 
     )
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), max_steps=max_steps, per_device_train_batch_size=32,
-        learning_rate=0.1, max_grad_norm=0.0, report_to=[], use_cpu=True,
+        learning_rate=0.1, max_grad_norm=0.0, report_to=[], use_cpu=device == "cpu",
         logging_strategy="no", disable_tqdm=True, seed=0, **kw,
     )
     trainer = transformers.Trainer(
         model=model, args=args, train_dataset=data, optimizers=(optimizer, None),
         callbacks=[HFPrivacyCallback(monitor, key=f"test-{tmp_path.name}"), Probe()],
     )
+    trainer.probed_devices = devices  # type: ignore[attr-defined]
     return engine, monitor, trainer, records, expected, hooks
 
 
-def test_trainer_logs_the_accountant_epsilon(tmp_path: Path) -> None:
-    engine, _monitor, trainer, records, expected, _ = _setup(tmp_path, 4, save_strategy="no")
+@pytest.mark.parametrize("device", DEVICES)
+def test_trainer_logs_the_accountant_epsilon(tmp_path: Path, device: str) -> None:
+    engine, _monitor, trainer, records, expected, _ = _setup(
+        tmp_path, 4, save_strategy="no", device=device
+    )
     trainer.train()
+    assert trainer.probed_devices == [device] * 4
     assert [r.step for r in records] == [1, 2, 3, 4, 4] and records[-1].final
     for r, (n, eps) in zip(records, expected + expected[-1:], strict=True):
         assert r.step == n and r.heuristic_epsilon == pytest.approx(eps, rel=BATCHED)

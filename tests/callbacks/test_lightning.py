@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from opacus_lastiterate.callbacks import EpsilonRecord, PrivacyBudget, PrivacyMonitor
-from tests.callbacks.conftest import DELTA
+from tests.callbacks.conftest import DELTA, DEVICES
 
 # Queued steps of one setting are solved together (IncrementalHeuristic.advance): their
 # epsilons equal the accountant's step-by-step values to the root finder's tolerance
@@ -60,10 +60,11 @@ def _data(seed: int = 0) -> TensorDataset:
 
 
 def _trainer(
-    namespace: Any, callback: Any, max_steps: int, tmp_path: Path, *more: Any, **kw: Any
+    namespace: Any, callback: Any, max_steps: int, tmp_path: Path, *more: Any,
+    accelerator: str = "cpu", **kw: Any,
 ) -> Any:
     return namespace.Trainer(
-        max_steps=max_steps, accelerator="cpu", devices=1, callbacks=[callback, *more],
+        max_steps=max_steps, accelerator=accelerator, devices=1, callbacks=[callback, *more],
         logger=False,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
         enable_checkpointing=False, **kw,
@@ -76,6 +77,7 @@ class _Checker:
 
     def __init__(self, engine: Any) -> None:
         self.engine, self.records, self.expected = engine, [], []
+        self.devices: list[str] = []  # where the parameters were at each step
 
     def __call__(self, record: EpsilonRecord) -> None:
         self.records.append(record)
@@ -84,14 +86,16 @@ class _Checker:
         checker = self
 
         class Probe(namespace.Callback):  # type: ignore[misc,name-defined]
-            def on_train_batch_end(self, *args: Any) -> None:
+            def on_train_batch_end(self, trainer: Any, module: Any, *args: Any) -> None:
+                checker.devices.append(next(module.parameters()).device.type)
                 acc = checker.engine.accountant
                 checker.expected.append((acc.num_steps, acc.get_epsilon(DELTA)))
 
         return Probe()
 
 
-def test_lightning_trainer_logs_the_accountant_epsilon(tmp_path: Path) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_lightning_trainer_logs_the_accountant_epsilon(tmp_path: Path, device: str) -> None:
     from opacus import PrivacyEngine
 
     from opacus_lastiterate.callbacks import PrivacyMonitorCallback
@@ -101,8 +105,11 @@ def test_lightning_trainer_logs_the_accountant_epsilon(tmp_path: Path) -> None:
     checker = _Checker(engine)
     monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[checker], robust_every=2)
     callback = PrivacyMonitorCallback(monitor)
-    trainer = _trainer(pl, callback, 5, tmp_path, checker.probe(pl))
-    trainer.fit(_module_class(pl.LightningModule)(engine, poisson=True), DataLoader(_data(), batch_size=32))
+    accelerator = "gpu" if device == "cuda" else "cpu"
+    trainer = _trainer(pl, callback, 5, tmp_path, checker.probe(pl), accelerator=accelerator)
+    module = _module_class(pl.LightningModule)(engine, poisson=True)
+    trainer.fit(module, DataLoader(_data(), batch_size=32))
+    assert checker.devices == [device] * 5
     steps = [r.step for r in checker.records]
     assert steps == [1, 2, 3, 4, 5, 5] and checker.records[-1].final
     for r, (n, eps) in zip(checker.records, checker.expected + [checker.expected[-1]], strict=True):

@@ -24,7 +24,7 @@ from opacus_lastiterate.callbacks import (
     PrivacyMonitor,
 )
 from opacus_lastiterate.callbacks.monitor import _due
-from tests.callbacks.conftest import DELTA, make_dp, train
+from tests.callbacks.conftest import DELTA, DEVICES, make_dp, train
 
 # Queued steps of one setting are solved together (IncrementalHeuristic.advance): their
 # epsilons equal the accountant's step-by-step values to the root finder's tolerance
@@ -510,21 +510,24 @@ def test_tensor_learning_rate_on_cpu_is_read() -> None:
     assert _host_float(0.5) == 0.5
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_autocast_training_is_monitored(dtype: torch.dtype) -> None:
+def test_autocast_training_is_monitored(dtype: torch.dtype, device: str) -> None:
     engine, model, opt, loader = make_dp()
+    model.to(device)
     records: list[EpsilonRecord] = []
     PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt, flush_every=1)
     for x, y in [next(iter(loader)) for _ in range(3)]:
+        x, y = x.to(device), y.to(device)
         opt.zero_grad()
-        with torch.autocast("cpu", dtype=dtype):
+        with torch.autocast(device, dtype=dtype):
             loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
     assert [r.step for r in records] == [1, 2, 3]
     # the accountant, asked only now, solves cold: equal to the root finder's tolerance
     assert records[-1].heuristic_epsilon == pytest.approx(engine.get_epsilon(DELTA), rel=1e-12)
-    assert all(p.device.type == "cpu" and p.dtype == torch.float32 for p in model.parameters())
+    assert all(p.device.type == device and p.dtype == torch.float32 for p in model.parameters())
 
 
 # -- queued steps of one setting, replayed together ----------------------------------------

@@ -127,7 +127,8 @@ _WRITER = textwrap.dedent(
 
 def test_a_killed_writer_leaves_whole_lines(tmp_path: Path) -> None:
     jsonl, csv_path = tmp_path / "log.jsonl", tmp_path / "log.csv"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
     for _ in range(3):
         proc = subprocess.Popen(
             [sys.executable, "-c", _WRITER, str(jsonl), str(csv_path)],
