@@ -20,9 +20,10 @@ Three figures per optimizer:
 * ``in loop``: the loop with the default ``flush_every=100`` (evaluation inside the loop)
   plus the last ``flush()``, against the loop without the monitor: the whole per-step cost.
   The final record of ``finish()`` (robust and PLD epsilon, once per run) is not timed.
-  The robust and PLD epsilons are off in these three figures (``None``); two more "in loop"
-  ratios add them on the default cadence (``"doubling"``: steps 100, 200, 400) and every
-  100 steps;
+  The robust and PLD epsilons are off in these three figures (``None``); three more "in
+  loop" ratios add them on the default cadence (``"auto"``: the doubling steps that fit in
+  1% of the training time; how many of them carried a PLD value is printed), on the
+  ``"doubling"`` cadence (steps 100, 200, 400) and every 100 steps;
 * ``in loop, evaluation in a separate process``: ``evaluation="process"``, ``flush_every=100``,
   in *wall-clock* time (``time.perf_counter``: the child's CPU time is not the training
   thread's) from after the child is ready (``monitor.wait_ready``) to the last record back
@@ -44,6 +45,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from opacus import PrivacyEngine
@@ -57,13 +59,19 @@ import opacus_lastiterate.accountants  # noqa: F401
 from opacus_lastiterate.callbacks import EpsilonRecord, PrivacyMonitor
 
 
+class Timing(NamedTuple):
+    loop: float  # the training loop (CPU seconds, or synchronised wall clock on CUDA)
+    flush: float  # the last monitor.flush(), same clock
+    wall: float  # wall-clock seconds of both (the flush waiting for every record)
+    startup: float  # the monitor's start-up, wall clock (until its process is ready)
+    pld_records: int  # records before the final one that carry a PLD epsilon
+
+
 def run(steps: int, schedule: bool, flush_every: int | str | None, args: argparse.Namespace,
-        cadence: object = None, evaluation: str = "inline") -> tuple[float, float, float, float]:
-    """CPU seconds of ``steps`` training steps (data loading included) after 5 warm-up steps,
-    and of the last ``monitor.flush()``; wall-clock seconds of both (the flush waiting for
-    every record with ``evaluation="process"``); the monitor's start-up in wall-clock seconds
-    (until its evaluation process is ready). ``flush_every="off"``: no monitor. ``cadence``:
-    the ``robust_every`` and ``standard_every`` of the monitor."""
+        cadence: object = None, evaluation: str = "inline") -> Timing:
+    """``steps`` training steps (data loading included) after 5 warm-up steps, and the last
+    ``monitor.flush()``. ``flush_every="off"``: no monitor. ``cadence``: the ``robust_every``
+    and ``standard_every`` of the monitor."""
     torch.manual_seed(0)
     train_set, _ = train_digits.load_data(0.2, 0)
     device = torch.device(args.device)
@@ -120,7 +128,8 @@ def run(steps: int, schedule: bool, flush_every: int | str | None, args: argpars
         assert len(records) == steps + 5 + 1 and [r.step for r in records[:-1]] == list(
             range(1, steps + 6)
         )
-    return elapsed, finish, wall, startup
+    pld_records = sum(r.standard_epsilon_pld is not None for r in records[:-1])
+    return Timing(elapsed, finish, wall, startup, pld_records)
 
 
 def _clock(device: torch.device) -> Callable[[], float]:
@@ -165,22 +174,26 @@ def main() -> int:
     for name, schedule in (("plain SGD", False), ("SGD momentum 0.9 + cosine", True)):
         times: dict[object, list[float]] = {"off": [], None: [], 100: []}
         finishes: dict[object, list[float]] = {None: [], 100: []}
-        cadenced: dict[object, list[float]] = {"doubling": [], 100: []}
+        cadenced: dict[object, list[float]] = {"auto": [], "doubling": [], 100: []}
+        auto_plds: list[int] = []
         walls: dict[object, list[float]] = {"off": [], 100: [], "process": []}
         startups: list[float] = []
         for _ in range(args.repeats):
             for flush in ("off", None, 100):
-                elapsed, finish, wall, _ = run(args.steps, schedule, flush, args)
-                times[flush].append(elapsed)
+                t = run(args.steps, schedule, flush, args)
+                times[flush].append(t.loop)
                 if flush != "off":
-                    finishes[flush].append(finish)
+                    finishes[flush].append(t.flush)
                 if flush != None:  # noqa: E711 (a dict key)
-                    walls[flush].append(wall)
+                    walls[flush].append(t.wall)
             for cadence in cadenced:
-                cadenced[cadence].append(sum(run(args.steps, schedule, 100, args, cadence)[:2]))
-            _, _, wall, startup = run(args.steps, schedule, 100, args, evaluation="process")
-            walls["process"].append(wall)
-            startups.append(startup)
+                t = run(args.steps, schedule, 100, args, cadence)
+                cadenced[cadence].append(t.loop + t.flush)
+                if cadence == "auto":
+                    auto_plds.append(t.pld_records)
+            t = run(args.steps, schedule, 100, args, evaluation="process")
+            walls["process"].append(t.wall)
+            startups.append(t.startup)
         n = args.steps
         base = statistics.median(times["off"])
         hot = statistics.median(times[None])
@@ -196,9 +209,10 @@ def main() -> int:
             f"(flush_every=100): ratio {_ratio(in_loop, times['off'])}"
         )
         print(
-            "  in loop with robust and PLD epsilon: default cadence (doubling) ratio "
-            f"{_ratio(cadenced['doubling'], times['off'])}; every 100 steps ratio "
-            f"{_ratio(cadenced[100], times['off'])}"
+            "  in loop with robust and PLD epsilon: default cadence (auto) ratio "
+            f"{_ratio(cadenced['auto'], times['off'])} ({min(auto_plds)}-{max(auto_plds)} "
+            f"intermediate PLD values); doubling ratio {_ratio(cadenced['doubling'], times['off'])}"
+            f"; every 100 steps ratio {_ratio(cadenced[100], times['off'])}"
         )
         print(
             "  in loop, evaluation in a separate process (wall clock, flush_every=100): ratio "

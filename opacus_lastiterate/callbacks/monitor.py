@@ -8,12 +8,13 @@ returned) and produces one :class:`EpsilonRecord` per optimizer step:
   constant-rate formula, every ``weighted_every`` steps (default 100) when a learning-rate
   schedule, momentum or weight decay makes the accountant use the weighted heuristic;
 * ``robust_epsilon``: its certified maximum over suffixes (on the ``robust_every`` cadence,
-  by default at steps 100, 200, 400, ..., and at :meth:`PrivacyMonitor.finish`);
+  by default ``"auto"``: at those of steps 100, 200, 400, ... that fit in the monitor's
+  overhead budget, and always at :meth:`PrivacyMonitor.finish`);
 * ``standard_epsilon_rdp``: standard composition (all iterates released) from an RDP
   vector, converted with the min over orders: a cheap *upper bound* (every step);
 * ``standard_epsilon_pld``: the tight standard epsilon, dp_accounting's PLD accountant
   (:class:`~opacus_lastiterate.analysis.baselines.composition.StandardComposition`) on the
-  ``standard_every`` cadence (by default at steps 100, 200, 400, ...) and at the end;
+  ``standard_every`` cadence (by default ``"auto"``, as above) and at the end;
 * ``corrected_epsilon``: a normalisation accountant's epsilon (``"asgm"``/``"feasgm"``,
   ``docs/normalisation.md``) on the ``standard_every`` cadence, when one is monitored;
 * ``lr``, ``noise_multiplier``, ``sample_rate`` of the step.
@@ -72,9 +73,10 @@ import functools
 import math
 import numbers
 import pickle
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -336,13 +338,46 @@ _RecordedSGD.__name__ = "SGD"
 
 Settings = tuple[float, float, float, bool, float] | None
 
-Cadence = int | Literal["doubling"] | None
+Cadence = int | Literal["doubling", "auto"] | None
 """How often a value is computed: every k steps, ``"doubling"`` (at steps 100, 200, 400, 800,
 ...: the total cost of a value that grows with T stays within about twice its cost at the
-end), or None (only at :meth:`PrivacyMonitor.finish`)."""
+end), ``"auto"`` (``robust_every`` and ``standard_every`` only: at those doubling steps that
+fit in the monitor's ``max_overhead``), or None (only at
+:meth:`PrivacyMonitor.finish`)."""
 
 DOUBLING_START = 100
 """First step of the ``"doubling"`` cadence."""
+
+_clock = time.perf_counter  # the overhead budget's clock (a module name: tests replace it)
+
+
+class _OverheadBudget:
+    """The wall-clock budget of the ``"auto"`` cadence: a value due at a doubling step is
+    computed when the seconds spent on such values so far, plus the value's last cost, stay
+    within ``fraction`` of the training time since the monitor was attached (wall time less
+    those seconds). Before a value was first timed its cost is taken as ``PRIOR``; its cost
+    can grow with T, so the budget is kept to within that growth, not exactly."""
+
+    PRIOR: ClassVar[Mapping[str, float]] = {"robust": 0.01, "standard": 0.1}  # seconds (robust: 2-40 ms; PLD: 0.05-0.5 s)
+
+    def __init__(self, fraction: float) -> None:
+        self.fraction = fraction
+        self.cost = dict(self.PRIOR)
+        self.restart()
+
+    def restart(self) -> None:
+        """Count the training time from now (at attach and at a restored state)."""
+        self.start = _clock()
+        self.spent = 0.0
+
+    def allows(self, kind: str) -> bool:
+        training = _clock() - self.start - self.spent
+        return self.spent + self.cost[kind] <= self.fraction * training
+
+    def charge(self, kind: str, seconds: float) -> None:
+        self.cost[kind] = seconds
+        self.spent += seconds
+
 
 _MIN_RUN = 4  # queued steps of one setting replayed together (fewer: one by one)
 _SPARSE_CADENCE = 50  # weighted_every from which the replica's weighted grid is coarser
@@ -462,21 +497,24 @@ class _Replica(LastIterateAccountant):
 # -- helpers --------------------------------------------------------------------------------
 
 
-def _check_cadence(name: str, value: object, *, doubling: bool = True) -> Any:
-    if value is None or (doubling and value == "doubling"):
+def _check_cadence(
+    name: str, value: object, *, doubling: bool = True, auto: bool = False
+) -> Any:
+    if value is None or (doubling and value == "doubling") or (auto and value == "auto"):
         return value
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-        allowed = ', "doubling"' if doubling else ""
+        allowed = (', "doubling"' if doubling else "") + (', "auto"' if auto else "")
         raise ValueError(f"`{name}` must be an integer >= 1{allowed} or None, got {value!r}.")
     return int(value)
 
 
 def _due(step: int, every: Cadence) -> bool:
     """Whether a value with cadence ``every`` is computed at ``step``: every k steps, or at
-    steps DOUBLING_START * 2^j (``"doubling"``), or never (None: only at ``finish``)."""
+    steps DOUBLING_START * 2^j (``"doubling"``; ``"auto"``: those of them that the overhead
+    budget also allows), or never (None: only at ``finish``)."""
     if every is None:
         return False
-    if every == "doubling":
+    if every == "doubling" or every == "auto":
         blocks, rest = divmod(step, DOUBLING_START)
         return rest == 0 and blocks > 0 and blocks & (blocks - 1) == 0
     return step % every == 0
@@ -599,11 +637,17 @@ class PrivacyMonitor:
         weighted_every: the same while it uses the weighted heuristic (a learning-rate
             schedule, momentum or weight decay: one weighted solve per evaluation).
         robust_every: when to compute ``robust_epsilon`` (a certified search, tens of ms
-            at large T), besides :meth:`finish`; default ``"doubling"``: steps 100, 200,
-            400, ...
+            at large T), besides :meth:`finish`; default ``"auto"``: at the steps 100, 200,
+            400, ... (``"doubling"``) that fit in ``max_overhead``.
         standard_every: when to compute ``standard_epsilon_pld`` and ``corrected_epsilon``
-            (a PLD composition, 0.1-1 s at large T), besides :meth:`finish`; default
-            ``"doubling"``.
+            (a PLD composition, 0.05-0.5 s), besides :meth:`finish`; default ``"auto"``.
+        max_overhead: the ``"auto"`` cadences' budget, a fraction in (0, 1] of the wall
+            time since :meth:`attach` (default 0.01): a robust or PLD value due at a
+            doubling step is computed only when the time spent on such values, with its
+            last cost, stays within it (``docs/callbacks.md``, "Cost"). Which steps carry
+            them then depends on the machine's speed; the final record always does. With
+            ``evaluation="process"`` the values are computed off the training thread and
+            ``"auto"`` is ``"doubling"``.
         flush_every: evaluate the queued steps and send their records to the sinks every k
             steps; None: only at :meth:`flush`, :meth:`state_dict`, :meth:`finish` and the
             adapters' epoch ends.
@@ -637,8 +681,9 @@ class PrivacyMonitor:
         sinks: Iterable[Sink] = (),
         heuristic_every: Cadence = 1,
         weighted_every: Cadence = 100,
-        robust_every: Cadence = "doubling",
-        standard_every: Cadence = "doubling",
+        robust_every: Cadence = "auto",
+        standard_every: Cadence = "auto",
+        max_overhead: float = 0.01,
         flush_every: int | None = 100,
         corrected_accountant: object = None,
         budget: PrivacyBudget | None = None,
@@ -662,8 +707,16 @@ class PrivacyMonitor:
         self.sink_rank = _check_sink_rank(sink_rank)
         self.heuristic_every = _check_cadence("heuristic_every", heuristic_every)
         self.weighted_every = _check_cadence("weighted_every", weighted_every)
-        self.robust_every = _check_cadence("robust_every", robust_every)
-        self.standard_every = _check_cadence("standard_every", standard_every)
+        self.robust_every = _check_cadence("robust_every", robust_every, auto=True)
+        self.standard_every = _check_cadence("standard_every", standard_every, auto=True)
+        overhead: object = max_overhead  # any real number (numpy's too), not a bool
+        if (
+            not isinstance(overhead, numbers.Real)
+            or isinstance(overhead, bool)
+            or not 0.0 < float(overhead) <= 1.0
+        ):
+            raise ValueError(f"`max_overhead` must be a number in (0, 1], got {max_overhead!r}.")
+        self._overhead = _OverheadBudget(float(overhead))
         self.flush_every = _check_cadence("flush_every", flush_every, doubling=False)
         normalisation = (ASGMAccountant, FEASGMAccountant)
         if corrected_accountant is not None and not isinstance(corrected_accountant, normalisation):
@@ -815,6 +868,7 @@ class PrivacyMonitor:
         inner.step = step  # instance attribute: DPOptimizer.step calls original_optimizer.step()
         optimizer._privacy_monitor = self  # type: ignore[attr-defined]
         self._optimizer = optimizer
+        self._overhead.restart()
         return self
 
     def detach(self) -> None:
@@ -1061,12 +1115,18 @@ class PrivacyMonitor:
         d = self.delta
         robust = None
         if self._replica is not None and (
-            need == "robust_epsilon" or _due(step, self.robust_every)
+            need == "robust_epsilon" or self._cadenced(step, "robust", self.robust_every)
         ):
+            t0 = _clock()
             robust = float(self._replica.get_epsilon(d, robust=True))
+            if self.robust_every == "auto":
+                self._overhead.charge("robust", _clock() - t0)
         pld = corrected = None
-        if _due(step, self.standard_every):
+        if self._cadenced(step, "standard", self.standard_every):
+            t0 = _clock()
             pld, corrected = self._standard()
+            if self.standard_every == "auto":
+                self._overhead.charge("standard", _clock() - t0)
         self._last_lr = lr
         return EpsilonRecord(
             step=step,
@@ -1081,6 +1141,10 @@ class PrivacyMonitor:
             sample_rate=float(q),
             final=False,
         )
+
+    def _cadenced(self, step: int, kind: str, every: Cadence) -> bool:
+        """Whether the ``kind`` value ("robust" or "standard") is due at ``step``."""
+        return _due(step, every) and (every != "auto" or self._overhead.allows(kind))
 
     def _standard(self) -> tuple[float, float | None]:
         """PLD and corrected epsilon of the evaluated steps."""
@@ -1208,8 +1272,11 @@ class PrivacyMonitor:
             "delta": self.delta,
             "heuristic_every": self.heuristic_every,
             "weighted_every": self.weighted_every,
-            "robust_every": self.robust_every,
-            "standard_every": self.standard_every,
+            # off the training thread, "auto" has no overhead to keep within: "doubling"
+            "robust_every": "doubling" if self.robust_every == "auto" else self.robust_every,
+            "standard_every": (
+                "doubling" if self.standard_every == "auto" else self.standard_every
+            ),
             "rdp": self._rdp.rdp,
             "last_lr": self._last_lr,
         }
@@ -1384,6 +1451,7 @@ class PrivacyMonitor:
         self.records_emitted = int(state.get("records_emitted", 0))
         self.last_record = None if last is None else EpsilonRecord(**last)
         self._sync(rdp)
+        self._overhead.restart()
         if rewind_sinks and self.calls_sinks:
             for sink in self.sinks:
                 rewind = getattr(sink, "rewind", None)

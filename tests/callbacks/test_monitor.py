@@ -13,6 +13,7 @@ import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
+import opacus_lastiterate.callbacks.monitor as monitor_module
 from opacus_lastiterate.analysis.baselines.composition import StandardComposition
 from opacus_lastiterate.callbacks import (
     DOUBLING_START,
@@ -328,11 +329,13 @@ def test_budget_with_schedule_rolls_back_the_trace() -> None:
     assert engine.get_epsilon(DELTA) == pytest.approx(limit, rel=1e-9)
 
 
-def test_default_cadence_computes_robust_and_pld_at_doubling_steps() -> None:
+def test_doubling_cadence_computes_robust_and_pld_at_doubling_steps() -> None:
     engine, model, opt, loader = make_dp()
     records: list[EpsilonRecord] = []
-    monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt)
-    assert monitor.robust_every == monitor.standard_every == "doubling"
+    monitor = PrivacyMonitor(
+        engine, delta=DELTA, sinks=[records.append], optimizer=opt, robust_every="doubling",
+        standard_every="doubling",
+    )
     train(model, opt, loader, 2 * DOUBLING_START + 3)
     monitor.flush()
     assert [r.step for r in records] == list(range(1, 2 * DOUBLING_START + 4))
@@ -347,13 +350,87 @@ def test_default_cadence_computes_robust_and_pld_at_doubling_steps() -> None:
     assert at.standard_epsilon_pld == pytest.approx(pld, rel=1e-12)
 
 
-@pytest.mark.parametrize("every", [1, 7, 100, "doubling", None])
+class _FakeClock:
+    """The monitor's overhead clock, advanced by the test: training time passes only when
+    the test says so, the monitor's own computations take none."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _auto_run(
+    monkeypatch: pytest.MonkeyPatch, seconds_per_step: float, steps: int, **kw: Any
+) -> list[EpsilonRecord]:
+    clock = _FakeClock()
+    monkeypatch.setattr(monitor_module, "_clock", clock)
+    engine, model, opt, loader = make_dp()
+    records: list[EpsilonRecord] = []
+    monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt, **kw)
+    assert monitor.robust_every == monitor.standard_every == "auto"  # the default
+
+    def tick(_: int) -> None:
+        clock.now += seconds_per_step
+
+    train(model, opt, loader, steps, after=tick)
+    monitor.finish()
+    return records
+
+
+def test_auto_cadence_skips_what_exceeds_the_overhead_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 1 ms per step: 1% of 0.2 s of training is 2 ms, below the first costs assumed (10 ms
+    # robust, 100 ms PLD): nothing before the final record, which has everything.
+    records = _auto_run(monkeypatch, 1e-3, 2 * DOUBLING_START)
+    assert all(r.robust_epsilon is None and r.standard_epsilon_pld is None for r in records[:-1])
+    final = records[-1]
+    assert final.final and final.robust_epsilon is not None
+    pld = StandardComposition([(1.0, 1 / 8, 2 * DOUBLING_START)]).epsilon(DELTA)
+    assert final.standard_epsilon_pld == pytest.approx(pld, rel=1e-12)
+
+
+def test_auto_cadence_on_slow_steps_is_the_doubling_cadence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 1 s per step: 1% of 100 s covers both first costs (and the measured ones, which take
+    # no time on the fake clock): every doubling step has both values.
+    records = _auto_run(monkeypatch, 1.0, 2 * DOUBLING_START + 3)
+    expensive = {DOUBLING_START, 2 * DOUBLING_START}
+    assert {r.step for r in records[:-1] if r.robust_epsilon is not None} == expensive
+    assert {r.step for r in records[:-1] if r.standard_epsilon_pld is not None} == expensive
+    # the budget is a fraction of the training time: 10x the fraction, 10x faster steps
+    fast = _auto_run(monkeypatch, 0.1, 2 * DOUBLING_START + 3, max_overhead=0.1)
+    assert [dataclasses.astuple(r) for r in fast] == [dataclasses.astuple(r) for r in records]
+
+
+def test_overhead_budget_charges_what_was_spent(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _FakeClock()
+    monkeypatch.setattr(monitor_module, "_clock", clock)
+    budget = monitor_module._OverheadBudget(0.01)
+    clock.now += 9.9  # 99 ms of budget: below the PLD's first cost (100 ms)
+    assert budget.allows("robust") and not budget.allows("standard")
+    clock.now += 0.2
+    assert budget.allows("standard")
+    budget.charge("standard", 0.5)  # measured: 0.5 s, now the expected cost too
+    # needs spent + cost = 1.0 s <= 1% of (elapsed - spent): elapsed >= 100.5 s
+    clock.now += 0.5 + 100.0 - 10.1 - 0.01
+    assert not budget.allows("standard")
+    clock.now += 0.02
+    assert budget.allows("standard")
+    budget.restart()
+    assert budget.spent == 0.0 and not budget.allows("standard")
+
+
+@pytest.mark.parametrize("every", [1, 7, 100, "doubling", "auto", None])
 def test_due_steps_follow_the_cadence(every) -> None:
     steps = range(1, 20_001)
     due = {s for s in steps if _due(s, every)}
     if every is None:
         assert due == set()
-    elif every == "doubling":
+    elif every in ("doubling", "auto"):  # "auto": and what the overhead budget allows
         assert due == {DOUBLING_START * 2**j for j in range(8)}  # 100 ... 12,800
     else:
         assert due == set(range(every, 20_001, every))
@@ -374,6 +451,12 @@ def test_arguments_are_checked() -> None:
         PrivacyMonitor(engine, delta=DELTA, standard_every="halving")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`flush_every` must be an integer >= 1 or None"):
         PrivacyMonitor(engine, delta=DELTA, flush_every="doubling")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`weighted_every` must be an integer >= 1, \"doubling\" or"):
+        PrivacyMonitor(engine, delta=DELTA, weighted_every="auto")  # type: ignore[arg-type]
+    for bad in (0.0, 1.5, -0.1, True, "1%"):
+        with pytest.raises(ValueError, match=r"`max_overhead` must be a number in \(0, 1\]"):
+            PrivacyMonitor(engine, delta=DELTA, max_overhead=bad)  # type: ignore[arg-type]
+    assert PrivacyMonitor(engine, delta=DELTA, max_overhead=np.float32(0.5))._overhead.fraction == 0.5
     with pytest.raises(TypeError, match=r"`sinks\[0\]`"):
         PrivacyMonitor(engine, delta=DELTA, sinks=[3])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="`epsilon`"):

@@ -73,9 +73,12 @@ def test_plain_sgd_records_equal_inline_exactly() -> None:
 
 def test_momentum_and_cosine_schedule_records_equal_inline() -> None:
     kw = dict(momentum=0.9, schedule=True, weighted_every=50, flush_every=20)
-    expected, inline, *_ = _run("inline", 120, **kw)
+    # the default cadences ("auto") are "doubling" in the child, which has no overhead to keep
+    # within; inline, "auto" would depend on the machine's speed
+    expected, inline, *_ = _run("inline", 120, robust_every="doubling", standard_every="doubling", **kw)
     inline.finish()
     records, monitor, *_ = _run("process", 120, **kw)
+    assert monitor.robust_every == monitor.standard_every == "auto"
     monitor.finish()
     # The child runs single-threaded BLAS (OMP/OPENBLAS/MKL_NUM_THREADS=1 unless set): the
     # weighted heuristic's long dot products may round differently in the last bits there.
@@ -90,6 +93,7 @@ def test_momentum_and_cosine_schedule_records_equal_inline() -> None:
         )
     weighted = [r.step for r in records if r.heuristic_epsilon is not None and not r.final]
     assert weighted == [50, 100]  # the weighted heuristic, on its cadence
+    assert [r.step for r in records if r.standard_epsilon_pld is not None] == [100, 120]
     assert len({r.lr for r in records}) > 100  # the schedule moved the learning rate
 
 
