@@ -358,7 +358,8 @@ class _OverheadBudget:
     those seconds). Before a value was first timed its cost is taken as ``PRIOR``; its cost
     can grow with T, so the budget is kept to within that growth, not exactly."""
 
-    PRIOR: ClassVar[Mapping[str, float]] = {"robust": 0.01, "standard": 0.1}  # seconds (robust: 2-40 ms; PLD: 0.05-0.5 s)
+    # seconds, until measured (measured: a robust search 2-40 ms, a PLD epsilon 0.05-0.5 s)
+    PRIOR: ClassVar[Mapping[str, float]] = {"robust": 0.01, "standard": 0.1}
 
     def __init__(self, fraction: float) -> None:
         self.fraction = fraction

@@ -112,13 +112,13 @@ q = 0.045, accuracy 1e-3, one BLAS thread): queried every 100 steps, 0.26 s inst
 for 500 steps and 9.3 s instead of 14.7 s for 5000; every 50 steps, 3.2 s instead of 4.1 s for
 2000; but every 10 steps 3.4 s instead of 3.1 s, and every step 24 s instead of 15 s for 1000
 (``FINE_POINTS`` is the better choice there)."""
-FOURIER_EVERY_STEP_LIMIT = 200
+FOURIER_EVERY_STEP_LIMIT = 32
 """Beyond this many steps an engine asked for epsilon at every step (or every other step)
 leaves the Fourier route for the grid: a Fourier query costs O(T) (2-9 ms at T = 500-2,000,
 about 15 ms at 10^4), a grid step about O(T q / accuracy) amortised (a median 4.4 ms at
 T = 10^4, ``benchmarks/bench_per_step.py``); queried every 3 steps or less often, Fourier is
-cheaper. The switch comes early so that the grid state it builds is still small (measured at
-200 steps: a one-time stall of 214 ms, against a largest grid step of 46 ms)."""
+cheaper. The switch comes early so that the grid state it builds is still small: switching at
+200 steps stalled that step for 214 ms once (the largest grid step is 46 ms)."""
 _FOLD_BUDGET = 1e-32  # mass cut per end and trim of the fine pmfs
 _TRIM_EVERY = 8  # folds between trims
 _BLOCK_WORK = 3_000_000  # frozen steps are folded in blocks of about this many grid updates

@@ -27,7 +27,9 @@ FAST = 1e-2  # accuracy of the default (fast) comparisons; the slow sweep uses A
 def _run(lrs, q, sigma, *, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0,
          delta=1e-5, check=None, accuracy=ACC, fourier=False):  # fmt: skip
     """Feed the steps one by one; keep the results at the steps listed in ``check``. The grid
-    route unless ``fourier``."""
+    route, asked after every step, unless ``fourier``: then asked only at the ``check`` steps
+    (every step when None), as a monitor asks it (asked every step past
+    FOURIER_EVERY_STEP_LIMIT steps, the engine leaves for the grid)."""
     n = len(lrs)
     q = np.broadcast_to(np.asarray(q, float), (n,))
     sigma = np.broadcast_to(np.asarray(sigma, float), (n,))
@@ -36,9 +38,10 @@ def _run(lrs, q, sigma, *, momentum=0.0, dampening=0.0, nesterov=False, weight_d
     for t in range(n):
         inc.append(float(sigma[t]), float(q[t]), float(lrs[t]), momentum, dampening, nesterov,
                    weight_decay)  # fmt: skip
-        r = inc.epsilon(delta)
         if check is None or t + 1 in check:
-            out[t + 1] = r
+            out[t + 1] = inc.epsilon(delta)
+        elif not fourier:
+            inc.epsilon(delta)
     return inc, out
 
 
