@@ -60,6 +60,8 @@ _XTOL = 1e-13  # root tolerance in x, relative to s
 _SQRT_HALF_PI = math.sqrt(math.pi / 2.0)
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
+_Values = tuple[np.ndarray, np.ndarray]  # (F~(x), p~(x)) at points x
+
 
 def _chernoff_upper(w: np.ndarray, q: np.ndarray, s: float, target: float) -> float:
     """A point b with Pr[X >= b] <= target: min over lambda of
@@ -127,22 +129,29 @@ class _Inversion:
         z = (x + self.mu) / self.s
         return -0.5 * z * z - math.log(self.s) - _LOG_SQRT_2PI
 
-    # delta of direction P||Q (target: its right-hand side) at its stationary point x
-    def gap_pq(self, x: np.ndarray, target: float) -> tuple[np.ndarray, np.ndarray]:
-        cdf, pdf = self.evaluate(x)
+    # The gaps of both directions at points x, against target - sign * e (sign +1: the
+    # upper bound), where x is the stationary point of the direction's hockey-stick
+    # divergence. ``values``: evaluate(x), when already computed.
+    def gap_pq(
+        self, x: np.ndarray, target: float, sign: float, values: _Values | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """P(X > x) - L Q(X > x) - (target - sign e), and log L, L = p~/q at x."""
+        cdf, pdf = self.evaluate(x) if values is None else values
         z = (x + self.mu) / self.s
         # L Q(X > x) = p~ s sqrt(pi/2) erfcx(z / sqrt 2)   (Mills ratio, no overflow)
         tail_q = pdf * self.s * _SQRT_HALF_PI * special.erfcx(z / math.sqrt(2.0))
         log_l = self._log_ratio(x, pdf)
-        return (1.0 - cdf) - tail_q - (target - self.error_pq), log_l
+        return (1.0 - cdf) - tail_q - (target - sign * self.error), log_l
 
-    def gap_qp(self, x: np.ndarray, target: float, sign: float) -> tuple[np.ndarray, np.ndarray]:
-        cdf, pdf = self.evaluate(x)
+    def gap_qp(
+        self, x: np.ndarray, target: float, sign: float, values: _Values | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Q(X <= x) - F~(x) / L  -  (target - sign e / L), and log L."""
+        cdf, pdf = self.evaluate(x) if values is None else values
         z = (x + self.mu) / self.s
         log_l = self._log_ratio(x, pdf)
         with np.errstate(over="ignore", invalid="ignore"):
             inv_l = np.exp(-log_l)
-        # Q(X <= x) - F~ / L  against  target - sign * e / L
         return special.ndtr(z) - cdf * inv_l - (target - sign * self.error * inv_l), log_l
 
     def _log_ratio(self, x: np.ndarray, pdf: np.ndarray) -> np.ndarray:
@@ -151,8 +160,6 @@ class _Inversion:
         out = np.full(np.shape(pdf), np.nan)
         np.log(pdf, out=out, where=solid)
         return out - self.log_q(x)
-
-    error_pq = 0.0
 
 
 def _root(fun, xs: np.ndarray, values: np.ndarray, decreasing: bool, s: float) -> float | None:
@@ -170,12 +177,13 @@ def _root(fun, xs: np.ndarray, values: np.ndarray, decreasing: bool, s: float) -
         return None
 
 
-def _epsilon(inv: _Inversion, delta: float, sign: float) -> float | None:
-    """Epsilon whose approximate delta equals delta - sign * error (sign +1: upper bound)."""
-    xs = np.linspace(inv.a, inv.b, _SCAN)
+def _epsilon(
+    inv: _Inversion, delta: float, sign: float, xs: np.ndarray, scan: _Values
+) -> float | None:
+    """Epsilon whose approximate delta equals delta - sign * error (sign +1: upper bound);
+    ``scan``: ``inv.evaluate(xs)`` on the scan points ``xs`` (shared by both signs)."""
     eps: list[float] = []
-    inv.error_pq = sign * inv.error
-    g1, log_l = inv.gap_pq(xs, delta)
+    g1, log_l = inv.gap_pq(xs, delta, sign, scan)
     finite = np.isfinite(log_l)
     if not finite.any():
         return None
@@ -188,11 +196,13 @@ def _epsilon(inv: _Inversion, delta: float, sign: float) -> float | None:
         if g1[first] <= 0:  # below delta already at the first point with L >= 1
             eps.append(float(log_l[first]) if sign > 0 else 0.0)
         else:
-            x1 = _root(lambda x: inv.gap_pq(x, delta)[0], xs[first:], g1[first:], True, inv.s)
+            x1 = _root(
+                lambda x: inv.gap_pq(x, delta, sign)[0], xs[first:], g1[first:], True, inv.s
+            )
             if x1 is None:
                 return None
-            eps.append(float(inv.gap_pq(np.asarray(x1), delta)[1]))
-    g2, _ = inv.gap_qp(xs, delta, sign)
+            eps.append(float(inv.gap_pq(np.asarray(x1), delta, sign)[1]))
+    g2, _ = inv.gap_qp(xs, delta, sign, scan)
     region = finite & (log_l <= 0.0)
     if region.any():
         last = len(xs) - int(np.argmax(region[::-1]))
@@ -222,8 +232,10 @@ def fourier_solve(
         return None
     if not inv.error < 1e-3 * delta:
         return None
-    upper = _epsilon(inv, delta, 1.0)
-    lower = _epsilon(inv, delta, -1.0)
+    xs = np.linspace(inv.a, inv.b, _SCAN)
+    scan = inv.evaluate(xs)
+    upper = _epsilon(inv, delta, 1.0, xs, scan)
+    lower = _epsilon(inv, delta, -1.0, xs, scan)
     if upper is None or lower is None or not lower <= upper:
         return None
     rel = (upper - lower) / upper if upper > 0 else 0.0
