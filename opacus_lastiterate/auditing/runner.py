@@ -43,6 +43,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 from collections.abc import Generator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -255,11 +256,23 @@ class _TrackedSpawnContext(multiprocessing.context.SpawnContext):
         return proc
 
 
+def _settled_exit_codes(ctx: _TrackedSpawnContext, timeout: float = 10.0) -> list[int | None]:
+    """The workers' exit codes once every worker has exited (the executor terminates the
+    others once one has died), or at ``timeout``. Polled: the executor's own thread may be
+    reaping a worker at the same moment, and then this thread reads no code until that
+    thread has stored it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for proc in ctx.processes:
+            proc.join(timeout=0.1)
+        codes = [p.exitcode for p in ctx.processes]
+        if all(c is not None for c in codes) or time.monotonic() > deadline:
+            return codes
+
+
 def _broken_pool_message(ctx: _TrackedSpawnContext, task: Task) -> str:
     """What stopped the pool: the exit codes of its dead workers, in words."""
-    for proc in ctx.processes:
-        proc.join(timeout=1)  # dead, or being terminated by the executor: codes settle
-    codes = [p.exitcode for p in ctx.processes]
+    codes = _settled_exit_codes(ctx)
     index, seed, _ = task
     if _MAIN_REIMPORTED_EXIT in codes:
         main = getattr(sys.modules.get("__main__"), "__file__", None) or "the main script"
