@@ -1115,19 +1115,16 @@ class PrivacyMonitor:
         step, sigma, q, lr, _ = entry
         d = self.delta
         robust = None
-        if self._replica is not None and (
+        replica = self._replica
+        if replica is not None and (
             need == "robust_epsilon" or self._cadenced(step, "robust", self.robust_every)
         ):
-            t0 = _clock()
-            robust = float(self._replica.get_epsilon(d, robust=True))
-            if self.robust_every == "auto":
-                self._overhead.charge("robust", _clock() - t0)
+            robust = float(
+                self._charged("robust", self.robust_every, lambda: replica.get_epsilon(d, robust=True))
+            )
         pld = corrected = None
         if self._cadenced(step, "standard", self.standard_every):
-            t0 = _clock()
-            pld, corrected = self._standard()
-            if self.standard_every == "auto":
-                self._overhead.charge("standard", _clock() - t0)
+            pld, corrected = self._charged("standard", self.standard_every, self._standard)
         self._last_lr = lr
         return EpsilonRecord(
             step=step,
@@ -1146,6 +1143,15 @@ class PrivacyMonitor:
     def _cadenced(self, step: int, kind: str, every: Cadence) -> bool:
         """Whether the ``kind`` value ("robust" or "standard") is due at ``step``."""
         return _due(step, every) and (every != "auto" or self._overhead.allows(kind))
+
+    def _charged(self, kind: str, every: Cadence, compute: Callable[[], Any]) -> Any:
+        """``compute()``, its time charged to the overhead budget under ``"auto"``."""
+        if every != "auto":
+            return compute()
+        t0 = _clock()
+        out = compute()
+        self._overhead.charge(kind, _clock() - t0)
+        return out
 
     def _standard(self) -> tuple[float, float | None]:
         """PLD and corrected epsilon of the evaluated steps."""
