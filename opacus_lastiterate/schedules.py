@@ -17,7 +17,7 @@ The mathematics (weights from rates and momentum) is in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ import torch
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._validation import check_int
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
+    SGDSettings,
     check_optimizer_supported,
     sgd_weights,
 )
@@ -42,27 +43,6 @@ __all__ = [
 ]
 
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
-
-
-@dataclass(frozen=True)
-class SGDSettings:
-    """The hyperparameters of one ``torch.optim.SGD`` parameter group that fix the weights."""
-
-    lr: float
-    momentum: float
-    dampening: float
-    nesterov: bool
-    weight_decay: float
-
-    def weights(self, learning_rates: Sequence[float] | np.ndarray) -> np.ndarray:
-        """:func:`~opacus_lastiterate.analysis.last_iterate.optimizer_weights.sgd_weights` for these settings."""
-        return sgd_weights(
-            learning_rates,
-            momentum=self.momentum,
-            dampening=self.dampening,
-            nesterov=self.nesterov,
-            weight_decay=self.weight_decay,
-        )
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,14 @@ Opacus 1.x. :func:`use_public_divisor` is the one-line fix for Opacus 1.x's data
 
 from __future__ import annotations
 
-from opacus_lastiterate.accountants.base import RunAccountant
+from opacus_lastiterate.accountants.base import (
+    RunAccountant,
+    accountant_of,
+    last_step_of,
+    steps_of,
+    take_back_steps,
+)
+from opacus_lastiterate.accountants.incremental_rdp import IncrementalRDP
 from opacus_lastiterate.accountants.last_iterate import (
     MECHANISM,
     HeuristicCalibrationWarning,
@@ -55,11 +62,16 @@ __all__ = [
     "ASGMAccountant",
     "FEASGMAccountant",
     "HeuristicCalibrationWarning",
+    "IncrementalRDP",
     "LastIterateAccountant",
     "NormalisationWarning",
     "RunAccountant",
+    "accountant_of",
+    "last_step_of",
     "public_divisor_of",
     "register_accountant",
     "registered_accountants",
+    "steps_of",
+    "take_back_steps",
     "use_public_divisor",
 ]

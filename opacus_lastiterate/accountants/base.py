@@ -20,6 +20,7 @@ Subclasses set ``_MECHANISM`` and may override the ``_after_step``, ``_after_res
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 from collections import OrderedDict
@@ -29,11 +30,24 @@ from typing import Any, ClassVar
 from opacus.accountants import IAccountant
 
 from opacus_lastiterate._warn import warn
-from opacus_lastiterate.analysis._validation import check_in_interval, check_sample_rate
+from opacus_lastiterate.analysis._validation import (
+    check_in_interval,
+    check_int,
+    check_sample_rate,
+)
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment, as_segments
 from opacus_lastiterate.exceptions import ZeroNoiseWarning
 
-__all__ = ["History", "RunAccountant", "ZeroNoiseWarning"]
+__all__ = [
+    "History",
+    "RunAccountant",
+    "ZeroNoiseWarning",
+    "accountant_of",
+    "last_step_of",
+    "steps_of",
+    "take_back_steps",
+    "trim_history",
+]
 
 History = list[tuple[float, float, int]]
 
@@ -56,6 +70,20 @@ def _mechanism_name(value: object) -> object:
     ):
         return value()
     return value
+
+
+def trim_history(
+    history: list[tuple[float, float, int]] | list[list[Any]], steps: int
+) -> list[tuple[float, float, int]]:
+    """A run-length history ``[(sigma, q, steps), ...]`` without its last ``steps`` steps
+    (``steps`` at most the history's total)."""
+    out = [tuple(h) for h in history]
+    while steps:
+        sigma, q, n = out[-1]
+        cut = min(steps, n)
+        out[-1:] = [(sigma, q, n - cut)] if n > cut else []
+        steps -= cut
+    return out  # type: ignore[return-value]
 
 
 def validate_history(history: object, name: str = "history") -> tuple[TrainingSegment, ...]:
@@ -123,6 +151,60 @@ class RunAccountant(IAccountant):
             self._run = DPSGDRun._trusted(tuple(self._segments))
         return self._run
 
+    @property
+    def last_step(self) -> tuple[float, float]:
+        """(noise_multiplier, sample_rate) of the last recorded step.
+
+        Raises:
+            ValueError: if no step was recorded.
+        """
+        if not self._segments:
+            raise ValueError(f"{type(self).__name__} has recorded no step.")
+        last = self._segments[-1]
+        return last.noise_multiplier, last.sample_rate
+
+    def take_back(self, steps: int = 1) -> None:
+        """Remove the last ``steps`` recorded steps (and what the accountant recorded with
+        them), as if they had not been taken; the accountant is then as a fresh one that
+        :meth:`load_state_dict` loaded with the shorter state.
+
+        Raises:
+            TypeError, ValueError: unless ``steps`` is an integer in [0, num_steps]; nothing
+                changes then.
+        """
+        n = self._check_steps_back(steps)
+        if n:
+            self.load_state_dict(self._trimmed_state(dict(self.state_dict()), n))
+
+    def _check_steps_back(self, steps: object) -> int:
+        n = check_int("steps", steps)
+        if n > self._num_steps:
+            raise ValueError(
+                f"`steps` must be an integer in [0, {self._num_steps}] (the steps recorded), "
+                f"got {n}."
+            )
+        return n
+
+    def _trimmed_state(self, state: dict[str, Any], steps: int) -> dict[str, Any]:
+        """``state`` without its last ``steps`` steps (subclasses trim what they add)."""
+        state["history"] = trim_history(state["history"], steps)
+        return state
+
+    def with_history(self, history: History) -> RunAccountant:
+        """A copy of this accountant (its configuration and the warnings it has given
+        included) whose history is ``history``, as if it had recorded those steps; what an
+        accountant records besides (sigma, q), such as optimizer settings, is not in a
+        history and is dropped.
+
+        Raises:
+            TypeError, ValueError: on an invalid ``history`` (:func:`validate_history`).
+        """
+        segments = validate_history(history)
+        twin = copy.deepcopy(self)
+        twin._set_segments(segments)
+        twin._externally_assigned = False
+        return twin
+
     @classmethod
     def mechanism(cls) -> str:
         """The name under which this accountant is registered with Opacus."""
@@ -165,6 +247,22 @@ class RunAccountant(IAccountant):
             segs.append(TrainingSegment._trusted(sigma, q, steps))
         self._num_steps += steps
         self._run = None
+
+    def record_step(
+        self, noise_multiplier: float, sample_rate: float, *, optimizer: Any = None
+    ) -> None:
+        """Record a step as this accountant's optimizer hook does: read what it needs from
+        ``optimizer`` (when given), then record (sigma, q). Used to feed a second accountant
+        the steps that the one ``make_private`` attached records.
+
+        Raises:
+            TypeError, ValueError: on an invalid argument; nothing is then recorded.
+        """
+        sigma = check_step_noise(noise_multiplier)
+        q = check_sample_rate(sample_rate)
+        if optimizer is not None:
+            self._observe(optimizer)
+        self._record(sigma, q)
 
     def get_optimizer_hook_fn(self, sample_rate: float) -> Callable[[Any], None]:
         """The hook ``make_private`` attaches to the DPOptimizer: records
@@ -247,3 +345,45 @@ class RunAccountant(IAccountant):
         self._externally_assigned = False
         self._zero_noise_warned = False
         self._load_extra_state(extra)
+
+
+def accountant_of(source: object) -> IAccountant:
+    """The Opacus accountant of ``source``: a ``PrivacyEngine`` (its ``.accountant``) or an
+    accountant itself.
+
+    Raises:
+        TypeError: for anything else.
+    """
+    accountant = getattr(source, "accountant", source)
+    if not isinstance(accountant, IAccountant):
+        raise TypeError(
+            "`accountant` must be an Opacus accountant or a PrivacyEngine, got "
+            f"{type(source).__name__}."
+        )
+    return accountant
+
+
+def steps_of(accountant: IAccountant) -> int:
+    """The number of steps an Opacus accountant has recorded (its history's total)."""
+    if isinstance(accountant, RunAccountant):
+        return accountant.num_steps
+    return int(sum(h[2] for h in accountant.history))
+
+
+def last_step_of(accountant: IAccountant) -> tuple[float, float]:
+    """(noise_multiplier, sample_rate) of an Opacus accountant's last recorded step."""
+    if isinstance(accountant, RunAccountant):
+        return accountant.last_step
+    sigma, q, _ = accountant.history[-1]
+    return float(sigma), float(q)
+
+
+def take_back_steps(accountant: IAccountant, steps: int = 1) -> None:
+    """Remove the last ``steps`` recorded steps of any Opacus accountant
+    (:meth:`RunAccountant.take_back` for ours; Opacus's own through their state dict)."""
+    if isinstance(accountant, RunAccountant):
+        accountant.take_back(steps)
+        return
+    state = dict(accountant.state_dict())
+    state["history"] = trim_history(state["history"], steps)
+    accountant.load_state_dict(state)

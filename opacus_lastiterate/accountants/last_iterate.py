@@ -17,21 +17,22 @@ keeps Opacus's bookkeeping.
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from opacus_lastiterate._warn import warn
-from opacus_lastiterate.accountants.base import RunAccountant
+from opacus_lastiterate.accountants.base import RunAccountant, check_step_noise
+from opacus_lastiterate.accountants.monotonicity import MonotonicityWatch
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_epsilon,
     check_in_interval,
+    check_int,
+    check_sample_rate,
     check_steps,
 )
-from opacus_lastiterate.analysis.last_iterate import heuristic as _heuristic
 from opacus_lastiterate.analysis.last_iterate.heuristic import (
     LastIterateHeuristic,
     RobustLastIterateHeuristic,
@@ -41,13 +42,9 @@ from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
     FINE_POINTS,
     IncrementalWeightedHeuristic,
 )
-from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
-from opacus_lastiterate.analysis.last_iterate.suffix_maximum import (
-    SuffixMaximum,
-    suffix_maximum_search,
-)
+from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings, sgd_weights
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import WeightedHeuristicResult
-from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment
+from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.exceptions import (  # defined there, re-exported here
     HeuristicCalibrationWarning,
     NonMonotoneHeuristicWarning,
@@ -64,35 +61,6 @@ __all__ = [
 
 MECHANISM = "last_iterate"
 
-
-_CHECK_SECONDS_PER_CALL = 0.005  # work per get_epsilon call for the multi-segment check
-
-
-class _Sweep:
-    """The t at which the non-monotonicity check evaluates eps_t below the first step at
-    which epsilon was asked: every t <= 1024, then a geometric grid of ratio 1.01."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._next = 1
-        self.best, self.best_steps = -math.inf, 0
-
-    def advance(self, count: int) -> Iterator[int]:
-        for _ in range(count):
-            t = self._next
-            if t >= self.limit:
-                return
-            self._next = t + 1 if t < 1024 else max(t + 1, round(t * 1.01))
-            yield t
-
-    @property
-    def exhausted(self) -> bool:
-        """Whether every t below the limit has been evaluated."""
-        return self._next >= self.limit
-
-    def record(self, steps: int, value: float) -> None:
-        if value > self.best:
-            self.best, self.best_steps = value, steps
 
 _CAVEAT = (
     "last-iterate heuristic (Steinke et al., ICLR 2025) for the final model only; "
@@ -154,8 +122,23 @@ class LastIterateAccountant(RunAccountant):
 
     _MECHANISM = MECHANISM
 
-    def __init__(self) -> None:
-        """Create an accountant with an empty history (Opacus's registry calls ``cls()``)."""
+    def __init__(
+        self, *, weight_accuracy: float = 1e-3, weighted_grid_points: float = FINE_POINTS
+    ) -> None:
+        """Create an accountant with an empty history (Opacus's registry calls ``cls()``).
+
+        Args:
+            weight_accuracy: requested relative accuracy of the schedule/momentum-weighted
+                epsilon, in (0, 1) (:attr:`weight_accuracy`).
+            weighted_grid_points: fine-grid points of the weighted heuristic's grid route
+                (:data:`~opacus_lastiterate.analysis.last_iterate.incremental_weighted.FINE_POINTS`
+                by default; ``SPARSE_FINE_POINTS`` halves the work per step and still gives an
+                upper bound within ``weight_accuracy``), >= 1.
+        """
+        accuracy = check_in_interval("weight_accuracy", weight_accuracy, 0.0, 1.0)
+        grid = check_in_interval(
+            "weighted_grid_points", weighted_grid_points, 1.0, math.inf, low_open=False
+        )
         self._engine = IncrementalHeuristic()
         self._calibration_warned = False
         self._trace: list[TraceEntry] = []
@@ -163,13 +146,11 @@ class LastIterateAccountant(RunAccountant):
         self._trace_disabled = False
         self._weighted_cache: tuple[tuple[int, float], WeightedHeuristicResult] | None = None
         self._weighted_engine: IncrementalWeightedHeuristic | None = None
-        self._monotone_warned: set[float] = set()
-        self._sweeps: dict[float, _Sweep] = {}
-        self._full_checks: dict[float, tuple[Generator[None, None, SuffixMaximum], int, float]] = {}
-        self._full_checked: dict[float, int] = {}
-        self.weight_accuracy = 1e-3
+        self._monotonicity = MonotonicityWatch()
+        self.weight_accuracy = accuracy
         """Requested relative accuracy of the schedule/momentum-weighted epsilon."""
-        self._weighted_fine_points = FINE_POINTS  # the weighted engine's grid (see there)
+        self._weighted_fine_points = grid  # the weighted engine's grid (see there)
+        self._last_settings: SGDSettings | None = None  # last_settings, built when asked
         super().__init__()
 
     # -- bookkeeping hooks (see RunAccountant) ----------------------------------------------
@@ -190,12 +171,10 @@ class LastIterateAccountant(RunAccountant):
         self._engine = IncrementalHeuristic.from_run(self.run)
         self._trace = []  # a history written from outside has no optimizer settings
         self._summary = None
+        self._last_settings = None
         self._weighted_cache = None
         self._weighted_engine = None
-        self._sweeps = {}
-        self._full_checks = {}
-        self._full_checked = {}
-        self._monotone_warned = set()
+        self._monotonicity = MonotonicityWatch()
 
     def _steps(self) -> int:
         return self._num_steps
@@ -233,6 +212,7 @@ class LastIterateAccountant(RunAccountant):
                 self._summary = (n, total + steps, varies, lrs)
         else:
             self._trace.append((*key, steps))
+            self._last_settings = None
             if self._summary is not None and self._summary[0] == len(self._trace) - 1:
                 n, total, varies, lrs = self._summary
                 lrs.add(key[0])
@@ -298,6 +278,119 @@ class LastIterateAccountant(RunAccountant):
             self._weighted_engine = engine
         return engine
 
+    # -- the incremental API: what a replica of the accountant is fed ----------------------
+
+    @property
+    def last_settings(self) -> SGDSettings | None:
+        """The SGD settings the hook read at the last recorded step; None when the settings
+        of the steps are not recorded (no optimizer seen, or one whose settings the
+        heuristic cannot use). The same object while the settings stay the same."""
+        if self._trace_disabled or not self._trace:
+            return None
+        if self._last_settings is None:
+            self._last_settings = SGDSettings(*self._trace[-1][:5])
+        return self._last_settings
+
+    @property
+    def uses_weights(self) -> bool:
+        """Whether :meth:`get_epsilon` answers with the weighted heuristic now (settings
+        that change the per-step weights were recorded for every step)."""
+        return self._weights_in_use()
+
+    def stays_constant_rate(self, settings: SGDSettings | None) -> bool:
+        """Whether more steps with ``settings`` keep :meth:`get_epsilon` on the
+        constant-rate formula."""
+        if self._weights_in_use():
+            return False
+        if settings is None or self._trace_disabled:
+            return True
+        steps, _ = self._trace_summary()
+        if steps != self._steps():  # the trace does not cover the run
+            return True
+        same_rate = not self._trace or self._trace[-1][0] == settings.lr
+        return settings.momentum == 0.0 and settings.weight_decay == 0.0 and same_rate
+
+    def replay_step(
+        self, noise_multiplier: float, sample_rate: float, settings: SGDSettings | None
+    ) -> None:
+        """Record a step as the optimizer hook records it, from values another accountant
+        recorded (:attr:`last_step`, :attr:`last_settings`): ``settings`` None means that the
+        step's SGD settings are unknown, and the weighted heuristic is then off for good.
+
+        Raises:
+            TypeError, ValueError: on an invalid argument; nothing is recorded then.
+        """
+        sigma, q = check_step_noise(noise_multiplier), check_sample_rate(sample_rate)
+        if settings is not None and not isinstance(settings, SGDSettings):
+            raise TypeError(
+                f"`settings` must be an SGDSettings or None, got {type(settings).__name__}."
+            )
+        self._note_settings(settings, 1)
+        self._record(sigma, q)
+
+    def _note_settings(self, settings: SGDSettings | None, steps: int) -> None:
+        if settings is None:
+            if not self._trace_disabled:
+                self._trace_disabled, self._trace, self._summary = True, [], None
+                self._last_settings = None
+        elif not self._trace_disabled:
+            self._append_settings(settings.as_tuple(), steps)
+
+    def replay_steps(
+        self,
+        noise_multiplier: float,
+        sample_rate: float,
+        settings: SGDSettings | None,
+        count: int,
+        *,
+        delta: float,
+    ) -> np.ndarray | None:
+        """Record ``count`` steps at (sigma, q) with ``settings`` (as :meth:`replay_step`)
+        and return the heuristic epsilon at ``delta`` after each: the values that
+        :meth:`replay_step` and :meth:`get_epsilon` give step by step (to the root finder's
+        tolerance, about 1e-13 relative), solved together
+        (:meth:`IncrementalHeuristic.advance`), with the same warnings.
+
+        Returns:
+            The ``count`` epsilons; None, with nothing recorded, where only the step-by-step
+            path applies: noise 0, the weighted heuristic, settings that would leave the
+            constant-rate formula, a history assigned from outside, or a monotonicity check
+            that is not the single-segment one with nothing left to sweep.
+        """
+        sigma, q = check_step_noise(noise_multiplier), check_sample_rate(sample_rate)
+        n = check_int("count", count, minimum=1)
+        d = check_delta(delta)
+        if not (
+            sigma > 0.0
+            and not self._externally_assigned
+            and not self._weights_in_use()
+            and self.stays_constant_rate(settings)
+        ):
+            return None
+        ready, sweep = self._monotonicity.batch_sweep(d, self._segments, sigma, q, self._num_steps)
+        if not ready:
+            return None
+        self._note_settings(settings, n)
+        self._extend_segments(sigma, q, n)
+        self._weighted_engine = None  # rebuilt from the trace if ever needed
+        peak = self._engine.suffix_peak(d)
+        eps = self._engine.advance(sigma, q, n, d)
+        if sweep is not None:  # get_epsilon's single-segment check, every step at once
+            self._monotonicity.check(d, eps, self._num_steps - n + 1, peak, sweep)
+        return eps
+
+    def _trimmed_state(self, state: dict[str, Any], steps: int) -> dict[str, Any]:
+        state = super()._trimmed_state(state, steps)
+        trace = [tuple(e) for e in state.get("optimizer_trace") or ()]
+        if trace:  # a trace covers the run's last steps when it covers any
+            while steps and trace:
+                *key, n = trace[-1]
+                cut = min(steps, n)
+                trace[-1:] = [(*key, n - cut)] if n > cut else []
+                steps -= cut
+            state["optimizer_trace"] = trace
+        return state
+
     def weighted_result(self, delta: float) -> WeightedHeuristicResult:
         """The schedule/momentum-weighted heuristic with its achieved accuracy (cached for
         the current number of steps). Requires recorded optimizer settings.
@@ -316,81 +409,6 @@ class LastIterateAccountant(RunAccountant):
         if self._weighted_cache is None or self._weighted_cache[0] != key:
             self._weighted_cache = (key, self._weighted_engine_in_sync().epsilon(d))
         return self._weighted_cache[1]
-
-    def _warn_if_non_monotone(self, delta: float, eps: float) -> None:
-        """Warn when eps_T < max_{t<=T} eps_t over suffixes inside the current segment.
-
-        For a run with one (sigma, q) (the common case) every suffix is such a suffix: the
-        values computed at earlier steps are the suffix values, and a sweep evaluates at most
-        two more t per call (every t <= 1024, then a 1% geometric grid) below the first step
-        at which epsilon was asked for. Histories with several segments are checked in full
-        by ``get_epsilon(delta, robust=True)`` and :meth:`describe`.
-        """
-        if delta in self._monotone_warned:
-            return
-        if len(self._segments) != 1:
-            self._advance_full_check(delta, eps)
-            return
-        seg = self._segments[0]
-        sweep = self._sweeps.get(delta)
-        if sweep is None:
-            sweep = self._sweeps[delta] = _Sweep(limit=self._num_steps)
-        best_t, best = 0, -math.inf
-        for t in sweep.advance(2):
-            prefix = TrainingSegment._trusted(seg.noise_multiplier, seg.sample_rate, t)
-            value = _heuristic._epsilon((prefix,), delta)
-            sweep.record(t, value)
-        peak = self._engine.suffix_peak(delta)
-        if peak is not None:
-            best_t, best = peak.steps, peak.epsilon
-        if sweep.best > best:
-            best_t, best = sweep.best_steps, sweep.best
-        if eps < best * (1.0 - 1e-9):
-            self._warn_non_monotone(delta, eps, self._num_steps, best_t, best)
-
-    def _warn_non_monotone(
-        self, delta: float, eps: float, steps: int, best_t: int, best: float
-    ) -> None:
-        self._monotone_warned.add(delta)
-        warn(
-            f"The last-iterate heuristic is not monotone here: eps_T = {eps:.4f} after "
-            f"T = {steps} steps, but the last {best_t} steps alone give {best:.4f}. A "
-            "regulariser that zeroes the model would expose the larger value; report "
-            "get_epsilon(delta, robust=True) beside it.",
-            NonMonotoneHeuristicWarning,
-        )
-
-    def _advance_full_check(self, delta: float, eps: float) -> None:
-        """The check for histories of several segments: a certified search over all
-        suffixes of the history as it was when the check started (again each time the
-        number of steps has doubled), spread over calls with at most about 5 ms of work
-        per call, so that no training step stalls."""
-        pending = self._full_checks.get(delta)
-        if pending is None:
-            if self._num_steps < 2 * self._full_checked.get(delta, 0):
-                return
-            search = suffix_maximum_search(tuple(self._segments), delta)
-            pending = self._full_checks[delta] = (search, self._num_steps, eps)
-        search, steps, eps_then = pending
-        deadline = time.perf_counter() + _CHECK_SECONDS_PER_CALL
-        while time.perf_counter() < deadline:
-            try:
-                next(search)
-            except StopIteration as done:
-                del self._full_checks[delta]
-                self._full_checked[delta] = steps
-                peak = done.value
-                if eps_then < peak.attained * (1.0 - 1e-9):
-                    self._warn_non_monotone(
-                        delta, eps_then, steps, peak.argmax_steps, peak.attained
-                    )
-                return
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Copies and pickles drop a pending multi-segment check (a generator); it restarts."""
-        state = self.__dict__.copy()
-        state["_full_checks"] = {}
-        return state
 
     def _extra_state(self) -> dict[str, Any]:
         return {
@@ -412,6 +430,7 @@ class LastIterateAccountant(RunAccountant):
     def _load_extra_state(self, checked: Any) -> None:
         self._trace, self._trace_disabled = checked
         self._summary = None
+        self._last_settings = None
         self._calibration_warned = False
 
     # -- privacy ----------------------------------------------------------------------------
@@ -457,7 +476,7 @@ class LastIterateAccountant(RunAccountant):
                 otherwise. ``make_private_with_epsilon(..., robust=False)`` calibrates to the
                 plain value.
             check_monotone: warn (:class:`NonMonotoneHeuristicWarning`) when eps_T is below
-                the epsilon of a shorter suffix (see :meth:`_warn_if_non_monotone`); skipped
+                the epsilon of a shorter suffix (:class:`~opacus_lastiterate.accountants.monotonicity.MonotonicityWatch`); skipped
                 when recorded schedule/momentum weights are in use.
             **kwargs: ignored; accepted because Opacus forwards the keyword arguments of
                 ``make_private_with_epsilon`` here.
@@ -482,7 +501,7 @@ class LastIterateAccountant(RunAccountant):
             return float(self.weighted_result(d).epsilon)
         eps = self._engine.epsilon(d)
         if check_monotone and not self._externally_assigned:
-            self._warn_if_non_monotone(d, eps)
+            self._monotonicity.after_query(d, eps, self._segments, self._num_steps, self._engine)
         return float(eps)
 
     def get_delta(self, epsilon: float) -> float:

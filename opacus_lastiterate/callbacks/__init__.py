@@ -33,7 +33,6 @@ from opacus_lastiterate.callbacks.monitor import (
     LABELS,
     Cadence,
     EpsilonRecord,
-    IncrementalRDP,
     MonitorAudit,
     MonitorWarning,
     PrivacyBudget,
@@ -69,7 +68,6 @@ __all__ = [
     "HFPrivacyCallback",
     "InTrainingAuditReport",
     "InTrainingCanaryAudit",
-    "IncrementalRDP",
     "InputCanaries",
     "JsonlSink",
     "LoggingSink",
@@ -87,7 +85,20 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """The framework adapters, imported on first access (PEP 562)."""
+    """The framework adapters, imported on first access (PEP 562); moved names."""
+    if name == "IncrementalRDP":
+        import warnings
+
+        from opacus_lastiterate.accountants import IncrementalRDP
+
+        warnings.warn(
+            "opacus_lastiterate.callbacks.IncrementalRDP moved to "
+            "opacus_lastiterate.accountants.IncrementalRDP; the old path goes in the next "
+            "release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return IncrementalRDP
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value

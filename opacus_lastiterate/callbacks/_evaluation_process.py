@@ -1,17 +1,23 @@
 """The evaluation process of ``PrivacyMonitor(evaluation="process")`` (``docs/callbacks.md``,
 "Evaluation in a separate process").
 
-The child is a plain ``python -m opacus_lastiterate.callbacks._evaluation_process`` started
-with :class:`subprocess.Popen` (not a ``multiprocessing`` start method: those import the
-user's ``__main__`` again, and a training script without an ``if __name__ == "__main__"``
-guard would train a second time in the child). It holds a *headless* ``PrivacyMonitor``: one
-built on a pickled copy of the accountant, with the same delta and cadences, no sinks, no
-optimizer, no automatic flush.
+:class:`ProcessEvaluator` is the monitor's evaluator (the
+:class:`~opacus_lastiterate.callbacks.evaluator.Evaluator` protocol) that hands the queued
+steps to a child process and returns the records that have come back. The child is a plain
+``python -m opacus_lastiterate.callbacks._evaluation_process`` started with
+:class:`subprocess.Popen` (not a ``multiprocessing`` start method: those import the user's
+``__main__`` again, and a training script without an ``if __name__ == "__main__"`` guard
+would train a second time in the child). It runs an
+:class:`~opacus_lastiterate.callbacks.evaluator.InlineEvaluator` built on a pickled copy of
+the accountant, with the same delta and cadences (``"auto"`` there means ``"doubling"``).
+If the process fails, the evaluator evaluates inline from then on, with one
+:class:`~opacus_lastiterate.exceptions.MonitorWarning`.
 
 Messages are pickles over the child's stdin and stdout (a pickle stream is self-delimiting):
 
-* parent -> child: the configuration (once, first), then ``("batch", entries, corrected)``
-  (queued steps; the corrected accountant's settings), ``("final",)`` or ``("stop",)``;
+* parent -> child: the configuration (once, first), then ``("batch", entries, configuration)``
+  (queued steps; the corrected accountant's configuration when it changed), ``("final",)``
+  or ``("stop",)``;
 * child -> parent: ``("ready",)`` once its monitor is built, then per request
   ``("records", [EpsilonRecord, ...], warnings)`` or ``("final", EpsilonRecord, warnings)``,
   ``warnings`` being the ``(message, category)`` pairs raised while computing them.
@@ -31,7 +37,23 @@ import sys
 import threading
 import warnings
 import weakref
+from collections.abc import Sequence
 from typing import Any, BinaryIO
+
+import numpy as np
+
+from opacus_lastiterate._warn import warn
+from opacus_lastiterate.accountants import (
+    ASGMAccountant,
+    FEASGMAccountant,
+    IncrementalRDP,
+    RunAccountant,
+)
+from opacus_lastiterate.accountants.base import trim_history
+from opacus_lastiterate.callbacks.cadence import Cadences, OverheadBudget
+from opacus_lastiterate.callbacks.evaluator import InlineEvaluator, QueuedStep
+from opacus_lastiterate.callbacks.records import EpsilonRecord
+from opacus_lastiterate.exceptions import MonitorWarning
 
 _STOP = object()  # the writer thread's last request
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
@@ -160,33 +182,229 @@ class EvaluationWorker:
         _shutdown(self.process, self._outbox, "kill" if kill else "wait")
 
 
+
+class ProcessEvaluator:
+    """Evaluates in a separate process (module docs); the arguments are those of
+    :class:`~opacus_lastiterate.callbacks.evaluator.InlineEvaluator`, whose cadences it uses
+    if it has to evaluate inline."""
+
+    def __init__(
+        self,
+        accountant: Any,
+        *,
+        delta: float,
+        cadences: Cadences,
+        corrected: RunAccountant | None = None,
+        overhead: OverheadBudget | None = None,
+        dropped: int = 0,
+        rdp: Sequence[float] | np.ndarray | None = None,
+        last_lr: float | None = None,
+    ) -> None:
+        self._accountant = accountant
+        self.delta = delta
+        self.cadences = cadences
+        self._own_corrected = corrected
+        self._corrected = corrected
+        if corrected is None and isinstance(accountant, (ASGMAccountant, FEASGMAccountant)):
+            self._corrected = accountant
+        self._overhead = overhead
+        self.history: list[list[Any]] = [list(h) for h in trim_history(accountant.history, dropped)]
+        self.evaluated = sum(int(h[2]) for h in self.history)
+        self.rdp = IncrementalRDP()
+        if rdp is not None and len(rdp) == self.rdp.orders.size:
+            self.rdp.rdp = np.asarray(rdp, dtype=float)
+        else:
+            self.rdp.reset((s, q, n) for s, q, n in self.history)
+        self.last_lr = last_lr
+        # batches sent and not answered, with the RDP vector and the learning rate before each
+        self._in_flight: list[tuple[list[QueuedStep], np.ndarray, float | None]] = []
+        self._warnings: list[tuple[str, type[Warning]]] = []  # raised in the child
+        self._configuration: Any = None  # the corrected accountant's, as last sent
+        self._inline: InlineEvaluator | None = None  # after a failure
+        self._worker: EvaluationWorker | None = None
+        self._start(dropped)
+
+    # -- the Evaluator protocol -------------------------------------------------------------
+
+    @property
+    def rdp_vector(self) -> np.ndarray:
+        return self._inline.rdp_vector if self._inline is not None else self.rdp.rdp
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(b[0]) for b in self._in_flight)
+
+    @property
+    def offloads(self) -> bool:
+        """Whether a process evaluates (False once it failed, or after :meth:`close`)."""
+        return self._worker is not None
+
+    @property
+    def worker(self) -> EvaluationWorker | None:
+        """The running process (None after a failure or :meth:`close`)."""
+        return self._worker
+
+    def wait_ready(self, timeout: float | None) -> bool:
+        if self._worker is None:
+            return False
+        return self._worker.wait_ready(timeout)
+
+    def evaluate(self, queue: list[QueuedStep]) -> list[EpsilonRecord]:
+        if self._inline is not None:
+            return self._sync_inline(self._inline.evaluate(queue))
+        if queue and self._worker is None:  # closed by finish(): training went on
+            self._start(dropped=len(queue))
+        if self._inline is not None:  # it could not be started
+            return self._sync_inline(self._inline.evaluate(queue))
+        self._send(queue)
+        return self._collect(wait=False)
+
+    def drain(self) -> list[EpsilonRecord]:
+        return self._collect(wait=True)
+
+    def final_record(self) -> EpsilonRecord:
+        if self._inline is None and self._worker is not None:
+            self._worker.send(("final",))
+            answer = self._worker.receive(True)
+            assert answer is not None
+            if answer[0] == "final":
+                self._warnings.extend(answer[2])
+                self._reissue_warnings()
+                return answer[1]  # type: ignore[no-any-return]
+            self._fall_back(answer[1], [])
+        elif self._inline is None:
+            self._fall_back("it was stopped", [])
+        assert self._inline is not None
+        return self._inline.final_record()
+
+    def close(self, kill: bool = False) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop(kill)
+
+    # -- the process ------------------------------------------------------------------------
+
+    def _start(self, dropped: int) -> None:
+        """Start a process at the evaluated state (the accountant without its last
+        ``dropped`` steps)."""
+        config = {
+            "accountant": self._accountant,
+            "corrected": self._own_corrected,
+            "dropped": dropped,
+            "delta": self.delta,
+            "cadences": self.cadences.off_thread(),
+            "rdp": self.rdp.rdp,
+            "last_lr": self.last_lr,
+        }
+        try:
+            self._worker = EvaluationWorker(pickle.dumps(config, protocol=_PROTOCOL))
+            self._configuration = None
+        except Exception as exc:  # accounting must never stop training
+            self._fall_back(f"it could not be started: {type(exc).__name__}: {exc}", [])
+
+    def _send(self, queue: list[QueuedStep]) -> None:
+        """Send ``queue``; the history, the RDP vector and the learning rate move on at once
+        (a checkpoint needs nothing more)."""
+        if not queue:
+            return
+        assert self._worker is not None
+        self._in_flight.append((queue, self.rdp.rdp, self.last_lr))
+        self.rdp.advance([(sigma, q) for _, sigma, q, _, _ in queue], self.delta)
+        history = self.history
+        for _, sigma, q, _, _ in queue:
+            if history and history[-1][0] == sigma and history[-1][1] == q:
+                history[-1][2] += 1
+            else:
+                history.append([sigma, q, 1])
+        self.evaluated += len(queue)
+        self.last_lr = queue[-1][3]
+        configuration = None
+        if self._corrected is not None:
+            current = self._corrected.state_dict().get("configuration")
+            if current != self._configuration:
+                configuration = self._configuration = current
+        self._worker.send(("batch", queue, configuration))
+
+    def _collect(self, wait: bool) -> list[EpsilonRecord]:
+        """The records of the answered batches (``wait``: until every sent step is
+        answered)."""
+        out: list[EpsilonRecord] = []
+        while self._worker is not None and self._in_flight:
+            answer = self._worker.receive(wait)
+            if answer is None:
+                break
+            if answer[0] != "records":
+                out.extend(self._fall_back(answer[1], []))
+                break
+            _, records, caught = answer
+            self._in_flight.pop(0)
+            out.extend(records)
+            self._warnings.extend(caught)
+        self._reissue_warnings()
+        return out
+
+    def _reissue_warnings(self) -> None:
+        """Warn here what the evaluation process warned (the user's filters apply)."""
+        caught, self._warnings = self._warnings, []
+        for message, category in caught:
+            warn(message, category)
+
+    def _fall_back(self, reason: str, pending: list[QueuedStep]) -> list[EpsilonRecord]:
+        """The process failed: evaluate inline from now on. The steps sent and not answered
+        (and ``pending``) are evaluated again here, from the accountant's state without
+        them; their records are returned."""
+        self.close(kill=True)
+        warn(
+            f"PrivacyMonitor: the evaluation process failed ({reason}); the records are "
+            "computed on the training thread from now on (evaluation='inline').",
+            MonitorWarning,
+        )
+        unanswered = [entry for batch, _, _ in self._in_flight for entry in batch]
+        if self._in_flight:
+            _, rdp, self.last_lr = self._in_flight[0]
+            self._in_flight = []
+        else:
+            rdp = self.rdp.rdp
+        self._inline = InlineEvaluator(
+            self._accountant,
+            delta=self.delta,
+            cadences=self.cadences,
+            corrected=self._corrected,
+            overhead=self._overhead,
+            dropped=len(unanswered) + len(pending),
+            rdp=rdp,
+            last_lr=self.last_lr,
+        )
+        return self._sync_inline(self._inline.evaluate(unanswered + pending))
+
+    def _sync_inline(self, records: list[EpsilonRecord]) -> list[EpsilonRecord]:
+        """Mirror the inline evaluator's progress (what the monitor reads from here)."""
+        assert self._inline is not None
+        self.evaluated, self.last_lr = self._inline.evaluated, self._inline.last_lr
+        return records
+
+
 # -- the child's side -----------------------------------------------------------------------
 
 
-def _headless_monitor(config: dict[str, Any]) -> Any:
-    """A PrivacyMonitor at the parent's evaluated state (``config["dropped"]``: steps that the
-    accountant recorded after it), with no sinks, no optimizer and no automatic flush."""
-    import numpy as np
-
-    from opacus_lastiterate.callbacks.monitor import PrivacyMonitor, _drop_last_steps
-
+def _child_evaluator(config: dict[str, Any]) -> InlineEvaluator:
+    """The evaluator at the parent's evaluated state (``config["dropped"]``: steps that the
+    accountant recorded after it)."""
     accountant = config["accountant"]
-    if config["dropped"]:
-        accountant.load_state_dict(_drop_last_steps(accountant.state_dict(), config["dropped"]))
+    corrected = config["corrected"]
+    if corrected is None and isinstance(accountant, (ASGMAccountant, FEASGMAccountant)):
+        corrected = accountant
     with warnings.catch_warnings():  # the parent's own monitor raised them already
         warnings.simplefilter("ignore")
-        monitor = PrivacyMonitor(
+        evaluator = InlineEvaluator(
             accountant,
             delta=config["delta"],
-            heuristic_every=config["heuristic_every"],
-            weighted_every=config["weighted_every"],
-            robust_every=config["robust_every"],
-            standard_every=config["standard_every"],
-            flush_every=None,
-            corrected_accountant=config["corrected"],
+            cadences=config["cadences"],
+            corrected=corrected,
+            dropped=config["dropped"],
+            rdp=config["rdp"],
+            last_lr=config["last_lr"],
         )
-    monitor._rdp.rdp = np.asarray(config["rdp"], dtype=float)
-    monitor._last_lr = config["last_lr"]
     # what the first evaluation would import, imported before "ready"
     import opacus.accountants.analysis.rdp  # noqa: F401
 
@@ -199,7 +417,7 @@ def _headless_monitor(config: dict[str, Any]) -> Any:
     # 500 steps of the benchmark. Freeing one large block raises it at once.
     block = np.empty(_WARM_ALLOCATION, dtype=np.uint8)
     del block
-    return monitor
+    return evaluator
 
 
 def _caught(caught: list[warnings.WarningMessage]) -> list[tuple[str, type[Warning]]]:
@@ -222,7 +440,7 @@ def _serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
         config = pickle.load(stdin)
     except EOFError:
         return 0
-    monitor = _headless_monitor(config)
+    evaluator = _child_evaluator(config)
 
     def answer(msg: tuple[Any, ...]) -> None:
         pickle.dump(msg, stdout, protocol=_PROTOCOL)
@@ -239,15 +457,12 @@ def _serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             if request[0] == "batch":
-                _, entries, corrected = request
-                if corrected is not None and monitor._corrected is not None:
-                    monitor._corrected._config, monitor._corrected._observed_dimension = corrected
-                monitor._queue.extend(entries)
-                monitor._evaluate()
-                records, monitor._ready = monitor._ready, []
-                reply: tuple[Any, ...] = ("records", records)
+                _, entries, configuration = request
+                if configuration is not None:
+                    evaluator.set_corrected_configuration(configuration)
+                reply: tuple[Any, ...] = ("records", evaluator.evaluate(entries))
             else:  # "final"
-                reply = ("final", monitor._final_record())
+                reply = ("final", evaluator.final_record())
         answer((*reply, _caught(caught)))
 
 

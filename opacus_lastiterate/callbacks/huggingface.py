@@ -140,7 +140,7 @@ class HFPrivacyCallback(TrainerCallback, ExportableState):
         return control
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        opt = self.monitor._optimizer
+        opt = self.monitor.optimizer
         if opt is not None:
             opt.zero_grad(set_to_none=True)  # clears p.grad_sample, which model.zero_grad keeps
         return control

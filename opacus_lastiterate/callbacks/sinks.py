@@ -26,6 +26,7 @@ import io
 import json
 import logging
 import math
+import numbers
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -344,3 +345,24 @@ class MlflowSink:
             f"{self.prefix}_{k}": v for k, v in _scalars(record).items() if math.isfinite(v)
         }
         self.client.log_metrics(metrics, step=record.step)
+
+
+# -- which process calls the sinks -----------------------------------------------------------
+
+
+def process_rank() -> int:
+    """This process's ``torch.distributed`` rank; 0 without an initialised process group."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return 0
+
+
+def check_sink_rank(value: object) -> int | None:
+    """The rank whose process calls the sinks: an integer >= 0, or None (every rank)."""
+    if value is None:
+        return None
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"`sink_rank` must be an integer >= 0 or None, got {value!r}.")
+    return int(value)

@@ -13,18 +13,19 @@ import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
-import opacus_lastiterate.callbacks.monitor as monitor_module
+import opacus_lastiterate.callbacks.cadence as cadence_module
+from opacus_lastiterate.accountants import IncrementalRDP, LastIterateAccountant
 from opacus_lastiterate.analysis.baselines.composition import StandardComposition
+from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
 from opacus_lastiterate.callbacks import (
     DOUBLING_START,
     FIELDS,
     EpsilonRecord,
-    IncrementalRDP,
     PrivacyBudget,
     PrivacyBudgetExceededError,
     PrivacyMonitor,
 )
-from opacus_lastiterate.callbacks.monitor import _due
+from opacus_lastiterate.callbacks.cadence import due as _due
 from tests.callbacks.conftest import DELTA, DEVICES, make_dp, train
 
 # Queued steps of one setting are solved together (IncrementalHeuristic.advance): their
@@ -136,18 +137,16 @@ def test_weighted_cadence_equals_an_accountant_asked_at_those_steps() -> None:
 def test_hot_path_computes_no_epsilon(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a budget a step only queues (sigma, q, lr, settings): no accountant query and
     no RDP conversion until the flush, which then evaluates every step once."""
-    from opacus_lastiterate.callbacks import monitor as monitor_module
-
     calls = {"epsilon": 0, "rdp": 0}  # "epsilon": heuristic values computed, by either path
-    replica_get = monitor_module._Replica.get_epsilon
-    replica_many = monitor_module._Replica.replay_constant
-    convert = monitor_module.IncrementalRDP.epsilons
+    replica_get = LastIterateAccountant.get_epsilon
+    replica_many = LastIterateAccountant.replay_steps
+    convert = IncrementalRDP.epsilons
 
     def get_epsilon(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         calls["epsilon"] += 1
         return replica_get(self, *args, **kwargs)
 
-    def replay_constant(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def replay_steps(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         out = replica_many(self, *args, **kwargs)
         calls["epsilon"] += 0 if out is None else out.size
         return out
@@ -156,9 +155,9 @@ def test_hot_path_computes_no_epsilon(monkeypatch: pytest.MonkeyPatch) -> None:
         calls["rdp"] += 1
         return convert(self, *args, **kwargs)
 
-    monkeypatch.setattr(monitor_module._Replica, "get_epsilon", get_epsilon)
-    monkeypatch.setattr(monitor_module._Replica, "replay_constant", replay_constant)
-    monkeypatch.setattr(monitor_module.IncrementalRDP, "epsilons", epsilons)
+    monkeypatch.setattr(LastIterateAccountant, "get_epsilon", get_epsilon)
+    monkeypatch.setattr(LastIterateAccountant, "replay_steps", replay_steps)
+    monkeypatch.setattr(IncrementalRDP, "epsilons", epsilons)
     engine, model, opt, loader = make_dp()
     records: list[EpsilonRecord] = []
     monitor = PrivacyMonitor(
@@ -235,7 +234,9 @@ def test_budget_raises_exactly_before_the_first_step_over_the_limit(metric: str)
     monitor.flush()
     assert monitor.last_record is not None and monitor.last_record.step == 4
     assert getattr(monitor.last_record, metric) == pytest.approx(limit, rel=1e-12)
-    assert monitor._rdp.epsilon(DELTA) == pytest.approx(monitor.last_record.standard_epsilon_rdp)
+    assert _rdp_of(monitor).epsilon(DELTA) == pytest.approx(
+        monitor.last_record.standard_epsilon_rdp
+    )
 
 
 def _long_run_values(steps: int, metric: str) -> list[float]:
@@ -261,16 +262,17 @@ def test_budget_guard_is_exact_while_skipping_most_evaluations(
     # that step to the last bits of the root finder (values here grow by about 1% a step)
     limit = max(values[: first_over - 1]) * (1.0 + 1e-10)
     assert values[first_over - 1] > limit
-    from opacus_lastiterate.callbacks import monitor as monitor_module
+
+    from opacus_lastiterate.callbacks.evaluator import InlineEvaluator
 
     exact = {"count": 0}
-    evaluate = monitor_module.PrivacyMonitor._evaluate
+    evaluate = InlineEvaluator.evaluate
 
-    def counted(self, need=None):  # type: ignore[no-untyped-def]
+    def counted(self, queue, need=None):  # type: ignore[no-untyped-def]
         exact["count"] += need is not None
-        return evaluate(self, need)
+        return evaluate(self, queue, need)
 
-    monkeypatch.setattr(monitor_module.PrivacyMonitor, "_evaluate", counted)
+    monkeypatch.setattr(InlineEvaluator, "evaluate", counted)
     engine, model, opt, loader = make_dp(sigma=2.0)
     monitor = PrivacyMonitor(
         engine, delta=DELTA, optimizer=opt, robust_every=None, standard_every=None,
@@ -283,6 +285,13 @@ def test_budget_guard_is_exact_while_skipping_most_evaluations(
     assert exact["count"] < first_over / 2  # most steps were certified, not evaluated
     monitor.flush()
     assert monitor.last_record is not None and monitor.last_record.step == first_over - 1
+
+
+def _rdp_of(monitor: PrivacyMonitor) -> IncrementalRDP:
+    """The monitor's RDP vector (saved in its state) as an IncrementalRDP."""
+    rdp = IncrementalRDP()
+    rdp.rdp = np.asarray(monitor.state_dict()["rdp"], dtype=float)
+    return rdp
 
 
 def test_rdp_conversion_equals_opacus() -> None:
@@ -365,7 +374,7 @@ def _auto_run(
     monkeypatch: pytest.MonkeyPatch, seconds_per_step: float, steps: int, **kw: Any
 ) -> list[EpsilonRecord]:
     clock = _FakeClock()
-    monkeypatch.setattr(monitor_module, "_clock", clock)
+    monkeypatch.setattr(cadence_module, "clock", clock)
     engine, model, opt, loader = make_dp()
     records: list[EpsilonRecord] = []
     monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt, **kw)
@@ -408,8 +417,8 @@ def test_auto_cadence_on_slow_steps_is_the_doubling_cadence(
 
 def test_overhead_budget_charges_what_was_spent(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = _FakeClock()
-    monkeypatch.setattr(monitor_module, "_clock", clock)
-    budget = monitor_module._OverheadBudget(0.01)
+    monkeypatch.setattr(cadence_module, "clock", clock)
+    budget = cadence_module.OverheadBudget(0.01)
     clock.now += 9.9  # 99 ms of budget: below the PLD's first cost (100 ms)
     assert budget.allows("robust") and not budget.allows("standard")
     clock.now += 0.2
@@ -494,12 +503,14 @@ def test_state_dict_round_trip_restores_the_accountant() -> None:
     restored.load_state_dict(state)
     assert engine2.accountant.history == engine.accountant.history
     assert restored.last_record == monitor.last_record
-    assert np.array_equal(restored._rdp.rdp, monitor._rdp.rdp)  # the vector itself, saved
+    assert np.array_equal(_rdp_of(restored).rdp, _rdp_of(monitor).rdp)  # the vector, saved
     with pytest.raises(ValueError, match="format 1 or 2"):
         restored.load_state_dict({"format": 3})
     old = {k: v for k, v in state.items() if k != "rdp"} | {"format": 1}
     restored.load_state_dict(old)  # format 1: the vector is rebuilt from the history
-    assert restored._rdp.epsilon(DELTA) == pytest.approx(monitor._rdp.epsilon(DELTA), rel=1e-12)
+    assert _rdp_of(restored).epsilon(DELTA) == pytest.approx(
+        _rdp_of(monitor).epsilon(DELTA), rel=1e-12
+    )
 
 
 def test_incremental_rdp_matches_opacus_for_several_segments() -> None:
@@ -643,13 +654,10 @@ def test_batched_records_equal_step_by_step_records() -> None:
 
 
 def _replica() -> Any:
-    from opacus_lastiterate.accountants.last_iterate import LastIterateAccountant
-    from opacus_lastiterate.callbacks.monitor import _Replica
-
-    return _Replica.of(LastIterateAccountant())
+    return LastIterateAccountant()
 
 
-SGD = (0.1, 0.0, 0.0, False, 0.0)  # lr, momentum, dampening, nesterov, weight decay
+SGD = SGDSettings(0.1, 0.0, 0.0, False, 0.0)  # lr, momentum, dampening, nesterov, weight decay
 
 
 def test_replay_constant_warns_where_step_by_step_warns() -> None:
@@ -661,10 +669,10 @@ def test_replay_constant_warns_where_step_by_step_warns() -> None:
     with pytest.warns(NonMonotoneHeuristicWarning) as by_step:
         want = []
         for _ in range(150):
-            one.replay(0.39, 0.02, SGD)
+            one.replay_step(0.39, 0.02, SGD)
             want.append(one.get_epsilon(1e-6))
     with pytest.warns(NonMonotoneHeuristicWarning) as batched:
-        got = np.concatenate([many.replay_constant(0.39, 0.02, SGD, 50, 1e-6) for _ in range(3)])
+        got = np.concatenate([many.replay_steps(0.39, 0.02, SGD, 50, delta=1e-6) for _ in range(3)])
     np.testing.assert_allclose(got, want, rtol=BATCHED)
     assert [str(w.message) for w in batched] == [str(w.message) for w in by_step]
     assert many.state_dict() == one.state_dict()  # history and optimizer trace
@@ -672,24 +680,26 @@ def test_replay_constant_warns_where_step_by_step_warns() -> None:
 
 def test_replay_constant_declines_what_only_step_by_step_answers() -> None:
     replica = _replica()
-    assert replica.replay_constant(0.0, 0.05, SGD, 10, 1e-5) is None  # no noise
-    assert replica.replay_constant(1.0, 0.05, (0.1, 0.9, 0.0, False, 0.0), 10, 1e-5) is None
+    assert replica.replay_steps(0.0, 0.05, SGD, 10, delta=1e-5) is None  # no noise
+    assert replica.replay_steps(
+        1.0, 0.05, SGDSettings(0.1, 0.9, 0.0, False, 0.0), 10, delta=1e-5
+    ) is None
     assert replica.num_steps == 0  # nothing recorded
     # resumed at step 200: the single-segment check first sweeps the shorter runs, two per
     # query, step by step; the batch path takes over once that is done
     resumed = _replica()
     resumed.load_state_dict({"history": [(1.0, 0.05, 200)], "mechanism": "last_iterate"})
-    assert resumed.replay_constant(1.0, 0.05, SGD, 10, 1e-5) is None
+    assert resumed.replay_steps(1.0, 0.05, SGD, 10, delta=1e-5) is None
     for _ in range(100):
-        resumed.replay(1.0, 0.05, SGD)
+        resumed.replay_step(1.0, 0.05, SGD)
         resumed.get_epsilon(1e-5)
-    assert resumed.replay_constant(1.0, 0.05, SGD, 10, 1e-5) is not None
+    assert resumed.replay_steps(1.0, 0.05, SGD, 10, delta=1e-5) is not None
     # a second segment: the multi-segment check runs per query (until it has warned)
     two = _replica()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # monotone so far: the check is still on
-        assert two.replay_constant(3.0, 0.01, SGD, 10, 1e-5) is not None
-    assert two.replay_constant(3.5, 0.01, SGD, 10, 1e-5) is None
+        assert two.replay_steps(3.0, 0.01, SGD, 10, delta=1e-5) is not None
+    assert two.replay_steps(3.5, 0.01, SGD, 10, delta=1e-5) is None
 
 
 @pytest.mark.parametrize("route", ["grid", "fourier"])
@@ -711,7 +721,7 @@ def test_sparse_weighted_cadence_logs_a_certified_value(route, monkeypatch) -> N
     )  # fmt: skip
     train(model, opt, loader, 100)
     monitor.flush()
-    replica_engine = monitor._replica._weighted_engine
+    replica_engine = monitor._evaluator.replica._weighted_engine
     assert replica_engine.fine_points == incremental_weighted.SPARSE_FINE_POINTS
     acc = engine.accountant
     result = acc.weighted_result(DELTA)  # the accountant's own engine: FINE_POINTS

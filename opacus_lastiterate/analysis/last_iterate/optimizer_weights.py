@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import astuple, dataclass
 
 import numpy as np
 from scipy import signal
@@ -57,6 +58,7 @@ __all__ = [
     "ADAPTIVE_OPTIMIZERS",
     "BUILTIN_SCHEDULES",
     "SUPPORTED_OPTIMIZERS",
+    "SGDSettings",
     "UnsupportedOptimizerError",
     "builtin_schedule",
     "check_optimizer_supported",
@@ -66,6 +68,33 @@ __all__ = [
     "sgd_weights",
     "step_schedule",
 ]
+
+
+@dataclass(frozen=True)
+class SGDSettings:
+    """The hyperparameters of one ``torch.optim.SGD`` parameter group that fix the weights
+    (what an accountant's hook records per step; read from an optimizer by
+    :func:`opacus_lastiterate.schedules.sgd_settings`)."""
+
+    lr: float
+    momentum: float
+    dampening: float
+    nesterov: bool
+    weight_decay: float
+
+    def as_tuple(self) -> tuple[float, float, float, bool, float]:
+        """(lr, momentum, dampening, nesterov, weight_decay)."""
+        return astuple(self)  # type: ignore[return-value]
+
+    def weights(self, learning_rates: Sequence[float] | np.ndarray) -> np.ndarray:
+        """:func:`sgd_weights` for these settings at the given learning rates."""
+        return sgd_weights(
+            learning_rates,
+            momentum=self.momentum,
+            dampening=self.dampening,
+            nesterov=self.nesterov,
+            weight_decay=self.weight_decay,
+        )
 
 SUPPORTED_OPTIMIZERS: tuple[str, ...] = ("sgd",)
 ADAPTIVE_OPTIMIZERS: tuple[str, ...] = (

@@ -1,0 +1,145 @@
+"""When the monitor computes each value: cadences and the overhead budget of ``"auto"``.
+
+A :data:`Cadence` is every k steps, ``"doubling"`` (steps 100, 200, 400, 800, ...: the total
+cost of a value that grows with T stays within about twice its cost at the end), ``"auto"``
+(those doubling steps that fit in the monitor's overhead budget, :class:`OverheadBudget`) or
+None (only at the end of training).
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+__all__ = [
+    "DOUBLING_START",
+    "Cadence",
+    "Cadences",
+    "OverheadBudget",
+    "check_cadence",
+    "check_max_overhead",
+    "due",
+]
+
+Cadence = int | Literal["doubling", "auto"] | None
+"""How often a value is computed: every k steps, ``"doubling"`` (at steps 100, 200, 400, 800,
+...: the total cost of a value that grows with T stays within about twice its cost at the
+end), ``"auto"`` (``robust_every`` and ``standard_every`` only: at those doubling steps that
+fit in the monitor's ``max_overhead``), or None (only at ``PrivacyMonitor.finish``)."""
+
+DOUBLING_START = 100
+"""First step of the ``"doubling"`` cadence."""
+
+clock: Callable[[], float] = time.perf_counter
+"""The overhead budget's clock (a module attribute: tests replace it)."""
+
+
+def check_cadence(name: str, value: object, *, doubling: bool = True, auto: bool = False) -> Any:
+    """A validated cadence (``doubling``/``auto``: whether those strings are allowed)."""
+    if value is None or (doubling and value == "doubling") or (auto and value == "auto"):
+        return value
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        allowed = (', "doubling"' if doubling else "") + (', "auto"' if auto else "")
+        raise ValueError(f"`{name}` must be an integer >= 1{allowed} or None, got {value!r}.")
+    return int(value)
+
+
+def check_max_overhead(value: object) -> float:
+    """The ``"auto"`` cadences' budget: any real number (numpy's too, not a bool) in (0, 1]."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not (
+        0.0 < float(value) <= 1.0
+    ):
+        raise ValueError(f"`max_overhead` must be a number in (0, 1], got {value!r}.")
+    return float(value)
+
+
+def due(step: int, every: Cadence) -> bool:
+    """Whether a value with cadence ``every`` is computed at ``step``: every k steps, or at
+    steps DOUBLING_START * 2^j (``"doubling"``; ``"auto"``: those of them that the overhead
+    budget also allows), or never (None: only at the end)."""
+    if every is None:
+        return False
+    if every == "doubling" or every == "auto":
+        blocks, rest = divmod(step, DOUBLING_START)
+        return rest == 0 and blocks > 0 and blocks & (blocks - 1) == 0
+    return step % every == 0
+
+
+@dataclass(frozen=True)
+class Cadences:
+    """The monitor's cadences, validated once (``PrivacyMonitor`` documents each)."""
+
+    heuristic_every: Cadence = 1
+    weighted_every: Cadence = 100
+    robust_every: Cadence = "auto"
+    standard_every: Cadence = "auto"
+
+    def __post_init__(self) -> None:
+        for name, auto in (
+            ("heuristic_every", False),
+            ("weighted_every", False),
+            ("robust_every", True),
+            ("standard_every", True),
+        ):
+            object.__setattr__(self, name, check_cadence(name, getattr(self, name), auto=auto))
+
+    def off_thread(self) -> Cadences:
+        """The cadences of an evaluation off the training thread: there is no overhead to
+        keep within, so ``"auto"`` is ``"doubling"``."""
+
+        def plain(every: Cadence) -> Cadence:
+            return "doubling" if every == "auto" else every
+
+        return Cadences(
+            self.heuristic_every,
+            self.weighted_every,
+            plain(self.robust_every),
+            plain(self.standard_every),
+        )
+
+
+class OverheadBudget:
+    """The wall-clock budget of the ``"auto"`` cadence: a value due at a doubling step is
+    computed when the seconds spent on such values so far, plus the value's last cost, stay
+    within ``fraction`` of the training time since the monitor was attached (wall time less
+    those seconds). Before a value was first timed its cost is taken as ``PRIOR``; its cost
+    can grow with T, so the budget is kept to within that growth, not exactly."""
+
+    # seconds, until measured (measured: a robust search 2-40 ms, a PLD epsilon 0.05-0.5 s)
+    PRIOR: ClassVar[Mapping[str, float]] = {"robust": 0.01, "standard": 0.1}
+
+    def __init__(self, fraction: float) -> None:
+        self.fraction = fraction
+        self.cost = dict(self.PRIOR)
+        self.restart()
+
+    def restart(self) -> None:
+        """Count the training time from now (at attach and at a restored state)."""
+        self.start = clock()
+        self.spent = 0.0
+
+    def allows(self, kind: str) -> bool:
+        """Whether a ``kind`` value ("robust" or "standard") fits in the budget now."""
+        training = clock() - self.start - self.spent
+        return self.spent + self.cost[kind] <= self.fraction * training
+
+    def charge(self, kind: str, seconds: float) -> None:
+        """Count ``seconds`` spent on a ``kind`` value (its cost from now on)."""
+        self.cost[kind] = seconds
+        self.spent += seconds
+
+    def is_due(self, step: int, kind: str, every: Cadence) -> bool:
+        """Whether the ``kind`` value on cadence ``every`` is computed at ``step``."""
+        return due(step, every) and (every != "auto" or self.allows(kind))
+
+    def timed(self, kind: str, every: Cadence, compute: Callable[[], Any]) -> Any:
+        """``compute()``, its time charged to the budget under ``"auto"``."""
+        if every != "auto":
+            return compute()
+        t0 = clock()
+        out = compute()
+        self.charge(kind, clock() - t0)
+        return out

@@ -1,0 +1,370 @@
+"""Turning recorded steps into :class:`~opacus_lastiterate.callbacks.records.EpsilonRecord`
+objects: the monitor's evaluator.
+
+On the training hot path the monitor only queues each step as a :data:`QueuedStep`. An
+evaluator turns queued steps into records, in step order, as an accountant asked after every
+step would answer: it replays them into its own
+:class:`~opacus_lastiterate.accountants.LastIterateAccountant` (the *replica*, fed through
+the accountant's public incremental API), composes their RDP vectors
+(:class:`~opacus_lastiterate.accountants.IncrementalRDP`) and computes the robust, PLD and
+corrected values on their cadences. Runs of queued steps at one constant-rate setting are
+solved together (:meth:`LastIterateAccountant.replay_steps
+<opacus_lastiterate.accountants.LastIterateAccountant.replay_steps>`).
+
+:class:`InlineEvaluator` does this on the training thread;
+``ProcessEvaluator`` (:mod:`opacus_lastiterate.callbacks._evaluation_process`) runs an
+:class:`InlineEvaluator` in a separate process. Both answer the :class:`Evaluator` protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from opacus_lastiterate.accountants import (
+    IncrementalRDP,
+    LastIterateAccountant,
+    RunAccountant,
+    steps_of,
+)
+from opacus_lastiterate.accountants.base import trim_history
+from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
+    FINE_POINTS,
+    SPARSE_FINE_POINTS,
+)
+from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
+from opacus_lastiterate.callbacks.cadence import Cadences, OverheadBudget, due
+from opacus_lastiterate.callbacks.records import EpsilonRecord
+
+__all__ = ["MIN_RUN", "Evaluator", "InlineEvaluator", "QueuedStep", "weighted_grid_points"]
+
+QueuedStep = tuple[int, float, float, float | None, SGDSettings | None]
+"""A recorded step waiting for its record: (step, sigma, q, lr, SGD settings)."""
+
+MIN_RUN = 4
+"""Queued steps of one constant-rate setting replayed together (fewer: one by one)."""
+
+_SPARSE_CADENCE = 50  # weighted_every from which the replica's weighted grid is coarser
+
+
+def weighted_grid_points(cadences: Cadences) -> float:
+    """The replica's weighted-engine grid: coarser when the weighted heuristic is asked for
+    every 50 steps or less often (``SPARSE_FINE_POINTS``: half the work per step; each
+    logged value is still an upper bound within ``weight_accuracy``)."""
+    every = cadences.weighted_every
+    if every is None or every == "doubling" or every >= _SPARSE_CADENCE:  # type: ignore[operator]
+        return SPARSE_FINE_POINTS
+    return FINE_POINTS
+
+
+class Evaluator(Protocol):
+    """What the monitor needs from an evaluator."""
+
+    evaluated: int
+    """Steps whose records are computed or being computed (the history has moved on)."""
+    last_lr: float | None
+
+    @property
+    def rdp_vector(self) -> np.ndarray:
+        """The RDP vector of the evaluated steps (checkpoints save it)."""
+
+    @property
+    def in_flight(self) -> int:
+        """Steps handed over whose records have not come back yet."""
+
+    @property
+    def offloads(self) -> bool:
+        """Whether the records are computed off the training thread now."""
+
+    def wait_ready(self, timeout: float | None) -> bool:
+        """Wait until the evaluator can evaluate off the thread; False on timeout or if
+        it cannot (True inline)."""
+
+    def evaluate(self, queue: list[QueuedStep]) -> list[EpsilonRecord]:
+        """Take ``queue``; return the records that are ready now, in step order."""
+
+    def drain(self) -> list[EpsilonRecord]:
+        """Wait for every record of the steps handed over; return those not returned yet."""
+
+    def final_record(self) -> EpsilonRecord:
+        """A record with every epsilon of the evaluated steps (after :meth:`drain`)."""
+
+    def close(self, kill: bool = False) -> None:
+        """Release what the evaluator holds (a process); it may be used again after."""
+
+
+class InlineEvaluator:
+    """Evaluates on the calling thread (module docs).
+
+    Args:
+        accountant: the monitored Opacus accountant, at the state to start from (its last
+            ``dropped`` steps excluded); a ``LastIterateAccountant`` gives heuristic and
+            robust values, any other accountant only the standard ones.
+        delta: target delta (validated by the monitor).
+        cadences: when each value is computed.
+        corrected: an ``ASGMAccountant``/``FEASGMAccountant`` whose epsilon is the
+            corrected value (it may have recorded more steps than are evaluated: it is then
+            asked at the evaluated history, :meth:`RunAccountant.with_history`).
+        overhead: the budget of the ``"auto"`` cadences (None: ``"auto"`` means doubling).
+        dropped: the accountant's last steps that are not evaluated (queued elsewhere).
+        rdp: the RDP vector of the evaluated steps, if known (a checkpoint's).
+        last_lr: the learning rate of the last evaluated step.
+    """
+
+    def __init__(
+        self,
+        accountant: Any,
+        *,
+        delta: float,
+        cadences: Cadences,
+        corrected: RunAccountant | None = None,
+        overhead: OverheadBudget | None = None,
+        dropped: int = 0,
+        rdp: Sequence[float] | np.ndarray | None = None,
+        last_lr: float | None = None,
+    ) -> None:
+        self.delta = delta
+        self.cadences = cadences
+        self.corrected = corrected
+        self.overhead = overhead
+        self.replica: LastIterateAccountant | None = None
+        if isinstance(accountant, LastIterateAccountant):
+            replica = LastIterateAccountant(
+                weight_accuracy=accountant.weight_accuracy,
+                weighted_grid_points=weighted_grid_points(cadences),
+            )
+            replica.load_state_dict(accountant.state_dict())
+            replica.take_back(dropped)
+            self.replica = replica
+            history = replica.history
+        else:
+            history = trim_history(accountant.history, dropped)
+        self.history: list[list[Any]] = [list(h) for h in history]
+        self.evaluated = sum(int(h[2]) for h in self.history)
+        self.rdp = IncrementalRDP()
+        if rdp is not None and len(rdp) == self.rdp.orders.size:
+            self.rdp.rdp = np.asarray(rdp, dtype=float)
+        else:
+            self.rdp.reset((s, q, n) for s, q, n in self.history)
+        self.last_lr = last_lr
+
+    # -- the Evaluator protocol -------------------------------------------------------------
+
+    @property
+    def rdp_vector(self) -> np.ndarray:
+        return self.rdp.rdp
+
+    @property
+    def in_flight(self) -> int:
+        return 0
+
+    @property
+    def offloads(self) -> bool:
+        return False
+
+    def wait_ready(self, timeout: float | None) -> bool:
+        return True
+
+    def evaluate(self, queue: list[QueuedStep], need: str | None = None) -> list[EpsilonRecord]:
+        """The records of ``queue``, in order (``need``: a field that the last one must
+        have, for the budget guard). Runs of steps with the same settings under the
+        constant-rate formula are replayed together."""
+        out: list[EpsilonRecord] = []
+        if not queue:
+            return out
+        rdp = self.rdp.advance([(sigma, q) for _, sigma, q, _, _ in queue], self.delta)
+        last = len(queue) - 1
+        i = 0
+        while i < len(queue):
+            j = self._constant_run(queue, i, need)
+            heuristics = None
+            if j - i >= MIN_RUN:
+                _, sigma, q, _, settings = queue[i]
+                assert self.replica is not None
+                heuristics = self.replica.replay_steps(
+                    sigma, q, settings, j - i, delta=self.delta
+                )
+            if heuristics is None:
+                out.append(self._evaluate_step(queue[i], float(rdp[i]), need if i == last else None))
+                i += 1
+                continue
+            for k in range(i, j):
+                _, sigma, q, _, _ = queue[k]
+                self._extend(sigma, q)
+                out.append(
+                    self._record(
+                        queue[k], float(rdp[k]), float(heuristics[k - i]),
+                        need if k == last else None,
+                    )
+                )  # fmt: skip
+            i = j
+        return out
+
+    def drain(self) -> list[EpsilonRecord]:
+        return []
+
+    def close(self, kill: bool = False) -> None:
+        pass
+
+    def final_record(self) -> EpsilonRecord:
+        """The final record: every epsilon of the evaluated steps (some must exist)."""
+        sigma, q, _ = self.history[-1]
+        d = self.delta
+        heuristic = robust = None
+        if self.replica is not None:
+            heuristic = float(self.replica.get_epsilon(d))
+            robust = float(self.replica.get_epsilon(d, robust=True))
+        pld, corrected = self._standard()
+        return EpsilonRecord(
+            step=self.evaluated,
+            delta=d,
+            heuristic_epsilon=heuristic,
+            robust_epsilon=robust,
+            standard_epsilon_rdp=self.rdp.epsilon(d),
+            standard_epsilon_pld=pld,
+            corrected_epsilon=corrected,
+            lr=self.last_lr,
+            noise_multiplier=float(sigma),
+            sample_rate=float(q),
+            final=True,
+        )
+
+    # -- for the budget guard ---------------------------------------------------------------
+
+    def stays_constant_rate(self, settings: SGDSettings | None) -> bool:
+        """Whether more steps with ``settings`` keep the constant-rate heuristic."""
+        return self.replica is not None and self.replica.stays_constant_rate(settings)
+
+    @property
+    def weight_accuracy(self) -> float:
+        """The weighted heuristic's accuracy (0 without a heuristic)."""
+        return 0.0 if self.replica is None else self.replica.weight_accuracy
+
+    def take_back_last(self) -> None:
+        """Undo the last evaluated step (replica, RDP vector, history)."""
+        if self.replica is not None:
+            self.replica.take_back(1)
+        self.rdp.rdp = self.rdp.previous
+        last = self.history[-1]
+        if last[2] > 1:
+            last[2] -= 1
+        else:
+            self.history.pop()
+        self.evaluated -= 1
+
+    def set_corrected_configuration(self, configuration: dict[str, Any]) -> None:
+        """Use ``configuration`` for the corrected accountant (what the monitored one has
+        observed since; an evaluation process is sent it)."""
+        corrected = self.corrected
+        if corrected is not None and corrected.state_dict().get("configuration") != configuration:
+            state = dict(corrected.state_dict())
+            state["configuration"] = configuration
+            corrected.load_state_dict(state)
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def _extend(self, sigma: float, q: float) -> None:
+        """One more evaluated step in the run-length history."""
+        history = self.history
+        if history and history[-1][0] == sigma and history[-1][1] == q:
+            history[-1][2] += 1
+        else:
+            history.append([sigma, q, 1])
+        self.evaluated += 1
+
+    def _constant_run(self, queue: list[QueuedStep], i: int, need: str | None) -> int:
+        """The end j of the run queue[i:j] that can be replayed together: the same (sigma,
+        q, settings), the heuristic due at every step, and nothing else due (nor ``need``)
+        before its last step."""
+        replica = self.replica
+        c = self.cadences
+        if replica is None or c.heuristic_every != 1 or replica.uses_weights:
+            return i
+        _, sigma, q, _, settings = queue[i]
+        j = i
+        while j < len(queue):
+            step, s_j, q_j, _, settings_j = queue[j]
+            if (s_j, q_j, settings_j) != (sigma, q, settings):
+                break
+            j += 1
+            if (
+                (need is not None and j == len(queue))
+                or due(step, c.robust_every)
+                or due(step, c.standard_every)
+            ):
+                break
+        return j
+
+    def _evaluate_step(self, entry: QueuedStep, rdp: float, need: str | None) -> EpsilonRecord:
+        step, sigma, q, _, settings = entry
+        self._extend(sigma, q)
+        heuristic = None
+        replica = self.replica
+        if replica is not None:
+            replica.replay_step(sigma, q, settings)
+            c = self.cadences
+            every = c.weighted_every if replica.uses_weights else c.heuristic_every
+            if need == "heuristic_epsilon" or due(step, every):
+                heuristic = float(replica.get_epsilon(self.delta))
+        return self._record(entry, rdp, heuristic, need)
+
+    def _is_due(self, step: int, kind: str, every: Any) -> bool:
+        if self.overhead is None:
+            return due(step, every)
+        return self.overhead.is_due(step, kind, every)
+
+    def _timed(self, kind: str, every: Any, compute: Any) -> Any:
+        if self.overhead is None:
+            return compute()
+        return self.overhead.timed(kind, every, compute)
+
+    def _record(
+        self, entry: QueuedStep, rdp: float, heuristic: float | None, need: str | None
+    ) -> EpsilonRecord:
+        """The record of the step just replayed: the robust and standard epsilons when due
+        (or needed) at this step."""
+        step, sigma, q, lr, _ = entry
+        d = self.delta
+        c = self.cadences
+        robust = None
+        replica = self.replica
+        if replica is not None and (
+            need == "robust_epsilon" or self._is_due(step, "robust", c.robust_every)
+        ):
+            robust = float(
+                self._timed("robust", c.robust_every, lambda: replica.get_epsilon(d, robust=True))
+            )
+        pld = corrected = None
+        if self._is_due(step, "standard", c.standard_every):
+            pld, corrected = self._timed("standard", c.standard_every, self._standard)
+        self.last_lr = lr
+        return EpsilonRecord(
+            step=step,
+            delta=d,
+            heuristic_epsilon=heuristic,
+            robust_epsilon=robust,
+            standard_epsilon_rdp=rdp,
+            standard_epsilon_pld=pld,
+            corrected_epsilon=corrected,
+            lr=lr,
+            noise_multiplier=float(sigma),
+            sample_rate=float(q),
+            final=False,
+        )
+
+    def _standard(self) -> tuple[float, float | None]:
+        """PLD and corrected epsilon of the evaluated steps."""
+        # dp_accounting takes 0.5 s to import: only when a PLD value is first asked for
+        from opacus_lastiterate.analysis.baselines.composition import StandardComposition
+
+        history = [tuple(h) for h in self.history]
+        pld = float(StandardComposition(history).epsilon(self.delta))
+        corrected = None
+        acc = self.corrected
+        if acc is not None:
+            if steps_of(acc) != self.evaluated:  # it is ahead: a copy at this step
+                acc = acc.with_history(history)  # type: ignore[arg-type]
+            corrected = float(acc.get_epsilon(self.delta))
+        return pld, corrected
