@@ -145,9 +145,11 @@ def test_deprecated_names_still_work_and_say_so(capsys: pytest.CaptureFixture[st
 
 
 def test_both_interval_spellings_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([*BASE, "--noise-multiplier", "1", "--delta", "1e-5", "--discretization", "1e-3",
-                 "--value-discretization-interval", "1e-3"]) != 0
-    assert "--value-discretization-interval" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main([*BASE, "--noise-multiplier", "1", "--delta", "1e-5", "--discretization", "1e-3",
+              "--value-discretization-interval", "1e-3"])
+    assert stop.value.code == 2
+    assert "pass only the latter" in capsys.readouterr().err
 
 
 def test_interval_default_is_the_standard_models_default() -> None:

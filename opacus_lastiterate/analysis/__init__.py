@@ -4,8 +4,9 @@ Everything in this subpackage uses numpy, scipy and dp_accounting only, so it ca
 (and tested) without a deep-learning stack. One home per concept:
 
 * :mod:`.run`: the description of a DP-SGD run (:class:`DPSGDRun`), validated once;
-* :mod:`.privacy_models`: the registry of privacy models (one name each, :func:`privacy_model`
-  builds one);
+* :mod:`.privacy_models`: the registry of privacy models (one name each;
+  ``privacy_models.privacy_model(name, run)`` builds one: it is not re-exported here, where
+  ``privacy_model`` is the module of the :class:`PrivacyModel` protocol);
 * :mod:`.last_iterate`: the last-iterate heuristic, its robust and weighted forms, per-step
   accounting and the known counterexamples;
 * :mod:`.baselines`: standard composition and full-batch DP-GD;
@@ -112,7 +113,6 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         PRIVACY_MODEL_NAMES,
         PRIVACY_MODELS,
         PrivacyModelEntry,
-        privacy_model,
     )
     from opacus_lastiterate.analysis.run import (
         DivisorRule,
@@ -138,7 +138,6 @@ _LAZY: dict[str, str] = {
     "PRIVACY_MODELS": "privacy_models",
     "PRIVACY_MODEL_NAMES": "privacy_models",
     "PrivacyModelEntry": "privacy_models",
-    "privacy_model": "privacy_models",
     "DivisorRule": "run",
     "RDPComposition": "baselines.composition",
     "full_batch_delta": "baselines.composition",
@@ -246,7 +245,6 @@ __all__ = [
     "heuristic_monotonicity_for_history",
     "opacus1x_batch_arithmetic",
     "plan_batch_sizes",
-    "privacy_model",
     "public_divisor_verdict",
     "quadratic_regulariser_comparison",
     "quadratic_regulariser_epsilon",
