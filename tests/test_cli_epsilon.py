@@ -30,7 +30,7 @@ def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
 
 def test_delta_at_epsilon_round_trips(capsys: pytest.CaptureFixture[str]) -> None:
     out = _json(capsys, *BASE, "--noise-multiplier", "1", "--epsilon", "1.5",
-                "--discretization", "1e-3")
+                "--value-discretization-interval", "1e-3")
     assert out["quantity"] == "delta" and out["epsilon"] == 1.5
     run = DPSGDRun.constant(steps=20, sample_rate=0.05, noise_multiplier=1.0)
     models = {"heuristic": LastIterateHeuristic(run), "robust_heuristic":
@@ -45,7 +45,7 @@ def test_delta_at_epsilon_round_trips(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_calibration_meets_the_target(capsys: pytest.CaptureFixture[str]) -> None:
     out = _json(capsys, *BASE, "--delta", "1e-5", "--target-epsilon", "3",
-                "--calibrate", "heuristic", "--calibrate", "standard", "--discretization", "1e-3")
+                "--calibrate", "heuristic", "--calibrate", "standard", "--value-discretization-interval", "1e-3")
     rows = {r["accountant"]: r for r in out["calibrations"]}
     assert set(rows) == {"heuristic", "standard"}
     kw = {"steps": 20, "sample_rate": 0.05}
@@ -60,7 +60,7 @@ def test_calibration_meets_the_target(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_calibration_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*BASE, "--delta", "1e-5", "--target-epsilon", "3", "--calibrate",
-                 "heuristic", "--discretization", "1e-3"]) == 0
+                 "heuristic", "--value-discretization-interval", "1e-3"]) == 0
     text = capsys.readouterr().out
     assert "noise multiplier for epsilon <= 3" in text and "calibrated to" in text
     assert "not a proven bound for deep networks" in text
@@ -93,7 +93,7 @@ def test_plot_writes_a_picture(tmp_path: Path, capsys: pytest.CaptureFixture[str
     pytest.importorskip("matplotlib")
     path = tmp_path / "eps.png"
     out = _json(capsys, *BASE, "--noise-multiplier", "1", "--delta", "1e-5",
-                "--discretization", "1e-3", "--plot", str(path))
+                "--value-discretization-interval", "1e-3", "--plot", str(path))
     assert out["heuristic"] > 0 and path.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -128,3 +128,34 @@ def test_analysis_errors_exit_2_with_the_command_named(capsys) -> None:  # type:
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("opacus-lastiterate epsilon: error: ") and "`steps`" in err
+
+
+def test_deprecated_names_still_work_and_say_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """--discretization and --calibrate robust: the same output as their new names, with a
+    note on stderr (stdout stays one JSON object)."""
+    new = _json(capsys, *BASE, "--delta", "1e-5", "--target-epsilon", "3", "--calibrate",
+                "robust_heuristic", "--value-discretization-interval", "1e-2")
+    assert main([*BASE, "--delta", "1e-5", "--target-epsilon", "3", "--calibrate", "robust",
+                 "--discretization", "1e-2", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == new
+    assert new["calibrations"][0]["accountant"] == "robust_heuristic"
+    assert "--discretization is deprecated" in captured.err
+    assert "--calibrate robust is deprecated" in captured.err and "robust_heuristic" in captured.err
+
+
+def test_both_interval_spellings_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main([*BASE, "--noise-multiplier", "1", "--delta", "1e-5", "--discretization", "1e-3",
+              "--value-discretization-interval", "1e-3"])
+    assert stop.value.code == 2
+    assert "pass only the latter" in capsys.readouterr().err
+
+
+def test_interval_default_is_the_standard_models_default() -> None:
+    from opacus_lastiterate.analysis.baselines.composition import DEFAULT_DISCRETIZATION
+    from opacus_lastiterate.analysis.privacy_models import PRIVACY_MODELS
+    from opacus_lastiterate.cli._options import DEFAULT_INTERVAL
+
+    assert DEFAULT_INTERVAL == DEFAULT_DISCRETIZATION == 1e-4
+    assert PRIVACY_MODELS["standard"].defaults["value_discretization_interval"] == 1e-4

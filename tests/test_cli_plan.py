@@ -11,7 +11,7 @@ from opacus_lastiterate.analysis import heuristic_epsilon, standard_epsilon
 from opacus_lastiterate.cli import main
 
 ARGS = ["plan", "--dataset-size", "5000", "--batch-sizes", "500,100", "--epochs", "4",
-        "--target-epsilon", "2", "--delta", "1e-5", "--discretization", "1e-3"]
+        "--target-epsilon", "2", "--delta", "1e-5", "--value-discretization-interval", "1e-3"]
 
 
 def test_json_rows(capsys: pytest.CaptureFixture[str]) -> None:
@@ -53,3 +53,14 @@ def test_usage_errors(change, message, capsys) -> None:  # type: ignore[no-untyp
     with pytest.raises(SystemExit) as stop:
         main(args)
     assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_deprecated_robust_accountant(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", "--dataset-size", "1000", "--batch-sizes", "100", "--steps", "20",
+            "--target-epsilon", "2", "--delta", "1e-5", "--json"]
+    assert main([*args, "--accountant", "robust_heuristic"]) == 0
+    new = json.loads(capsys.readouterr().out)
+    assert main([*args, "--accountant", "robust", "--discretization", "1e-4"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == new and new["accountant"] == "robust_heuristic"
+    assert "--accountant robust is deprecated" in captured.err

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
-from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import weighted_heuristic_epsilon
+from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
+    weighted_heuristic_epsilon_result,
+)
 from opacus_lastiterate.cli import main
 
 BASE = ["--sample-rate", "0.05", "--noise-multiplier", "1.0", "--delta", "1e-6"]
@@ -30,7 +32,7 @@ def test_momentum_uses_the_momentum_weights(capsys):
     out = _json(capsys, ["epsilon", "--steps", str(T), *BASE, "--momentum", str(beta)])
     # Weight of step t (1-based) at constant rate: (1 - beta^(T-t+1)) / (1 - beta).
     w = np.array([(1 - beta ** (T - t + 1)) / (1 - beta) for t in range(1, T + 1)])
-    ref = weighted_heuristic_epsilon(1e-6, weights=w, sample_rates=0.05, noise_multipliers=1.0)
+    ref = weighted_heuristic_epsilon_result(1e-6, weights=w, sample_rates=0.05, noise_multipliers=1.0)
     assert out["weighted_heuristic"] == pytest.approx(ref.epsilon, rel=1e-9)
     assert out["weighted_heuristic"] != pytest.approx(out["heuristic"], rel=1e-3)
 
@@ -40,7 +42,7 @@ def test_schedule_file(capsys, tmp_path):
     path = tmp_path / "lr.txt"
     np.savetxt(path, rates)
     out = _json(capsys, ["epsilon", "--steps", "20", *BASE, "--lr-schedule", str(path)])
-    ref = weighted_heuristic_epsilon(1e-6, weights=rates, sample_rates=0.05, noise_multipliers=1.0)
+    ref = weighted_heuristic_epsilon_result(1e-6, weights=rates, sample_rates=0.05, noise_multipliers=1.0)
     assert out["weighted_heuristic"] == pytest.approx(ref.epsilon, rel=1e-9)
     with pytest.raises(SystemExit) as exit_info:
         main(["epsilon", "--steps", "21", *BASE, "--lr-schedule", str(path)])

@@ -4,6 +4,9 @@ Everything in this subpackage uses numpy, scipy and dp_accounting only, so it ca
 (and tested) without a deep-learning stack. One home per concept:
 
 * :mod:`.run`: the description of a DP-SGD run (:class:`DPSGDRun`), validated once;
+* :mod:`.privacy_models`: the registry of privacy models (one name each;
+  ``privacy_models.privacy_model(name, run)`` builds one: it is not re-exported here, where
+  ``privacy_model`` is the module of the :class:`PrivacyModel` protocol);
 * :mod:`.last_iterate`: the last-iterate heuristic, its robust and weighted forms, per-step
   accounting and the known counterexamples;
 * :mod:`.baselines`: standard composition and full-batch DP-GD;
@@ -28,9 +31,14 @@ from opacus_lastiterate.exceptions import UnsupportedOptimizerError  # light: no
 if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
     from opacus_lastiterate.analysis.baselines.composition import (
         FullBatchGaussian,
+        RDPComposition,
         StandardComposition,
+        full_batch_delta,
         full_batch_epsilon,
+        standard_delta,
         standard_epsilon,
+        standard_rdp_delta,
+        standard_rdp_epsilon,
     )
     from opacus_lastiterate.analysis.baselines.gaussian_mechanism import (
         gaussian_delta,
@@ -59,7 +67,10 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     from opacus_lastiterate.analysis.last_iterate.heuristic import (
         LastIterateHeuristic,
         RobustLastIterateHeuristic,
+        heuristic_delta,
         heuristic_epsilon,
+        robust_heuristic_delta,
+        robust_heuristic_epsilon,
     )
     from opacus_lastiterate.analysis.last_iterate.incremental import IncrementalHeuristic
     from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
@@ -74,7 +85,9 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
         WeightedHeuristicResult,
         weighted_heuristic_delta,
+        weighted_heuristic_delta_result,
         weighted_heuristic_epsilon,
+        weighted_heuristic_epsilon_result,
     )
     from opacus_lastiterate.analysis.normalisation import (
         DivisorVerdict,
@@ -96,7 +109,17 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         compare_versions,
     )
     from opacus_lastiterate.analysis.privacy_model import PrivacyModel
-    from opacus_lastiterate.analysis.run import DPSGDRun, Normalisation, TrainingSegment
+    from opacus_lastiterate.analysis.privacy_models import (
+        PRIVACY_MODEL_NAMES,
+        PRIVACY_MODELS,
+        PrivacyModelEntry,
+    )
+    from opacus_lastiterate.analysis.run import (
+        DivisorRule,
+        DPSGDRun,
+        Normalisation,
+        TrainingSegment,
+    )
 
 # Public name -> the submodule that defines it.
 _LAZY: dict[str, str] = {
@@ -112,6 +135,20 @@ _LAZY: dict[str, str] = {
     "DPSGDRun": "run",
     "FEASGM": "normalisation.divisor_leak",
     "PrivacyModel": "privacy_model",
+    "PRIVACY_MODELS": "privacy_models",
+    "PRIVACY_MODEL_NAMES": "privacy_models",
+    "PrivacyModelEntry": "privacy_models",
+    "DivisorRule": "run",
+    "RDPComposition": "baselines.composition",
+    "full_batch_delta": "baselines.composition",
+    "standard_delta": "baselines.composition",
+    "standard_rdp_delta": "baselines.composition",
+    "standard_rdp_epsilon": "baselines.composition",
+    "heuristic_delta": "last_iterate.heuristic",
+    "robust_heuristic_delta": "last_iterate.heuristic",
+    "robust_heuristic_epsilon": "last_iterate.heuristic",
+    "weighted_heuristic_delta_result": "last_iterate.weighted_heuristic",
+    "weighted_heuristic_epsilon_result": "last_iterate.weighted_heuristic",
     "Normalisation": "run",
     "LastIterateHeuristic": "last_iterate.heuristic",
     "RobustLastIterateHeuristic": "last_iterate.heuristic",
@@ -159,8 +196,11 @@ __all__ = [
     "CALIBRATED_ACCOUNTANTS",
     "FEASGM",
     "OPACUS_RELEASES",
+    "PRIVACY_MODELS",
+    "PRIVACY_MODEL_NAMES",
     "BatchSizePlan",
     "DPSGDRun",
+    "DivisorRule",
     "DivisorVerdict",
     "EpsilonComparison",
     "FullBatchGaussian",
@@ -170,8 +210,10 @@ __all__ = [
     "Normalisation",
     "OpacusRelease",
     "PrivacyModel",
+    "PrivacyModelEntry",
     "QuadraticComparison",
     "QuadraticResult",
+    "RDPComposition",
     "RobustLastIterateHeuristic",
     "ShiftedGaussianMixture",
     "StandardComposition",
@@ -193,9 +235,11 @@ __all__ = [
     "feasgm_delta",
     "feasgm_epsilon",
     "feasgm_verdict",
+    "full_batch_delta",
     "full_batch_epsilon",
     "gaussian_delta",
     "gaussian_epsilon",
+    "heuristic_delta",
     "heuristic_epsilon",
     "heuristic_monotonicity",
     "heuristic_monotonicity_for_history",
@@ -204,10 +248,17 @@ __all__ = [
     "public_divisor_verdict",
     "quadratic_regulariser_comparison",
     "quadratic_regulariser_epsilon",
+    "robust_heuristic_delta",
+    "robust_heuristic_epsilon",
     "sgd_weights",
+    "standard_delta",
     "standard_epsilon",
+    "standard_rdp_delta",
+    "standard_rdp_epsilon",
     "weighted_heuristic_delta",
+    "weighted_heuristic_delta_result",
     "weighted_heuristic_epsilon",
+    "weighted_heuristic_epsilon_result",
 ]
 
 

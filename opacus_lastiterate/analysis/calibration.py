@@ -6,10 +6,13 @@ smallest sigma with ``epsilon(sigma) <= target`` is found by a root search on lo
 answer is returned on the safe side: the model's epsilon at the returned sigma is at most the
 target, and sigma is within a relative ``rtol`` of the exact crossing.
 
-Accountants: ``"heuristic"`` (last-iterate heuristic, final model only, not a proven bound
-for deep networks), ``"robust"`` (its max over the last t <= T steps), ``"standard"``
-(composition over all iterates, dp_accounting PLD, an upper bound) and ``"full_batch"``
-(full-batch DP-GD with the same expected step and noise, closed form).
+Accountants, by their names in the registry of privacy models
+(:mod:`opacus_lastiterate.analysis.privacy_models`): ``"heuristic"`` (last-iterate
+heuristic, final model only, not a proven bound for deep networks), ``"robust_heuristic"``
+(its max over the last t <= T steps; the old spelling ``"robust"`` is accepted with a
+DeprecationWarning), ``"standard"`` (composition over all iterates, dp_accounting PLD, an
+upper bound) and ``"full_batch"`` (full-batch DP-GD with the same expected step and noise,
+closed form).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import math
 from collections.abc import Callable
 from typing import Literal
 
+from opacus_lastiterate.analysis._deprecation import deprecated
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_in_interval,
@@ -25,40 +29,51 @@ from opacus_lastiterate.analysis._validation import (
     check_sample_rate,
     check_steps,
 )
-from opacus_lastiterate.analysis.baselines.composition import (
-    DEFAULT_DISCRETIZATION,
-    FullBatchGaussian,
-    StandardComposition,
-)
-from opacus_lastiterate.analysis.last_iterate.heuristic import (
-    LastIterateHeuristic,
-    RobustLastIterateHeuristic,
-)
+from opacus_lastiterate.analysis.baselines.composition import DEFAULT_DISCRETIZATION
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
+from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
 
-__all__ = ["CALIBRATED_ACCOUNTANTS", "calibrate_noise_multiplier"]
+__all__ = ["CALIBRATED_ACCOUNTANTS", "calibrate_noise_multiplier", "canonical_accountant"]
 
-Accountant = Literal["heuristic", "robust", "standard", "full_batch"]
-CALIBRATED_ACCOUNTANTS: tuple[str, ...] = ("heuristic", "robust", "standard", "full_batch")
-"""The accountants :func:`calibrate_noise_multiplier` can calibrate."""
+Accountant = Literal["heuristic", "robust_heuristic", "standard", "full_batch", "robust"]
+CALIBRATED_ACCOUNTANTS: tuple[str, ...] = ("heuristic", "robust_heuristic", "standard", "full_batch")
+"""The accountants :func:`calibrate_noise_multiplier` can calibrate (registry names)."""
+
+_DEPRECATED_ACCOUNTANTS = {"robust": "robust_heuristic"}
 
 _SIGMA_RANGE = (1e-4, 1e6)  # the search gives up outside this range of noise multipliers
 _COARSE_INTERVAL = 1e-3  # PLD interval of the first, coarse search of the standard accountant
 
 
+def canonical_accountant(accountant: object, name: str = "accountant") -> str:
+    """``accountant`` as a registry name of :data:`CALIBRATED_ACCOUNTANTS`: the deprecated
+    ``"robust"`` becomes ``"robust_heuristic"`` (with a DeprecationWarning); anything else
+    not in the tuple is a ValueError (TypeError when not a string) naming ``name``."""
+    if not isinstance(accountant, str):
+        raise TypeError(
+            f"`{name}` must be one of {', '.join(CALIBRATED_ACCOUNTANTS)}, got {accountant!r} of "
+            f"type {type(accountant).__name__}."
+        )
+    if accountant in _DEPRECATED_ACCOUNTANTS:
+        new = _DEPRECATED_ACCOUNTANTS[accountant]
+        deprecated(f"`{name}={accountant!r}`", f"{new!r}")
+        return new
+    if accountant not in CALIBRATED_ACCOUNTANTS:
+        raise ValueError(
+            f"`{name}` must be one of {', '.join(CALIBRATED_ACCOUNTANTS)}, got {accountant!r}."
+        )
+    return accountant
+
+
 def _model(
     accountant: str, steps: int, sample_rate: float, interval: float
 ) -> Callable[[float], PrivacyModel]:
+    params = {"value_discretization_interval": interval} if accountant == "standard" else {}
+
     def build(sigma: float) -> PrivacyModel:
         run = DPSGDRun.constant(steps=steps, sample_rate=sample_rate, noise_multiplier=sigma)
-        if accountant == "heuristic":
-            return LastIterateHeuristic(run)
-        if accountant == "robust":
-            return RobustLastIterateHeuristic(run)
-        if accountant == "standard":
-            return StandardComposition(run, value_discretization_interval=interval)
-        return FullBatchGaussian(run)
+        return privacy_model(accountant, run, **params)
 
     return build
 
@@ -81,8 +96,10 @@ def calibrate_noise_multiplier(
         delta: delta in (0, 1).
         steps: T >= 1.
         sample_rate: Poisson sampling rate q in (0, 1].
-        accountant: one of :data:`CALIBRATED_ACCOUNTANTS` (module docstring).
-        value_discretization_interval: PLD interval of the standard accountant.
+        accountant: one of :data:`CALIBRATED_ACCOUNTANTS` (module docstring; ``"robust"`` is
+            a deprecated spelling of ``"robust_heuristic"``).
+        value_discretization_interval: PLD value discretisation interval of the standard
+            accountant (default 1e-4, :mod:`~.privacy_models`).
         rtol: relative accuracy of the returned sigma, in (0, 0.1].
 
     Raises:
@@ -92,10 +109,7 @@ def calibrate_noise_multiplier(
     d = check_delta(delta)
     t = check_steps(steps, minimum=1)
     q = check_sample_rate(sample_rate)
-    if accountant not in CALIBRATED_ACCOUNTANTS:
-        raise ValueError(
-            f"`accountant` must be one of {', '.join(CALIBRATED_ACCOUNTANTS)}, got {accountant!r}."
-        )
+    accountant = canonical_accountant(accountant)  # type: ignore[assignment]
     interval = check_positive("value_discretization_interval", value_discretization_interval)
     tol = check_in_interval("rtol", rtol, 0.0, 0.1, high_open=False)
     build = _model(accountant, t, q, interval)
@@ -115,7 +129,7 @@ def calibrate_noise_multiplier(
             value_discretization_interval=_COARSE_INTERVAL, rtol=tol,
         )
         lo, hi = _bracket(excess, math.log(coarse), growth=0.002)
-    elif accountant in ("robust", "standard"):
+    elif accountant in ("robust_heuristic", "standard"):
         # both are >= the heuristic at every sigma, so their sigma is >= the heuristic's:
         # start there and grow slowly (the PLD accountant is slow at small sigma)
         start = math.log(calibrate_noise_multiplier(target, d, steps=t, sample_rate=q, rtol=tol))

@@ -1,4 +1,5 @@
-"""All the epsilons of one DP-SGD configuration, side by side."""
+"""All the epsilons of one DP-SGD configuration, side by side: the models
+:data:`COMPARED_MODELS` of the registry (:mod:`~.privacy_models`), built there."""
 
 from __future__ import annotations
 
@@ -6,23 +7,37 @@ from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 from opacus_lastiterate.analysis._validation import check_delta, check_noise_multiplier
-from opacus_lastiterate.analysis.baselines.composition import (
-    DEFAULT_DISCRETIZATION,
-    FullBatchGaussian,
-    StandardComposition,
-)
-from opacus_lastiterate.analysis.last_iterate.heuristic import (
-    LastIterateHeuristic,
-    RobustLastIterateHeuristic,
-)
+from opacus_lastiterate.analysis.baselines.composition import DEFAULT_DISCRETIZATION
+from opacus_lastiterate.analysis.privacy_model import PrivacyModel
+from opacus_lastiterate.analysis.privacy_models import PRIVACY_MODELS, privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun, RunLike, as_run
 
-__all__ = ["EpsilonComparison", "compare_epsilons", "compare_epsilons_for_history"]
+__all__ = [
+    "COMPARED_MODELS",
+    "EpsilonComparison",
+    "compare_epsilons",
+    "compare_epsilons_for_history",
+    "compared_models",
+]
+
+COMPARED_MODELS: tuple[str, ...] = ("heuristic", "robust_heuristic", "standard", "full_batch")
+"""The registry names compared, in order: the fields of :class:`EpsilonComparison`."""
+
+
+def compared_models(
+    run: DPSGDRun, *, value_discretization_interval: float = DEFAULT_DISCRETIZATION
+) -> dict[str, PrivacyModel]:
+    """The models of :data:`COMPARED_MODELS` for ``run``, by registry name (the standard one
+    with PLD interval ``value_discretization_interval``)."""
+    params = {"standard": {"value_discretization_interval": value_discretization_interval}}
+    return {name: privacy_model(name, run, **params.get(name, {})) for name in COMPARED_MODELS}
 
 
 @dataclass(frozen=True)
 class EpsilonComparison:
-    """Epsilons at one delta; each field's meaning is in ``LABELS``."""
+    """Epsilons at one delta; each field's meaning is in ``LABELS`` (the registry's
+    descriptions). ``standard_discretization`` is the ``value_discretization_interval`` of
+    the standard model (the field keeps its name: it is a key of the CLI's JSON)."""
 
     delta: float
     steps: int
@@ -33,12 +48,7 @@ class EpsilonComparison:
     standard_discretization: float = DEFAULT_DISCRETIZATION
 
     LABELS: ClassVar[dict[str, str]] = {
-        "heuristic": "last-iterate heuristic (final model only; exact for linear losses, "
-        "not a proven bound for deep networks)",
-        "robust_heuristic": "robust heuristic: max over the last t <= T steps",
-        "standard": "standard composition (all iterates released): dp_accounting PLD, "
-        "pessimistic upper bound",
-        "full_batch": "full-batch DP-GD with the same expected step and noise (closed form)",
+        name: PRIVACY_MODELS[name].description for name in COMPARED_MODELS
     }
 
     def as_dict(self) -> dict[str, float]:
@@ -55,15 +65,11 @@ def compare_epsilons_for_history(
     :class:`~.run.DPSGDRun` or an Opacus-style history), validated once."""
     run = as_run(history, "history")
     d = check_delta(delta)
+    models = compared_models(run, value_discretization_interval=value_discretization_interval)
     return EpsilonComparison(
         delta=d,
         steps=run.num_steps,
-        heuristic=LastIterateHeuristic(run).epsilon(d),
-        robust_heuristic=RobustLastIterateHeuristic(run).epsilon(d),
-        standard=StandardComposition(
-            run, value_discretization_interval=value_discretization_interval
-        ).epsilon(d),
-        full_batch=FullBatchGaussian(run).epsilon(d),
+        **{name: model.epsilon(d) for name, model in models.items()},  # type: ignore[arg-type]
         standard_discretization=value_discretization_interval,
     )
 

@@ -23,16 +23,13 @@ from opacus_lastiterate.analysis._validation import (
     check_int,
     check_positive,
 )
-from opacus_lastiterate.analysis.baselines.composition import (
-    DEFAULT_DISCRETIZATION,
-    FullBatchGaussian,
-    StandardComposition,
+from opacus_lastiterate.analysis.baselines.composition import DEFAULT_DISCRETIZATION
+from opacus_lastiterate.analysis.calibration import (
+    Accountant,
+    calibrate_noise_multiplier,
+    canonical_accountant,
 )
-from opacus_lastiterate.analysis.calibration import Accountant, calibrate_noise_multiplier
-from opacus_lastiterate.analysis.last_iterate.heuristic import (
-    LastIterateHeuristic,
-    RobustLastIterateHeuristic,
-)
+from opacus_lastiterate.analysis.comparison import compared_models
 from opacus_lastiterate.analysis.run import DPSGDRun
 
 __all__ = ["BatchSizePlan", "plan_batch_sizes"]
@@ -86,7 +83,8 @@ def plan_batch_sizes(
         epochs: number of passes over the data (T = round(epochs * N / B)); or
         steps: the same number of steps T for every batch size (exactly one of the two).
         accountant: what is calibrated (``"heuristic"`` by default, as in the paper's Table 1;
-            see :data:`~.calibration.CALIBRATED_ACCOUNTANTS`).
+            see :data:`~.calibration.CALIBRATED_ACCOUNTANTS`; ``"robust"`` is a deprecated
+            spelling of ``"robust_heuristic"``).
         value_discretization_interval: PLD interval of the standard epsilon.
         rtol: relative accuracy of each noise multiplier.
     """
@@ -104,6 +102,7 @@ def plan_batch_sizes(
     for b in sizes:
         if b > n:
             raise ValueError(f"`batch_sizes` must be at most `dataset_size` ({n}), got {b}.")
+    name = canonical_accountant(accountant)
     rows = []
     for b in sizes:
         q, steps_b = b / n, _steps(b, n, e, t)
@@ -112,11 +111,12 @@ def plan_batch_sizes(
             d,
             steps=steps_b,
             sample_rate=q,
-            accountant=accountant,
+            accountant=name,  # type: ignore[arg-type]
             value_discretization_interval=value_discretization_interval,
             rtol=rtol,
         )
         run = DPSGDRun.constant(steps=steps_b, sample_rate=q, noise_multiplier=sigma)
+        models = compared_models(run, value_discretization_interval=value_discretization_interval)
         rows.append(
             BatchSizePlan(
                 batch_size=b,
@@ -125,12 +125,7 @@ def plan_batch_sizes(
                 epochs=steps_b * b / n,
                 noise_multiplier=sigma,
                 noise_per_example=sigma / b,
-                heuristic=LastIterateHeuristic(run).epsilon(d),
-                robust_heuristic=RobustLastIterateHeuristic(run).epsilon(d),
-                standard=StandardComposition(
-                    run, value_discretization_interval=value_discretization_interval
-                ).epsilon(d),
-                full_batch=FullBatchGaussian(run).epsilon(d),
+                **{k: m.epsilon(d) for k, m in models.items()},  # type: ignore[arg-type]
             )
         )
     return rows

@@ -36,6 +36,7 @@ from opacus_lastiterate.analysis._validation import (
 __all__ = [
     "DIVISOR_RULES",
     "DPSGDRun",
+    "DivisorRule",
     "HistoryLike",
     "Normalisation",
     "RunLike",
@@ -47,6 +48,8 @@ __all__ = [
 ]
 
 DivisorRule = Literal["sum", "public", "floored_expected", "realised"]
+"""The type of :attr:`Normalisation.rule` (the dataclass :class:`Normalisation` describes a
+normalised run; this literal names its divisor rule)."""
 DIVISOR_RULES: tuple[str, ...] = ("sum", "public", "floored_expected", "realised")
 """What the noisy gradient sum is divided by: nothing (``"sum"``, SGM), a public constant
 (``"public"``), Opacus 1.x's floor of a dataset-size-dependent expected batch size

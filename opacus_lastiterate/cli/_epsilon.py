@@ -7,6 +7,10 @@ Three questions, one per option set (``docs/cli.md``, "epsilon"):
   momentum-weighted heuristic with ``--lr-schedule`` / ``--momentum``);
 * ``--noise-multiplier S --epsilon E``: delta at epsilon E of the same models;
 * ``--target-epsilon E --delta D``: the noise multiplier that meets E for each accountant.
+
+Every model is built by its registry name (:mod:`opacus_lastiterate.analysis.privacy_models`,
+through :func:`~opacus_lastiterate.analysis.comparison.compared_models`); the JSON keys are
+those names.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from opacus_lastiterate.cli._options import (
     POSITIVE,
     STEPS,
     Interval,
+    deprecated_choice,
     dp_sgd_options,
     emit_json,
+    interval_option,
     json_option,
     plot_option,
 )
@@ -34,11 +40,19 @@ WEIGHTED_LABEL = (
 )
 CALIBRATION_LABELS = {
     "heuristic": "last-iterate heuristic",
-    "robust": "robust heuristic (max over the last t <= T steps)",
+    "robust_heuristic": "robust heuristic (max over the last t <= T steps)",
     "standard": "standard composition (all iterates released, PLD)",
     "full_batch": "full-batch DP-GD",
 }
-_KEYS = ("heuristic", "robust_heuristic", "standard", "full_batch")
+"""Short labels of the calibrated accountants (registry names), for the text table."""
+_CALIBRATE_CHOICES = ("heuristic", "robust_heuristic", "standard", "full_batch", "robust")
+_DEFAULT_CALIBRATIONS = ("heuristic", "robust_heuristic", "standard")
+
+
+def _keys() -> tuple[str, ...]:
+    from opacus_lastiterate.analysis.comparison import COMPARED_MODELS
+
+    return COMPARED_MODELS
 
 
 def _learning_rates(lr_schedule: str | None, steps: int, step_size: int | None, gamma: float) -> Any:
@@ -79,8 +93,8 @@ def _weighted(args: dict[str, Any], quantity: str, argument: float) -> Any:
         return None
     from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
     from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
-        weighted_heuristic_delta,
-        weighted_heuristic_epsilon,
+        weighted_heuristic_delta_result,
+        weighted_heuristic_epsilon_result,
     )
 
     weights = sgd_weights(
@@ -89,7 +103,10 @@ def _weighted(args: dict[str, Any], quantity: str, argument: float) -> Any:
         dampening=args["dampening"],
         nesterov=args["nesterov"],
     )
-    solve = weighted_heuristic_epsilon if quantity == "epsilon" else weighted_heuristic_delta
+    solve = (
+        weighted_heuristic_epsilon_result if quantity == "epsilon"
+        else weighted_heuristic_delta_result
+    )
     return solve(
         argument,
         weights=weights,
@@ -135,7 +152,7 @@ def _epsilon_for_delta(args: dict[str, Any]) -> None:
         emit_json(payload)
         return
     click.echo(_header(args, f"delta = {args['delta']:g}"))
-    for key in _KEYS:
+    for key in _keys():
         label = _label(key, args)
         click.echo(f"  {key:<17} eps = {getattr(result, key):10.4f}   {label}")
     if weighted is not None:
@@ -154,29 +171,15 @@ def _label(key: str, args: dict[str, Any]) -> str:
 
 
 def _models(args: dict[str, Any]) -> dict[str, Any]:
-    """The four privacy models of the configuration (for delta at epsilon)."""
-    from opacus_lastiterate.analysis.baselines.composition import (
-        FullBatchGaussian,
-        StandardComposition,
-    )
-    from opacus_lastiterate.analysis.last_iterate.heuristic import (
-        LastIterateHeuristic,
-        RobustLastIterateHeuristic,
-    )
+    """The compared privacy models of the configuration (for delta at epsilon)."""
+    from opacus_lastiterate.analysis.comparison import compared_models
     from opacus_lastiterate.analysis.run import DPSGDRun
 
     run = DPSGDRun.constant(
         steps=args["steps"], sample_rate=args["sample_rate"],
         noise_multiplier=args["noise_multiplier"],
     )
-    return {
-        "heuristic": LastIterateHeuristic(run),
-        "robust_heuristic": RobustLastIterateHeuristic(run),
-        "standard": StandardComposition(
-            run, value_discretization_interval=args["discretization"]
-        ),
-        "full_batch": FullBatchGaussian(run),
-    }
+    return compared_models(run, value_discretization_interval=args["discretization"])
 
 
 def _delta_for_epsilon(args: dict[str, Any]) -> None:
@@ -203,7 +206,7 @@ def _delta_for_epsilon(args: dict[str, Any]) -> None:
         emit_json(payload)
         return
     click.echo(_header(args, f"epsilon = {eps:g}"))
-    for key in _KEYS:
+    for key in _keys():
         label = _label(key, args)
         click.echo(f"  {key:<17} delta = {deltas[key]:11.4e}   {label}")
     if weighted is not None:
@@ -236,7 +239,7 @@ def _calibrate(args: dict[str, Any], accountants: tuple[str, ...]) -> None:
             value_discretization_interval=args["discretization"],
         )
         rows.append({"accountant": accountant, "noise_multiplier": sigma,
-                     **{k: getattr(result, k) for k in _KEYS}})
+                     **{k: getattr(result, k) for k in _keys()}})
     if args["as_json"]:
         emit_json({
             "quantity": "noise_multiplier",
@@ -262,7 +265,7 @@ def _calibrate(args: dict[str, Any], accountants: tuple[str, ...]) -> None:
         settings={},
         columns=[Column("accountant", "calibrated to", ""), Column("noise_multiplier", "sigma",
                  ".4f"), *(Column(k, k.replace("_heuristic", "").replace("_", " "), ".4f")
-                 for k in _KEYS)],
+                 for k in _keys())],
         rows=rows,
         labels={
             **{a: CALIBRATION_LABELS[a] for a in accountants},
@@ -298,14 +301,14 @@ def _plot_curve(args: dict[str, Any]) -> None:
 @click.option("--target-epsilon", type=POSITIVE, default=None,
               help="Calibrate: the noise multiplier that meets this epsilon at --delta.")
 @click.option("--calibrate", "calibrate", multiple=True,
-              type=click.Choice(["heuristic", "robust", "standard", "full_batch"]),
+              type=click.Choice(list(_CALIBRATE_CHOICES)),
               help="With --target-epsilon: the accountant(s) to calibrate (repeatable; "
-              "default heuristic, robust and standard).")
-@click.option("--discretization", type=POSITIVE, default=1e-4, show_default=True,
-              help="Value discretisation interval of the PLD accountant (standard epsilon). "
-              "Any interval gives an upper bound; a coarser one is faster but can be much "
-              "looser when the per-step privacy loss is small (1e-3 is 29% above 1e-4 at "
-              "q = 0.001, sigma = 2).")
+              "default heuristic, robust_heuristic and standard; 'robust' is the deprecated "
+              "name of robust_heuristic).")
+@interval_option("Value discretisation interval of the PLD accountant (standard epsilon; "
+                 "formerly --discretization). Any interval gives an upper bound; a coarser one "
+                 "is faster but can be much looser when the per-step privacy loss is small "
+                 "(1e-3 is 29% above 1e-4 at q = 0.001, sigma = 2).")
 @click.option("--lr-schedule", default=None, metavar="NAME|FILE",
               help="Learning-rate schedule: constant, step (StepLR: --step-size, --gamma), "
               "cosine (CosineAnnealingLR over T), or a text file with one rate per step; adds "
@@ -330,7 +333,7 @@ def epsilon(**args: Any) -> None:
     \b
     epsilon at delta:   --noise-multiplier S --delta D
     delta at epsilon:   --noise-multiplier S --epsilon E
-    calibrate sigma:    --target-epsilon E --delta D [--calibrate heuristic|robust|standard]
+    calibrate sigma:    --target-epsilon E --delta D [--calibrate heuristic|robust_heuristic|...]
 
     The heuristic describes the final model only and is exact for linear losses, not a proven
     bound for deep networks; the standard epsilon is the proven bound when every iterate is
@@ -352,7 +355,11 @@ def epsilon(**args: Any) -> None:
                 "--target-epsilon calibrates the constant-rate accountants: leave out --plot, "
                 "--lr-schedule, --momentum, --dampening and --nesterov."
             )
-        _calibrate(args, tuple(args["calibrate"]) or ("heuristic", "robust", "standard"))
+        chosen = tuple(
+            deprecated_choice(a, "robust", "robust_heuristic", "--calibrate")
+            for a in args["calibrate"]
+        )
+        _calibrate(args, chosen or _DEFAULT_CALIBRATIONS)
         return
     if args["calibrate"]:
         raise click.UsageError("--calibrate needs --target-epsilon.")

@@ -6,6 +6,7 @@ pure-math commands must start fast (no numpy-heavy, torch or opacus import at st
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable
@@ -18,10 +19,13 @@ from opacus_lastiterate.figures._base import json_safe
 from opacus_lastiterate.figures._plotting import IMAGE_SUFFIXES
 
 __all__ = [
+    "DEFAULT_INTERVAL",
     "Interval",
+    "deprecated_choice",
     "dp_sgd_options",
     "emit_json",
     "fmt_eps",
+    "interval_option",
     "json_option",
     "json_safe",
     "plot_option",
@@ -96,6 +100,61 @@ def dp_sgd_options(*, noise_required: bool = True, delta_required: bool = True) 
         return f
 
     return decorate
+
+
+DEFAULT_INTERVAL = 1e-4
+"""Default of ``--value-discretization-interval``: the standard model's default
+(``analysis.baselines.composition.DEFAULT_DISCRETIZATION``; a literal here, so that the
+CLI starts without importing the mathematics)."""
+
+
+def interval_option(help_text: str) -> Callable[[F], F]:
+    """``--value-discretization-interval`` (passed to the command as ``discretization``), with
+    its deprecated name ``--discretization`` still accepted (a note on stderr)."""
+
+    def decorate(f: F) -> F:
+        @functools.wraps(f)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            old = kwargs.pop("deprecated_discretization")
+            if old is not None:
+                source = click.get_current_context().get_parameter_source("discretization")
+                if source is not click.core.ParameterSource.DEFAULT:
+                    raise click.UsageError(
+                        "--discretization is the deprecated name of "
+                        "--value-discretization-interval: pass only the latter."
+                    )
+                click.echo(
+                    "Note: --discretization is deprecated and will be removed in the next "
+                    "release; use --value-discretization-interval.",
+                    err=True,
+                )
+                kwargs["discretization"] = old
+            return f(*args, **kwargs)
+
+        command = click.option(
+            "--discretization", "deprecated_discretization", type=POSITIVE, default=None,
+            hidden=True,
+        )(command)
+        command = click.option(
+            "--value-discretization-interval", "discretization", type=POSITIVE,
+            default=DEFAULT_INTERVAL, show_default=True, help=help_text,
+        )(command)
+        return command  # type: ignore[return-value]
+
+    return decorate
+
+
+def deprecated_choice(value: str, old: str, new: str, option: str) -> str:
+    """``new`` for the deprecated choice ``old`` of ``option`` (a note on stderr), else
+    ``value``."""
+    if value != old:
+        return value
+    click.echo(
+        f"Note: {option} {old} is deprecated and will be removed in the next release; use "
+        f"{option} {new}.",
+        err=True,
+    )
+    return new
 
 
 def json_option(f: F) -> F:

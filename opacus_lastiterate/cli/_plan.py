@@ -12,7 +12,9 @@ from opacus_lastiterate.cli._options import (
     COUNT,
     POSITIVE,
     PROBABILITY,
+    deprecated_choice,
     emit_json,
+    interval_option,
     json_option,
     plot_option,
 )
@@ -63,11 +65,13 @@ _COLUMNS = (
               help="Passes over the data: T = round(epochs * N / B) for each B.")
 @click.option("--steps", type=COUNT, default=None,
               help="The same number of steps T for every batch size (instead of --epochs).")
-@click.option("--accountant", type=click.Choice(["heuristic", "robust", "standard"]),
+@click.option("--accountant",
+              type=click.Choice(["heuristic", "robust_heuristic", "standard", "robust"]),
               default="heuristic", show_default=True,
-              help="What the noise is calibrated to.")
-@click.option("--discretization", type=POSITIVE, default=1e-4, show_default=True,
-              help="Value discretisation interval of the PLD accountant (standard epsilon).")
+              help="What the noise is calibrated to ('robust' is the deprecated name of "
+              "robust_heuristic).")
+@interval_option("Value discretisation interval of the PLD accountant (standard epsilon; "
+                 "formerly --discretization).")
 @json_option
 @plot_option("the epsilons and the noise per example against the batch size", "plan.png")
 def plan(
@@ -90,6 +94,7 @@ def plan(
     """
     from opacus_lastiterate.analysis.hyperparameter_plan import plan_batch_sizes
 
+    accountant = deprecated_choice(accountant, "robust", "robust_heuristic", "--accountant")
     if (epochs is None) == (steps is None):
         raise click.UsageError("Pass exactly one of --epochs and --steps.")
     too_big = [b for b in batch_sizes if b > dataset_size]

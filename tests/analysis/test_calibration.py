@@ -22,7 +22,7 @@ def _epsilon(accountant: str, sigma: float, steps: int, q: float) -> float:
     kw = {"steps": steps, "sample_rate": q, "noise_multiplier": sigma}
     if accountant == "heuristic":
         return heuristic_epsilon(DELTA, **kw)
-    if accountant == "robust":
+    if accountant == "robust_heuristic":
         return heuristic_epsilon(DELTA, robust=True, **kw)
     if accountant == "standard":
         return standard_epsilon(DELTA, value_discretization_interval=1e-3, **kw)
@@ -34,7 +34,7 @@ def _epsilon(accountant: str, sigma: float, steps: int, q: float) -> float:
     [
         ("heuristic", 1000, 0.01, 2.0),
         ("heuristic", 3, 0.1, 0.5),
-        ("robust", 50, 0.01, 1.0),  # non-monotone regime: robust > plain
+        ("robust_heuristic", 50, 0.01, 1.0),  # non-monotone regime: robust > plain
         ("standard", 20, 0.05, 3.0),
         ("standard", 1, 0.5, 2.0),
         ("full_batch", 100, 0.02, 1.5),
@@ -67,9 +67,9 @@ def test_ordering_of_the_accountants() -> None:
         a: calibrate_noise_multiplier(
             1.0, DELTA, accountant=a, rtol=1e-4, value_discretization_interval=1e-3, **kw  # type: ignore[arg-type]
         )
-        for a in ("heuristic", "robust", "standard")
+        for a in ("heuristic", "robust_heuristic", "standard")
     }
-    assert sigmas["robust"] >= sigmas["heuristic"] * (1 - 1e-4)
+    assert sigmas["robust_heuristic"] >= sigmas["heuristic"] * (1 - 1e-4)
     assert sigmas["standard"] >= sigmas["heuristic"]
 
 
@@ -91,3 +91,13 @@ def test_bad_arguments_name_the_parameter(kwargs, match) -> None:
     target, delta = args.pop("target_epsilon"), args.pop("delta")
     with pytest.raises(ValueError, match=match):
         calibrate_noise_multiplier(target, delta, **args)  # type: ignore[arg-type]
+
+
+def test_robust_is_a_deprecated_spelling_of_robust_heuristic() -> None:
+    kw = {"steps": 30, "sample_rate": 0.05, "rtol": 1e-3}
+    new = calibrate_noise_multiplier(2.0, DELTA, accountant="robust_heuristic", **kw)
+    with pytest.warns(DeprecationWarning, match="robust_heuristic"):
+        old = calibrate_noise_multiplier(2.0, DELTA, accountant="robust", **kw)  # type: ignore[arg-type]
+    assert old == new
+    with pytest.raises(TypeError, match="accountant"):
+        calibrate_noise_multiplier(2.0, DELTA, accountant=3, **kw)  # type: ignore[arg-type]

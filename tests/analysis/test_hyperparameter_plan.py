@@ -40,7 +40,7 @@ def test_rows_meet_the_target_at_equal_epochs() -> None:
 
 def test_fixed_steps_and_robust_calibration() -> None:
     rows = plan_batch_sizes(
-        1.0, DELTA, dataset_size=1000, batch_sizes=[10, 100], steps=50, accountant="robust",
+        1.0, DELTA, dataset_size=1000, batch_sizes=[10, 100], steps=50, accountant="robust_heuristic",
         rtol=1e-3,
     )
     assert [r.steps for r in rows] == [50, 50]

@@ -18,7 +18,8 @@ Iterate Advantage" (arXiv 2410.06186):
   so its epsilon is eps_1 (:func:`zeroing_regulariser_epsilon`). The robust variant
   ``heuristic_epsilon(..., robust=True)`` (max over the last t <= T steps) covers it and
   every regulariser that forgets all but the last t steps; it is the number to report beside
-  eps_T (:func:`robust_heuristic_epsilon` is that call).
+  eps_T (:func:`~.heuristic.robust_heuristic_epsilon` is that call; it lived here before and
+  its old import path still works, with a DeprecationWarning).
 * **Non-monotonicity**: more steps add signal and noise, so eps_T can be below eps_t for
   some t < T. :func:`heuristic_monotonicity` reports where.
 
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize
 
+from opacus_lastiterate.analysis._deprecation import moved_names
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_in_interval,
@@ -49,7 +51,7 @@ from opacus_lastiterate.analysis.last_iterate.heuristic import (
 )
 from opacus_lastiterate.analysis.last_iterate.suffix_maximum import certified_suffix_maximum
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
-    weighted_heuristic_epsilon,
+    weighted_heuristic_epsilon_result,
     weighted_sum_distribution,
 )
 from opacus_lastiterate.analysis.run import HistoryLike, as_segments, total_steps
@@ -68,7 +70,6 @@ __all__ = [
     "quadratic_regulariser_epsilon",
     "quadratic_regulariser_pair",
     "quadratic_regulariser_weights",
-    "robust_heuristic_epsilon",
     "zeroing_regulariser_epsilon",
 ]
 
@@ -247,7 +248,7 @@ def quadratic_regulariser_epsilon(
             return result(eps, eps, "linear" if a == 0.0 else "one-step")
         method = "exact" if n <= _AUTO_EXACT_STEPS else "grid"
     if method == "grid":
-        r = weighted_heuristic_epsilon(
+        r = weighted_heuristic_epsilon_result(
             d,
             weights=quadratic_regulariser_weights(n, a),
             sample_rates=q,
@@ -331,24 +332,10 @@ def zeroing_regulariser_epsilon(
     """Epsilon of the final model under r(m) = ||m||^2 / (2 eta): one step of DP-SGD, eps_1.
 
     Whatever T is, the final model equals the last step alone; the robust variant
-    :func:`robust_heuristic_epsilon` (max over t <= T) is never below this.
+    :func:`~.heuristic.robust_heuristic_epsilon` (max over t <= T) is never below this.
     """
     return heuristic_epsilon(
         delta, steps=1, sample_rate=sample_rate, noise_multiplier=noise_multiplier
-    )
-
-
-def robust_heuristic_epsilon(
-    delta: float, *, steps: int, sample_rate: float, noise_multiplier: float
-) -> float:
-    """max_{t<=T} eps_t: ``heuristic_epsilon(..., robust=True)`` (``docs/last_iterate.md``,
-    "Robust variant").
-
-    A regulariser that zeroes the model makes the final model equal to the last step(s), so
-    this is the value to report beside eps_T when such regularisers cannot be ruled out.
-    """
-    return heuristic_epsilon(
-        delta, steps=steps, sample_rate=sample_rate, noise_multiplier=noise_multiplier, robust=True
     )
 
 
@@ -430,3 +417,10 @@ def one_step_noise_multiplier(epsilon: float, delta: float, sample_rate: float) 
     while gap(hi) > 0:
         hi += 1.0
     return math.exp(optimize.brentq(gap, lo, hi, xtol=1e-14, rtol=1e-13))
+
+
+__getattr__ = moved_names(
+    __name__,
+    {"robust_heuristic_epsilon": "opacus_lastiterate.analysis.last_iterate.heuristic:"
+     "robust_heuristic_epsilon"},
+)

@@ -14,7 +14,9 @@ Poisson-binomial sum of Binomial(T_i, q_i) and the noise variance is sum_i T_i s
 
 The number is exact for linear losses and a *heuristic* for real networks: it is not a
 proven differential-privacy guarantee for deep models, and it describes the release of the
-final model only. ``robust=True`` returns max over the last t <= T steps, the value a
+final model only. The robust form (:class:`RobustLastIterateHeuristic`,
+:func:`robust_heuristic_epsilon`, registry name ``"robust_heuristic"``) returns max over the
+last t <= T steps, the value a
 regulariser that zeroes the model would expose (``docs/last_iterate.md``, "Robust variant"), as a
 certified upper bound (:mod:`.suffix_maximum`).
 """
@@ -39,6 +41,7 @@ from opacus_lastiterate.analysis.last_iterate.canary_count import (
 from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.run import (
+    DPSGDRun,
     RunLike,
     TrainingSegment,
     as_run,
@@ -47,9 +50,11 @@ from opacus_lastiterate.analysis.run import (
 __all__ = [
     "LastIterateHeuristic",
     "RobustLastIterateHeuristic",
+    "heuristic_delta",
     "heuristic_epsilon",
+    "robust_heuristic_delta",
+    "robust_heuristic_epsilon",
 ]
-
 
 
 @lru_cache(maxsize=512)
@@ -112,11 +117,43 @@ def heuristic_epsilon(
     robust: bool = False,
 ) -> float:
     """Heuristic epsilon for T = ``steps`` steps at constant (q, sigma > 0): the one-line
-    form of ``LastIterateHeuristic(DPSGDRun.constant(...)).epsilon(delta)`` (or of
-    :class:`RobustLastIterateHeuristic` with ``robust=True``)."""
+    form of ``LastIterateHeuristic(DPSGDRun.constant(...)).epsilon(delta)``. ``robust=True``
+    is :func:`robust_heuristic_epsilon` (the registry name ``"robust_heuristic"``)."""
     d = check_delta(delta)
     segments = _segment(steps, sample_rate, noise_multiplier)
     return _robust_epsilon(segments, d) if robust else _epsilon(segments, d)
+
+
+def heuristic_delta(
+    epsilon: float, *, steps: int, sample_rate: float, noise_multiplier: float
+) -> float:
+    """Heuristic delta(epsilon) for T steps at constant (q, sigma > 0) (the twin of
+    :func:`heuristic_epsilon`)."""
+    segments = _segment(steps, sample_rate, noise_multiplier)
+    return LastIterateHeuristic(DPSGDRun._trusted(segments)).delta(epsilon)
+
+
+def robust_heuristic_epsilon(
+    delta: float, *, steps: int, sample_rate: float, noise_multiplier: float
+) -> float:
+    """max_{t<=T} eps_t for T steps at constant (q, sigma > 0) (``docs/last_iterate.md``,
+    "Robust variant"): ``RobustLastIterateHeuristic(DPSGDRun.constant(...)).epsilon(delta)``.
+
+    A regulariser that zeroes the model makes the final model equal to the last step(s), so
+    this is the value to report beside eps_T when such regularisers cannot be ruled out.
+    """
+    return heuristic_epsilon(
+        delta, steps=steps, sample_rate=sample_rate, noise_multiplier=noise_multiplier, robust=True
+    )
+
+
+def robust_heuristic_delta(
+    epsilon: float, *, steps: int, sample_rate: float, noise_multiplier: float
+) -> float:
+    """max_{t<=T} delta_t(epsilon) for T steps at constant (q, sigma > 0) (the twin of
+    :func:`robust_heuristic_epsilon`)."""
+    segments = _segment(steps, sample_rate, noise_multiplier)
+    return RobustLastIterateHeuristic(DPSGDRun._trusted(segments)).delta(epsilon)
 
 
 # -- privacy models ------------------------------------------------------------------------

@@ -72,7 +72,9 @@ __all__ = [
     "WeightedAccuracyWarning",
     "WeightedHeuristicResult",
     "weighted_heuristic_delta",
+    "weighted_heuristic_delta_result",
     "weighted_heuristic_epsilon",
+    "weighted_heuristic_epsilon_result",
     "weighted_heuristic_pair",
     "weighted_sum_distribution",
 ]
@@ -92,8 +94,8 @@ class WeightedHeuristicResult:
     """Epsilon or delta of the weighted heuristic, with the accuracy achieved.
 
     Attributes:
-        value: the returned epsilon (``weighted_heuristic_epsilon``) or delta
-            (``weighted_heuristic_delta``); an upper bound on the exact weighted heuristic
+        value: the returned epsilon (``weighted_heuristic_epsilon_result``) or delta
+            (``weighted_heuristic_delta_result``); an upper bound on the exact weighted heuristic
             (weights rounded up, truncated mass added).
         lower_bound: the same quantity with the weights rounded down (a lower bound on the
             exact weighted heuristic, up to the < 1e-30 truncated mass).
@@ -429,7 +431,7 @@ def solve_trusted(
         resolution = wanted
 
 
-def weighted_heuristic_epsilon(
+def weighted_heuristic_epsilon_result(
     delta: float,
     *,
     weights: ArrayLike,
@@ -437,7 +439,8 @@ def weighted_heuristic_epsilon(
     noise_multipliers: PerStep,
     accuracy: float = 1e-3,
 ) -> WeightedHeuristicResult:
-    """Heuristic epsilon of the final model for per-step weights (module docstring).
+    """Heuristic epsilon of the final model for per-step weights (module docstring), with the
+    accuracy achieved.
 
     Args:
         delta: target delta in (0, 1).
@@ -455,7 +458,7 @@ def weighted_heuristic_epsilon(
     return _solve("epsilon", d, weights, sample_rates, noise_multipliers, accuracy)
 
 
-def weighted_heuristic_delta(
+def weighted_heuristic_delta_result(
     epsilon: float,
     *,
     weights: ArrayLike,
@@ -463,7 +466,88 @@ def weighted_heuristic_delta(
     noise_multipliers: PerStep,
     accuracy: float = 1e-3,
 ) -> WeightedHeuristicResult:
-    """Heuristic delta(eps) for per-step weights; ``.delta`` is an upper bound on the exact
-    weighted heuristic, ``relative_accuracy`` bounds its relative excess."""
+    """Heuristic delta(eps) for per-step weights, with the accuracy achieved; ``.delta`` is an
+    upper bound on the exact weighted heuristic, ``relative_accuracy`` bounds its relative
+    excess."""
     e = check_epsilon(epsilon)
     return _solve("delta", e, weights, sample_rates, noise_multipliers, accuracy)
+
+
+def weighted_heuristic_epsilon(
+    delta: float,
+    *,
+    weights: ArrayLike,
+    sample_rates: PerStep,
+    noise_multipliers: PerStep,
+    accuracy: float = 1e-3,
+) -> float:
+    """Heuristic epsilon of the final model for per-step weights, a float like its siblings
+    (``heuristic_epsilon``, ``standard_epsilon``): ``weighted_heuristic_epsilon_result(...)
+    .value``, an upper bound within ``accuracy`` relative of the exact weighted heuristic.
+
+    Until the next release the float also answers the attributes of the
+    :class:`WeightedHeuristicResult` this function used to return (``.epsilon``,
+    ``.relative_accuracy``, ...), each with a DeprecationWarning naming
+    :func:`weighted_heuristic_epsilon_result`.
+    """
+    result = weighted_heuristic_epsilon_result(
+        delta, weights=weights, sample_rates=sample_rates,
+        noise_multipliers=noise_multipliers, accuracy=accuracy,
+    )
+    return _ResultFloat(result, "weighted_heuristic_epsilon")
+
+
+def weighted_heuristic_delta(
+    epsilon: float,
+    *,
+    weights: ArrayLike,
+    sample_rates: PerStep,
+    noise_multipliers: PerStep,
+    accuracy: float = 1e-3,
+) -> float:
+    """Heuristic delta(eps) for per-step weights, a float: ``weighted_heuristic_delta_result(
+    ...).value`` (the result's attributes still answer until the next release, with a
+    DeprecationWarning, as for :func:`weighted_heuristic_epsilon`)."""
+    result = weighted_heuristic_delta_result(
+        epsilon, weights=weights, sample_rates=sample_rates,
+        noise_multipliers=noise_multipliers, accuracy=accuracy,
+    )
+    return _ResultFloat(result, "weighted_heuristic_delta")
+
+
+_RESULT_ATTRIBUTES = frozenset(
+    ("value", "lower_bound", "relative_accuracy", "requested_accuracy", "exact", "resolution",
+     "support_size", "dropped_mass", "steps", "quantity", "argument", "epsilon", "delta",
+     "converged")
+)
+
+
+class _ResultFloat(float):
+    """The float ``result.value``: what ``weighted_heuristic_epsilon``/``_delta`` return. For
+    one release it also answers the attributes of the :class:`WeightedHeuristicResult` those
+    functions used to return, with a DeprecationWarning naming the ``_result`` function; it
+    pickles and copies as a plain float."""
+
+    __slots__ = ("_function", "_result")
+    _result: WeightedHeuristicResult
+    _function: str
+
+    def __new__(cls, result: WeightedHeuristicResult, function: str) -> _ResultFloat:
+        obj = super().__new__(cls, result.value)
+        obj._result = result
+        obj._function = function
+        return obj
+
+    def __getattr__(self, name: str) -> object:
+        if name in _RESULT_ATTRIBUTES:
+            from opacus_lastiterate.analysis._deprecation import deprecated
+
+            deprecated(
+                f"`{self._function}(...).{name}` (it returns a float now)",
+                f"`{self._function}_result(...).{name}`",
+            )
+            return getattr(self._result, name)
+        raise AttributeError(f"'float' object has no attribute {name!r}")
+
+    def __reduce__(self) -> tuple[type, tuple[float]]:
+        return float, (float(self),)

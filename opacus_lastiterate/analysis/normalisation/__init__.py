@@ -13,6 +13,7 @@ numpy / scipy / dp_accounting only. Each number names its model:
   likelihood-ratio audit used to validate the curves.
 """
 
+from opacus_lastiterate.analysis._deprecation import moved_names
 from opacus_lastiterate.analysis.normalisation.asgm import (
     ASGM_MODEL,
     EMPTY_BATCH_BEHAVIOUR,
@@ -23,7 +24,7 @@ from opacus_lastiterate.analysis.normalisation.asgm import (
 )
 from opacus_lastiterate.analysis.normalisation.discretisation import (
     DEFAULT_INTERVAL,
-    Discretisation,
+    DiscretizationMethod,
 )
 from opacus_lastiterate.analysis.normalisation.divisor_leak import (
     FEASGM_MODEL,
@@ -57,7 +58,7 @@ __all__ = [
     "DEFAULT_INTERVAL",
     "EMPTY_BATCH_BEHAVIOUR",
     "FEASGM_MODEL",
-    "Discretisation",
+    "DiscretizationMethod",
     "DivisorVerdict",
     "EmpiricalDelta",
     "OpacusBatchArithmetic",
@@ -78,3 +79,9 @@ __all__ = [
     "threshold_delta",
     "unsafe_dataset_sizes",
 ]
+
+__getattr__ = moved_names(
+    __name__,
+    {"Discretisation": "opacus_lastiterate.analysis.normalisation.discretisation:"
+     "DiscretizationMethod"},
+)

@@ -32,7 +32,7 @@ missing from ``engine.steps``.
 
 Accounting. Each direction's one-step PLD is built from exact tails (for each m the loss is
 increasing in y, so P(L > t) is a sum of normal tails at the inverse), discretised
-pessimistically (``discretisation``), with the +inf mass, and composed T times with
+pessimistically (``discretization_method``), with the +inf mass, and composed T times with
 dp_accounting. ``dataset_size = N`` covers both neighbours of a training set of N records:
 removing a record (n = N - 1 others) and adding one (n = N others), each in both directions.
 """
@@ -48,6 +48,7 @@ from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from numpy.typing import NDArray
 from scipy import special, stats
 
+from opacus_lastiterate.analysis._deprecation import MISSING
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_epsilon,
@@ -58,12 +59,13 @@ from opacus_lastiterate.analysis._validation import (
 )
 from opacus_lastiterate.analysis.normalisation.discretisation import (
     DEFAULT_INTERVAL,
-    Discretisation,
+    DiscretizationMethod,
     LossTails,
     WorstOfPLDs,
-    check_discretisation,
+    check_discretization_method,
     check_interval,
     identity_pld,
+    method_keyword,
     pld_from_tails,
     worst_delta,
     worst_epsilon,
@@ -242,14 +244,14 @@ def _check_common(
     noise_multiplier: object,
     steps: object,
     interval: object,
-    discretisation: object,
-) -> tuple[float, float, int, float, Discretisation]:
+    discretization_method: object,
+) -> tuple[float, float, int, float, DiscretizationMethod]:
     return (
         check_sample_rate(sample_rate),
         check_noise_multiplier(noise_multiplier),
         check_steps(steps),
         check_interval(interval),
-        check_discretisation(discretisation),
+        check_discretization_method(discretization_method),
     )
 
 
@@ -260,13 +262,17 @@ def asgm_pld(
     noise_multiplier: float,
     steps: int = 1,
     value_discretization_interval: float = DEFAULT_INTERVAL,
-    discretisation: Discretisation = "connect_dots",
+    discretization_method: DiscretizationMethod = "connect_dots",
+    discretisation: DiscretizationMethod = MISSING,
 ) -> PrivacyLossDistribution:
     """PLD of T steps of the ASGM model for one pair: n = ``other_records`` others, with or
     without the target (remove: upper = with, add: upper = without), pessimistic."""
+    discretization_method = method_keyword(  # type: ignore[assignment]
+        "asgm_pld", discretisation, discretization_method
+    )
     n = check_int("other_records", other_records, minimum=0)
     q, s, t, interval, disc = _check_common(
-        sample_rate, noise_multiplier, steps, value_discretization_interval, discretisation
+        sample_rate, noise_multiplier, steps, value_discretization_interval, discretization_method
     )
     if t == 0:
         return identity_pld(interval)
@@ -275,7 +281,7 @@ def asgm_pld(
         return PrivacyLossDistribution(certain, certain)
     model = _BatchSizeModel(n, q, s)
     one = pld_from_tails(
-        model.remove_tails(), model.add_tails(), interval=interval, discretisation=disc
+        model.remove_tails(), model.add_tails(), interval=interval, discretization_method=disc
     )
     return one if t == 1 else one.self_compose(t)
 
@@ -295,11 +301,15 @@ def asgm_epsilon(
     noise_multiplier: float,
     steps: int,
     value_discretization_interval: float = DEFAULT_INTERVAL,
-    discretisation: Discretisation = "connect_dots",
+    discretization_method: DiscretizationMethod = "connect_dots",
+    discretisation: DiscretizationMethod = MISSING,
 ) -> float:
     """Smallest epsilon with delta(epsilon) <= ``delta`` for T steps of the ASGM model, worst
     of both neighbours of an N-record data set and both directions (an upper bound; inf when
     the all-sampled mass already exceeds delta)."""
+    discretization_method = method_keyword(  # type: ignore[assignment]
+        "asgm_epsilon", discretisation, discretization_method
+    )
     d = check_delta(delta)
     plds = _neighbour_plds(
         dataset_size,
@@ -308,7 +318,7 @@ def asgm_epsilon(
             noise_multiplier=noise_multiplier,
             steps=steps,
             value_discretization_interval=value_discretization_interval,
-            discretisation=discretisation,
+            discretization_method=discretization_method,
         ),
     )
     return worst_epsilon(plds, d)
@@ -322,10 +332,14 @@ def asgm_delta(
     noise_multiplier: float,
     steps: int,
     value_discretization_interval: float = DEFAULT_INTERVAL,
-    discretisation: Discretisation = "connect_dots",
+    discretization_method: DiscretizationMethod = "connect_dots",
+    discretisation: DiscretizationMethod = MISSING,
 ) -> float:
     """delta(epsilon) for T steps of the ASGM model, worst of both neighbours of an N-record
     data set and both directions (an upper bound)."""
+    discretization_method = method_keyword(  # type: ignore[assignment]
+        "asgm_delta", discretisation, discretization_method
+    )
     e = check_epsilon(epsilon)
     plds = _neighbour_plds(
         dataset_size,
@@ -334,7 +348,7 @@ def asgm_delta(
             noise_multiplier=noise_multiplier,
             steps=steps,
             value_discretization_interval=value_discretization_interval,
-            discretisation=discretisation,
+            discretization_method=discretization_method,
         ),
     )
     return worst_delta(plds, e)
@@ -354,7 +368,8 @@ class ASGM(WorstOfPLDs):
         run: RunLike,
         *,
         value_discretization_interval: float = DEFAULT_INTERVAL,
-        discretisation: Discretisation = "connect_dots",
+        discretization_method: DiscretizationMethod = "connect_dots",
+    discretisation: DiscretizationMethod = MISSING,
     ) -> None:
         self.run = as_run(run)
         norm = self.run.normalisation
@@ -365,7 +380,9 @@ class ASGM(WorstOfPLDs):
             )
         self.dataset_size = norm.dataset_size
         self.interval = check_interval(value_discretization_interval)
-        self.discretisation = check_discretisation(discretisation)
+        self.discretization_method = check_discretization_method(
+            method_keyword(type(self).__name__, discretisation, discretization_method)
+        )
         self._plds: list[PrivacyLossDistribution] | None = None
 
     def _composed(self) -> list[PrivacyLossDistribution]:
@@ -379,7 +396,7 @@ class ASGM(WorstOfPLDs):
                         noise_multiplier=s.noise_multiplier,
                         steps=s.steps,
                         value_discretization_interval=self.interval,
-                        discretisation=self.discretisation,
+                        discretization_method=self.discretization_method,
                     )
                     for s in self.run.segments
                 ]

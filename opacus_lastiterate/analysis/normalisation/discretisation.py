@@ -41,28 +41,35 @@ from dp_accounting.pld import pld_pmf
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from numpy.typing import NDArray
 
+from opacus_lastiterate.analysis._deprecation import moved_names, renamed_keyword
 from opacus_lastiterate.analysis._validation import check_in_interval
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 
 __all__ = [
     "DEFAULT_INTERVAL",
-    "Discretisation",
+    "DiscretizationMethod",
     "LossTails",
     "WorstOfPLDs",
-    "check_discretisation",
+    "check_discretization_method",
     "check_interval",
     "discretise",
     "identity_pld",
+    "method_keyword",
     "pld_from_tails",
     "worst_delta",
     "worst_epsilon",
 ]
 
-Discretisation = Literal["connect_dots", "round_up"]
-"""How a continuous one-step PLD is put on the grid (both pessimistic)."""
+DiscretizationMethod = Literal["connect_dots", "round_up"]
+"""How a continuous one-step PLD is put on the grid (both pessimistic): the
+``discretization_method`` keyword (formerly ``discretisation``, type ``Discretisation``)."""
+
+DISCRETIZATION_METHODS: tuple[str, ...] = ("connect_dots", "round_up")
 
 DEFAULT_INTERVAL = 3e-4
-"""Default ``value_discretization_interval`` (grid step of the privacy loss)."""
+"""Default ``value_discretization_interval`` (grid step of the privacy loss) of ASGM; FEASGM's
+automatic interval is never below it (the table of defaults:
+:mod:`opacus_lastiterate.analysis.privacy_models`)."""
 
 TailFunction = Callable[[NDArray[np.float64]], tuple[NDArray[np.float64], NDArray[np.float64]]]
 
@@ -91,13 +98,26 @@ class LossTails:
     loss_max: float = math.inf
 
 
-def check_discretisation(value: object) -> Discretisation:
-    """Return ``value`` if it names a discretisation, else raise ``ValueError``."""
-    if value not in ("connect_dots", "round_up"):
+def check_discretization_method(value: object) -> DiscretizationMethod:
+    """Return ``value`` if it names a discretisation method, else raise ``TypeError`` (not a
+    string) or ``ValueError``."""
+    if not isinstance(value, str):
+        raise TypeError(
+            f"`discretization_method` must be 'connect_dots' or 'round_up', got {value!r} of "
+            f"type {type(value).__name__}."
+        )
+    if value not in DISCRETIZATION_METHODS:
         raise ValueError(
-            f"`discretisation` must be one of 'connect_dots', 'round_up', got {value!r}."
+            f"`discretization_method` must be one of 'connect_dots', 'round_up', got {value!r}."
         )
     return value  # type: ignore[return-value]
+
+
+def method_keyword(function: str, old: object, new: object) -> object:
+    """``discretization_method``, or the deprecated ``discretisation`` when that was passed."""
+    return renamed_keyword(
+        function, "discretisation", old, "discretization_method", new, "connect_dots"
+    )
 
 
 def _expand(condition: Callable[[float], bool], start: float, direction: float) -> float:
@@ -177,13 +197,16 @@ def _grid(tails: LossTails, interval: float, *, thin: bool) -> NDArray[np.int64]
 
 
 def discretise(
-    tails: LossTails, *, interval: float, discretisation: Discretisation = "connect_dots"
+    tails: LossTails,
+    *,
+    interval: float,
+    discretization_method: DiscretizationMethod = "connect_dots",
 ) -> pld_pmf.PLDPmf:
     """A pessimistic discrete PMF of the privacy loss on the grid ``k * interval``."""
-    ks = _grid(tails, interval, thin=discretisation == "connect_dots")
+    ks = _grid(tails, interval, thin=discretization_method == "connect_dots")
     t = ks.astype(np.float64) * interval
     sf_up, sf_low = (np.clip(v, 0.0, 1.0) for v in tails.tails(t))
-    if discretisation == "round_up":
+    if discretization_method == "round_up":
         # mass of (t_{i-1}, t_i] goes to t_i; everything up to t_0 goes to t_0
         masses = np.empty_like(sf_up)
         masses[0] = 1.0 - sf_up[0]
@@ -214,13 +237,13 @@ def pld_from_tails(
     add: LossTails,
     *,
     interval: float,
-    discretisation: Discretisation = "connect_dots",
+    discretization_method: DiscretizationMethod = "connect_dots",
 ) -> PrivacyLossDistribution:
     """One-step PLD with both directions: ``remove`` (upper = with the target record) and
     ``add`` (upper = without it), in dp_accounting's convention."""
     return PrivacyLossDistribution(
-        discretise(remove, interval=interval, discretisation=discretisation),
-        discretise(add, interval=interval, discretisation=discretisation),
+        discretise(remove, interval=interval, discretization_method=discretization_method),
+        discretise(add, interval=interval, discretization_method=discretization_method),
     )
 
 
@@ -258,3 +281,9 @@ class WorstOfPLDs(PrivacyModel):
 
     def _delta(self, epsilon: float) -> float:
         return worst_delta(self._composed(), epsilon)
+
+
+__getattr__ = moved_names(__name__, {
+    "Discretisation": f"{__name__}:DiscretizationMethod",
+    "check_discretisation": f"{__name__}:check_discretization_method",
+})

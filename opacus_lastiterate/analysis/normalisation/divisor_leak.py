@@ -37,6 +37,7 @@ from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from numpy.typing import NDArray
 from scipy import optimize, special
 
+from opacus_lastiterate.analysis._deprecation import MISSING
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_epsilon,
@@ -48,12 +49,13 @@ from opacus_lastiterate.analysis._validation import (
 )
 from opacus_lastiterate.analysis.normalisation.discretisation import (
     DEFAULT_INTERVAL,
-    Discretisation,
+    DiscretizationMethod,
     LossTails,
     WorstOfPLDs,
-    check_discretisation,
+    check_discretization_method,
     check_interval,
     identity_pld,
+    method_keyword,
     pld_from_tails,
     worst_delta,
     worst_epsilon,
@@ -264,7 +266,8 @@ def divisor_leak_pld(
     dimension: int,
     steps: int = 1,
     value_discretization_interval: float | None = None,
-    discretisation: Discretisation = "connect_dots",
+    discretization_method: DiscretizationMethod = "connect_dots",
+    discretisation: DiscretizationMethod = MISSING,
 ) -> PrivacyLossDistribution:
     """PLD of T steps of (sum + Z) / c in the zero-other-gradients configuration (module
     docstring), remove (upper = with the target) and add directions, pessimistic.
@@ -272,13 +275,16 @@ def divisor_leak_pld(
     ``value_discretization_interval=None`` picks max(3e-4, sqrt(T) * sd(B) / 200,000), so
     that very large d (where B spans hundreds of nats per step) stays computable.
     """
+    discretization_method = method_keyword(  # type: ignore[assignment]
+        "divisor_leak_pld", discretisation, discretization_method
+    )
     c1 = check_positive("divisor_without", divisor_without)
     c2 = check_positive("divisor_with", divisor_with)
     q = check_sample_rate(sample_rate)
     s = check_noise_multiplier(noise_multiplier)
     d = check_int("dimension", dimension, minimum=1)
     t = check_steps(steps)
-    disc = check_discretisation(discretisation)
+    disc = check_discretization_method(discretization_method)
     norm = _NormPart(c1, c2, d - 1) if (d > 1 and c1 != c2) else None
     if value_discretization_interval is None:
         spread = norm.spread() * math.sqrt(max(t, 1)) if norm else 0.0
@@ -289,12 +295,12 @@ def divisor_leak_pld(
         return identity_pld(interval)
     proj = _ProjectionPart(c1, c2, q, s)
     one = pld_from_tails(
-        proj.remove_tails(), proj.add_tails(), interval=interval, discretisation=disc
+        proj.remove_tails(), proj.add_tails(), interval=interval, discretization_method=disc
     )
     if norm is not None:
         one = one.compose(
             pld_from_tails(
-                norm.remove_tails(), norm.add_tails(), interval=interval, discretisation=disc
+                norm.remove_tails(), norm.add_tails(), interval=interval, discretization_method=disc
             )
         )
     return one if t == 1 else one.self_compose(t)
@@ -339,12 +345,16 @@ def feasgm_delta(
     dimension: int,
     drop_last: bool = False,
     value_discretization_interval: float | None = None,
-    discretisation: Discretisation = "connect_dots",
+    discretization_method: DiscretizationMethod = "connect_dots",
+    discretisation: DiscretizationMethod = MISSING,
 ) -> float:
     """delta(epsilon) of T steps of Opacus 1.x's FEASGM in the zero-other-gradients
     configuration with d = ``dimension``, worst of the pairs (N-1, N), (N, N+1) and both
     directions. Equal to SGM's when the verdict is safe; a lower bound on the worst case
     (which is 1) when unsafe."""
+    discretization_method = method_keyword(  # type: ignore[assignment]
+        "feasgm_delta", discretisation, discretization_method
+    )
     e = check_epsilon(epsilon)
     plds = _feasgm_plds(
         dataset_size,
@@ -355,7 +365,7 @@ def feasgm_delta(
             dimension=dimension,
             steps=steps,
             value_discretization_interval=value_discretization_interval,
-            discretisation=discretisation,
+            discretization_method=discretization_method,
         ),
     )
     return worst_delta(plds, e)
@@ -371,9 +381,13 @@ def feasgm_epsilon(
     dimension: int,
     drop_last: bool = False,
     value_discretization_interval: float | None = None,
-    discretisation: Discretisation = "connect_dots",
+    discretization_method: DiscretizationMethod = "connect_dots",
+    discretisation: DiscretizationMethod = MISSING,
 ) -> float:
     """epsilon(delta) for the same model as :func:`feasgm_delta` (inf where a divisor is 0)."""
+    discretization_method = method_keyword(  # type: ignore[assignment]
+        "feasgm_epsilon", discretisation, discretization_method
+    )
     dl = check_delta(delta)
     plds = _feasgm_plds(
         dataset_size,
@@ -384,7 +398,7 @@ def feasgm_epsilon(
             dimension=dimension,
             steps=steps,
             value_discretization_interval=value_discretization_interval,
-            discretisation=discretisation,
+            discretization_method=discretization_method,
         ),
     )
     return worst_epsilon(plds, dl)
@@ -415,7 +429,8 @@ class FEASGM(WorstOfPLDs):
         run: RunLike,
         *,
         value_discretization_interval: float | None = None,
-        discretisation: Discretisation = "connect_dots",
+        discretization_method: DiscretizationMethod = "connect_dots",
+    discretisation: DiscretizationMethod = MISSING,
     ) -> None:
         self.run = as_run(run)
         norm = self.run.normalisation
@@ -436,7 +451,9 @@ class FEASGM(WorstOfPLDs):
             if value_discretization_interval is None
             else check_interval(value_discretization_interval)
         )
-        self.discretisation = check_discretisation(discretisation)
+        self.discretization_method = check_discretization_method(
+            method_keyword(type(self).__name__, discretisation, discretization_method)
+        )
         self._plds: list[PrivacyLossDistribution | None] | None = None
 
     @property
@@ -472,7 +489,7 @@ class FEASGM(WorstOfPLDs):
                     dimension=int(norm.dimension or 1),
                     steps=seg.steps,
                     value_discretization_interval=interval,
-                    discretisation=self.discretisation,
+                    discretization_method=self.discretization_method,
                 )
                 composed = pld if composed is None else composed.compose(pld)
             out.append(composed)

@@ -18,12 +18,12 @@ from opacus_lastiterate.analysis.last_iterate.counterexamples import (
     quadratic_regulariser_epsilon,
     quadratic_regulariser_pair,
     quadratic_regulariser_weights,
-    robust_heuristic_epsilon,
     zeroing_regulariser_epsilon,
 )
 from opacus_lastiterate.analysis.last_iterate.heuristic import (
     LastIterateHeuristic,
     heuristic_epsilon,
+    robust_heuristic_epsilon,
 )
 from tests.analysis._reference import QuadratureHeuristic
 

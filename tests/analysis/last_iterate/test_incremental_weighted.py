@@ -18,7 +18,9 @@ from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
     sgd_weights,
     step_schedule,
 )
-from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import weighted_heuristic_epsilon
+from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
+    weighted_heuristic_epsilon_result,
+)
 
 ACC = 1e-3
 FAST = 1e-2  # accuracy of the default (fast) comparisons; the slow sweep uses ACC
@@ -50,7 +52,7 @@ def _scratch(lrs, q, sigma, t, delta=1e-5, accuracy=ACC, **opt):
     n = w.size
     qq = np.broadcast_to(np.asarray(q, float), (len(lrs),))[:n]
     ss = np.broadcast_to(np.asarray(sigma, float), (len(lrs),))[:n]
-    return weighted_heuristic_epsilon(
+    return weighted_heuristic_epsilon_result(
         delta, weights=w, sample_rates=qq, noise_multipliers=ss, accuracy=accuracy
     )
 
@@ -178,7 +180,7 @@ def test_fallback_equals_from_scratch(kw):
     assert not inc.supported
     got = inc.epsilon(1e-5)
     w = sgd_weights(lrs, momentum=moms, weight_decay=wd)
-    ref = weighted_heuristic_epsilon(1e-5, weights=w, sample_rates=0.05, noise_multipliers=1.0)
+    ref = weighted_heuristic_epsilon_result(1e-5, weights=w, sample_rates=0.05, noise_multipliers=1.0)
     assert got.value == ref.value and got.lower_bound == ref.lower_bound
 
 
@@ -190,9 +192,11 @@ def test_empty_and_delta_query():
         inc.append(1.0, 0.05, float(lrs[t]), 0.9)
     r = inc.delta(1.0)
     w = sgd_weights(lrs, momentum=0.9)
-    from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import weighted_heuristic_delta
+    from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
+        weighted_heuristic_delta_result,
+    )
 
-    ref = weighted_heuristic_delta(1.0, weights=w, sample_rates=0.05, noise_multipliers=1.0)
+    ref = weighted_heuristic_delta_result(1.0, weights=w, sample_rates=0.05, noise_multipliers=1.0)
     assert r.value >= ref.lower_bound and r.lower_bound <= ref.value
 
 

@@ -17,7 +17,9 @@ from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
     sgd_weights,
 )
 from opacus_lastiterate.analysis.last_iterate.weighted_fourier import fourier_solve
-from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import weighted_heuristic_epsilon
+from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
+    weighted_heuristic_epsilon_result,
+)
 
 
 def _enumerated(w, q, sigma, delta):
@@ -59,7 +61,7 @@ def test_within_the_grid_brackets_on_a_cosine_schedule(steps, q, momentum):
     w = sgd_weights(lrs, momentum=momentum)
     qq, ss = np.full(steps, q), np.full(steps, 1.0)
     r = fourier_solve(1e-5, w, qq, ss, 1e-3)
-    grid = weighted_heuristic_epsilon(
+    grid = weighted_heuristic_epsilon_result(
         1e-5, weights=w, sample_rates=qq, noise_multipliers=ss, accuracy=1e-4
     )
     assert r is not None

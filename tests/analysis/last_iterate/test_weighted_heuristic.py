@@ -25,8 +25,8 @@ from opacus_lastiterate.analysis.last_iterate.heuristic import (
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
     WeightedAccuracyWarning,
-    weighted_heuristic_delta,
-    weighted_heuristic_epsilon,
+    weighted_heuristic_delta_result,
+    weighted_heuristic_epsilon_result,
     weighted_heuristic_pair,
     weighted_sum_distribution,
 )
@@ -75,12 +75,12 @@ def _exact_epsilon(weights, rates, sigmas, delta, *, quadrature=True):
     ],
 )
 def test_constant_weights_equal_the_constant_rate_heuristic(T, q, sigma, delta, w):
-    r = weighted_heuristic_epsilon(delta, weights=[w] * T, sample_rates=q, noise_multipliers=sigma)
+    r = weighted_heuristic_epsilon_result(delta, weights=[w] * T, sample_rates=q, noise_multipliers=sigma)
     ref = heuristic_epsilon(delta, steps=T, sample_rate=q, noise_multiplier=sigma)
     assert r.exact and r.relative_accuracy == 0.0
     assert r.epsilon == pytest.approx(ref, rel=1e-9, abs=1e-12)
     eps = max(ref, 0.5)
-    rd = weighted_heuristic_delta(eps, weights=[w] * T, sample_rates=q, noise_multipliers=sigma)
+    rd = weighted_heuristic_delta_result(eps, weights=[w] * T, sample_rates=q, noise_multipliers=sigma)
     ref_d = LastIterateHeuristic(DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).delta(eps)
     assert rd.delta == pytest.approx(ref_d, rel=1e-9, abs=1e-300)
 
@@ -89,7 +89,7 @@ def test_constant_weights_with_varying_rates_and_noise_equal_the_history_form():
     rng = np.random.default_rng(3)
     q = rng.choice([0.01, 0.05, 0.2], size=40)
     sigma = rng.choice([0.8, 1.0, 1.5], size=40)
-    r = weighted_heuristic_epsilon(
+    r = weighted_heuristic_epsilon_result(
         1e-6, weights=np.full(40, 0.3), sample_rates=q, noise_multipliers=sigma
     )
     ref = LastIterateHeuristic([(s, r_, 1) for s, r_ in zip(sigma, q, strict=True)]).epsilon(1e-6)
@@ -99,11 +99,11 @@ def test_constant_weights_with_varying_rates_and_noise_equal_the_history_form():
 
 def test_zero_weights_are_ignored_and_all_zero_is_perfectly_private():
     ref = heuristic_epsilon(1e-6, steps=4, sample_rate=0.1, noise_multiplier=1.0)
-    r = weighted_heuristic_epsilon(
+    r = weighted_heuristic_epsilon_result(
         1e-6, weights=[0, 2, 2, 0, 2, 2], sample_rates=0.1, noise_multipliers=1.0
     )
     assert r.epsilon == pytest.approx(ref, rel=1e-12) and r.steps == 4
-    z = weighted_heuristic_epsilon(
+    z = weighted_heuristic_epsilon_result(
         1e-6, weights=[0.0, 0.0], sample_rates=0.1, noise_multipliers=1.0
     )
     assert z.epsilon == 0.0 and z.exact
@@ -132,7 +132,7 @@ def _check_bracket(r, exact, accuracy):
 def test_random_weights_against_enumeration_and_quadrature(seed, T, delta):
     w, q, sigma = _random_case(seed, T)
     exact = _exact_epsilon(w, q, sigma, delta)
-    r = weighted_heuristic_epsilon(delta, weights=w, sample_rates=q, noise_multipliers=sigma)
+    r = weighted_heuristic_epsilon_result(delta, weights=w, sample_rates=q, noise_multipliers=sigma)
     assert not r.exact
     _check_bracket(r, exact, 1e-3)
 
@@ -143,7 +143,7 @@ def test_random_weights_against_enumeration_and_quadrature(seed, T, delta):
 def test_random_weights_up_to_14_steps_against_enumeration(seed, T, accuracy):
     w, q, sigma = _random_case(seed, T)
     exact = _exact_epsilon(w, q, sigma, 1e-6, quadrature=False)
-    r = weighted_heuristic_epsilon(
+    r = weighted_heuristic_epsilon_result(
         1e-6, weights=w, sample_rates=q, noise_multipliers=sigma, accuracy=accuracy
     )
     _check_bracket(r, exact, accuracy)
@@ -152,7 +152,7 @@ def test_random_weights_up_to_14_steps_against_enumeration(seed, T, accuracy):
 def _check_against_quadrature(seed, T):
     w, q, sigma = _random_case(seed, T)
     exact = _exact_epsilon(w, q, sigma, 1e-6)
-    r = weighted_heuristic_epsilon(1e-6, weights=w, sample_rates=q, noise_multipliers=sigma)
+    r = weighted_heuristic_epsilon_result(1e-6, weights=w, sample_rates=q, noise_multipliers=sigma)
     _check_bracket(r, exact, 1e-3)
 
 
@@ -172,7 +172,7 @@ def test_delta_against_enumeration(seed, T, eps):
     w, q, sigma = _random_case(seed, T)
     x, p = _enumerate(w, q)
     exact = ShiftedGaussianMixture(x, np.log(p), _scale(w, sigma)).delta(eps)
-    r = weighted_heuristic_delta(eps, weights=w, sample_rates=q, noise_multipliers=sigma)
+    r = weighted_heuristic_delta_result(eps, weights=w, sample_rates=q, noise_multipliers=sigma)
     assert r.quantity == "delta" and r.epsilon == eps
     assert r.relative_accuracy <= 1e-3
     assert exact * (1 - 1e-9) <= r.delta <= exact * (1 + r.relative_accuracy) + 1e-15
@@ -186,7 +186,7 @@ def test_weights_on_the_grid_are_exact_for_a_long_two_level_schedule():
 
     n1, n2, q, sigma = 600, 1400, 0.02, 0.9
     w = np.r_[np.ones(n1), np.full(n2, 0.5)]
-    r = weighted_heuristic_epsilon(1e-6, weights=w, sample_rates=q, noise_multipliers=sigma)
+    r = weighted_heuristic_epsilon_result(1e-6, weights=w, sample_rates=q, noise_multipliers=sigma)
     assert r.relative_accuracy == 0.0 and not r.exact
     k1, k2 = np.arange(n1 + 1), np.arange(n2 + 1)
     p = np.outer(stats.binom.pmf(k1, n1, q), stats.binom.pmf(k2, n2, q))
@@ -200,14 +200,14 @@ def test_weights_on_the_grid_are_exact_for_a_long_two_level_schedule():
 
 def test_scale_invariance_and_tighter_accuracy_tightens_the_bracket():
     w, q, sigma = _random_case(40, 30)
-    a = weighted_heuristic_epsilon(
+    a = weighted_heuristic_epsilon_result(
         1e-6, weights=w, sample_rates=q, noise_multipliers=sigma, accuracy=1e-2
     )
-    b = weighted_heuristic_epsilon(
+    b = weighted_heuristic_epsilon_result(
         1e-6, weights=w * 123.0, sample_rates=q, noise_multipliers=sigma, accuracy=1e-2
     )
     assert b.epsilon == pytest.approx(a.epsilon, rel=1e-9)
-    c = weighted_heuristic_epsilon(
+    c = weighted_heuristic_epsilon_result(
         1e-6, weights=w, sample_rates=q, noise_multipliers=sigma, accuracy=1e-4
     )
     assert c.relative_accuracy <= 1e-4 < a.relative_accuracy <= 1e-2
@@ -226,7 +226,7 @@ def test_momentum_full_batch_is_the_gaussian_mechanism_and_lowers_epsilon():
     w = sgd_weights(np.full(T, 0.1), momentum=0.9)
     assert not np.allclose(w, w[0])
     mu = w.sum() / (sigma * math.sqrt(np.sum(w * w)))
-    r = weighted_heuristic_epsilon(delta, weights=w, sample_rates=1.0, noise_multipliers=sigma)
+    r = weighted_heuristic_epsilon_result(delta, weights=w, sample_rates=1.0, noise_multipliers=sigma)
     closed = gaussian_epsilon(delta, mu=mu)
     assert closed <= r.epsilon <= closed * (1 + r.relative_accuracy) + 1e-12
     assert r.epsilon < heuristic_epsilon(delta, steps=T, sample_rate=1.0, noise_multiplier=sigma)
@@ -251,8 +251,8 @@ def test_momentum_changes_epsilon_in_the_predicted_direction(q, sigma, delta, di
     assert w[0] / math.sqrt(np.sum(w * w)) > 1 / math.sqrt(T)
     exact_momentum = _exact_epsilon(w, q, sigma, delta)
     exact_plain = _exact_epsilon(np.ones(T), q, sigma, delta)
-    r = weighted_heuristic_epsilon(delta, weights=w, sample_rates=q, noise_multipliers=sigma)
-    plain = weighted_heuristic_epsilon(
+    r = weighted_heuristic_epsilon_result(delta, weights=w, sample_rates=q, noise_multipliers=sigma)
+    plain = weighted_heuristic_epsilon_result(
         delta, weights=np.full(T, 0.1), sample_rates=q, noise_multipliers=sigma
     )
     _check_bracket(r, exact_momentum, 1e-3)
@@ -302,7 +302,7 @@ def test_grid_size_limit_warns_and_keeps_an_upper_bound(monkeypatch):
     monkeypatch.setattr(wh, "_MAX_GRID_POINTS", 3000)
     w, q, sigma = _random_case(60, 10)
     with pytest.warns(WeightedAccuracyWarning, match="requested"):
-        r = weighted_heuristic_epsilon(
+        r = weighted_heuristic_epsilon_result(
             1e-6, weights=w, sample_rates=q, noise_multipliers=sigma, accuracy=1e-5
         )
     assert not r.converged and r.relative_accuracy > 1e-5
@@ -310,7 +310,7 @@ def test_grid_size_limit_warns_and_keeps_an_upper_bound(monkeypatch):
 
 
 def test_result_object():
-    r = weighted_heuristic_epsilon(
+    r = weighted_heuristic_epsilon_result(
         1e-6, weights=[1.0, 0.5, 0.3], sample_rates=0.1, noise_multipliers=1.0
     )
     assert float(r) == r.epsilon == r.value and r.delta == 1e-6 and r.converged
@@ -351,12 +351,12 @@ def test_bad_input_names_the_parameter(override, exc, pattern):
     )
     delta = kwargs.pop("delta")
     with pytest.raises(exc, match=pattern):
-        weighted_heuristic_epsilon(delta, **kwargs)
+        weighted_heuristic_epsilon_result(delta, **kwargs)
 
 
 def test_bad_delta_arguments():
     with pytest.raises(ValueError, match="`epsilon`"):
-        weighted_heuristic_delta(-1.0, weights=[1.0], sample_rates=0.1, noise_multipliers=1.0)
+        weighted_heuristic_delta_result(-1.0, weights=[1.0], sample_rates=0.1, noise_multipliers=1.0)
     with pytest.raises(ValueError, match="`rounding`"):
         weighted_heuristic_pair(
             weights=[1.0], sample_rates=0.1, noise_multipliers=1.0, resolution=4, rounding="x"
@@ -370,6 +370,6 @@ def test_bad_delta_arguments():
 def test_no_warning_in_normal_use():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        weighted_heuristic_epsilon(
+        weighted_heuristic_epsilon_result(
             1e-6, weights=[1.0, 0.7, 0.2], sample_rates=0.2, noise_multipliers=1.0
         )

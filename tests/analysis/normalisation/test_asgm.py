@@ -38,7 +38,7 @@ def test_one_step_matches_quadrature_and_is_pessimistic(
     # rounding every loss up by at most one interval h: delta(eps) <= delta_exact(eps - h)
     h = 1e-4
     rounded = _deltas(
-        asgm_pld(**kw, discretisation="round_up", value_discretization_interval=h), add
+        asgm_pld(**kw, discretization_method="round_up", value_discretization_interval=h), add
     )
     shifted = asgm_delta_quadrature(n, q, sigma, np.array(EPS) - h, add=add)
     assert np.all(rounded >= exact * (1 - 1e-7) - 1e-14), (rounded, exact)
@@ -48,7 +48,7 @@ def test_one_step_matches_quadrature_and_is_pessimistic(
 def test_round_up_is_looser_than_connect_dots_over_many_steps() -> None:
     kw = dict(other_records=1000, sample_rate=0.02, noise_multiplier=1.0, steps=500)
     cd = asgm_pld(**kw).get_epsilon_for_delta(1e-5)
-    ru = asgm_pld(**kw, discretisation="round_up", value_discretization_interval=1e-4)
+    ru = asgm_pld(**kw, discretization_method="round_up", value_discretization_interval=1e-4)
     assert cd < ru.get_epsilon_for_delta(1e-5) < cd + 500 * 1e-4  # at most h per step
 
 
@@ -164,7 +164,8 @@ def test_ten_thousand_steps_within_two_seconds() -> None:
         (dict(noise_multiplier=-1.0), ValueError, "noise_multiplier"),
         (dict(steps=-1), ValueError, "steps"),
         (dict(value_discretization_interval=0.0), ValueError, "value_discretization_interval"),
-        (dict(discretisation="floor"), ValueError, "discretisation"),
+        (dict(discretization_method="floor"), ValueError, "discretization_method"),
+        (dict(discretization_method=1), TypeError, "discretization_method"),
     ],
 )
 def test_validation(kwargs: dict, error: type, match: str) -> None:

@@ -1,0 +1,205 @@
+"""The registry of privacy models: one name per model, one place that builds them.
+
+Every privacy number of this package comes from a :class:`~.privacy_model.PrivacyModel`
+built from a :class:`~.run.DPSGDRun` (``docs/run_description.md``, "Privacy models"); this
+module names them once and :func:`privacy_model` builds one by name. Calibration, the
+side-by-side comparison, the batch-size plan and the CLI build their models here.
+
+========================  ===================================  =============  ==================
+name                      class                                kind           keyword parameters
+========================  ===================================  =============  ==================
+``"heuristic"``           :class:`LastIterateHeuristic`        heuristic      ``accuracy=1e-3``
+``"robust_heuristic"``    :class:`RobustLastIterateHeuristic`  heuristic      (none)
+``"standard"``            :class:`StandardComposition`         upper_bound    ``value_discretization_interval=1e-4``
+``"standard_rdp"``        :class:`RDPComposition`              upper_bound    ``orders=None``
+``"full_batch"``          :class:`FullBatchGaussian`           exact          (none)
+``"asgm"``                :class:`ASGM`                        upper_bound    ``value_discretization_interval=3e-4``, ``discretization_method="connect_dots"``
+``"feasgm"``              :class:`FEASGM`                      model          ``value_discretization_interval=None``, ``discretization_method="connect_dots"``
+========================  ===================================  =============  ==================
+
+The weighted heuristic (learning-rate schedules, momentum) is ``"heuristic"`` on a run with
+``weights``. ``"asgm"`` and ``"feasgm"`` read what they need beyond the segments from
+``run.normalisation`` (``docs/normalisation.md``).
+
+**The PLD value discretisation interval** (``value_discretization_interval``, dp_accounting's
+name, the grid step of the privacy loss in nats; every PLD model rounds pessimistically, so
+any interval gives an upper bound on its model and a finer one a tighter bound). Defaults:
+
+* ``"standard"``: 1e-4, dp_accounting's own default
+  (:data:`~.baselines.composition.DEFAULT_DISCRETIZATION`; also the default of
+  :func:`~.calibration.calibrate_noise_multiplier`, :func:`~.comparison.compare_epsilons`,
+  :func:`~.hyperparameter_plan.plan_batch_sizes` and the CLI's
+  ``--value-discretization-interval``);
+* ``"asgm"``: 3e-4 (:data:`~.normalisation.discretisation.DEFAULT_INTERVAL`): its
+  connect-the-dots discretisation of exact tails has converged there
+  (:mod:`~.normalisation.discretisation`);
+* ``"feasgm"``: ``None``, automatic: max(3e-4, sqrt(T) sd(B) / 200,000), so that very large
+  dimensions stay computable (:func:`~.normalisation.divisor_leak.divisor_leak_pld`).
+
+The three differ on purpose (each is the value the published numbers were computed with);
+the registry reports each model's defaults in :attr:`PrivacyModelEntry.defaults`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal
+
+from opacus_lastiterate.analysis._deprecation import MISSING
+from opacus_lastiterate.analysis.privacy_model import PrivacyModel
+from opacus_lastiterate.analysis.run import RunLike
+
+__all__ = [
+    "PRIVACY_MODELS",
+    "PRIVACY_MODEL_NAMES",
+    "ModelName",
+    "PrivacyModelEntry",
+    "privacy_model",
+]
+
+ModelName = Literal[
+    "heuristic", "robust_heuristic", "standard", "standard_rdp", "full_batch", "asgm", "feasgm"
+]
+
+
+@dataclass(frozen=True)
+class PrivacyModelEntry:
+    """One registered privacy model.
+
+    Attributes:
+        name: the registry name (module table).
+        kind: what the number is: "exact", "heuristic", "upper_bound" or "model" (the class's
+            :attr:`~.privacy_model.PrivacyModel.kind`).
+        description: one line saying what the number describes (the label printed beside it).
+        needs: what the run must carry beyond its segments ("" when nothing).
+        class_path: ``"module:ClassName"`` of the class (imported on first use: the PLD
+            models load dp_accounting).
+    """
+
+    name: str
+    kind: str
+    description: str
+    needs: str
+    class_path: str
+
+    @property
+    def cls(self) -> type[PrivacyModel]:
+        """The :class:`~.privacy_model.PrivacyModel` subclass."""
+        module, _, name = self.class_path.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        assert issubclass(cls, PrivacyModel)
+        return cls
+
+    @property
+    def defaults(self) -> Mapping[str, Any]:
+        """The keyword parameters of the model and their defaults (from its constructor)."""
+        signature = inspect.signature(self.cls.__init__)
+        return MappingProxyType({
+            p.name: p.default
+            for p in signature.parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not MISSING
+        })
+
+    def build(self, run: RunLike, **params: Any) -> PrivacyModel:
+        """The model of ``run`` (:func:`privacy_model`)."""
+        allowed = self.defaults
+        unknown = sorted(set(params) - set(allowed))
+        if unknown:
+            known = ", ".join(allowed) or "none"
+            raise TypeError(
+                f"privacy model {self.name!r} got unknown parameter(s) {', '.join(unknown)}; "
+                f"its parameters: {known}."
+            )
+        return self.cls(run, **params)  # type: ignore[call-arg]
+
+
+_PREFIX = "opacus_lastiterate.analysis."
+_ENTRIES = (
+    PrivacyModelEntry(
+        "heuristic",
+        "heuristic",
+        "last-iterate heuristic (final model only; exact for linear losses, "
+        "not a proven bound for deep networks)",
+        "",
+        _PREFIX + "last_iterate.heuristic:LastIterateHeuristic",
+    ),
+    PrivacyModelEntry(
+        "robust_heuristic",
+        "heuristic",
+        "robust heuristic: max over the last t <= T steps",
+        "no per-step weights",
+        _PREFIX + "last_iterate.heuristic:RobustLastIterateHeuristic",
+    ),
+    PrivacyModelEntry(
+        "standard",
+        "upper_bound",
+        "standard composition (all iterates released): dp_accounting PLD, "
+        "pessimistic upper bound",
+        "",
+        _PREFIX + "baselines.composition:StandardComposition",
+    ),
+    PrivacyModelEntry(
+        "standard_rdp",
+        "upper_bound",
+        "standard composition (all iterates released): dp_accounting RDP, upper bound",
+        "",
+        _PREFIX + "baselines.composition:RDPComposition",
+    ),
+    PrivacyModelEntry(
+        "full_batch",
+        "exact",
+        "full-batch DP-GD with the same expected step and noise (closed form)",
+        "",
+        _PREFIX + "baselines.composition:FullBatchGaussian",
+    ),
+    PrivacyModelEntry(
+        "asgm",
+        "upper_bound",
+        "ASGM (batch size revealed, other gradients zero): division by the realised batch size",
+        "normalisation.dataset_size",
+        _PREFIX + "normalisation.asgm:ASGM",
+    ),
+    PrivacyModelEntry(
+        "feasgm",
+        "model",
+        "FEASGM (zero other gradients): Opacus 1.x's floor-based expected-batch divisor",
+        "normalisation.dataset_size, batch_size, dimension",
+        _PREFIX + "normalisation.divisor_leak:FEASGM",
+    ),
+)
+
+PRIVACY_MODELS: Mapping[str, PrivacyModelEntry] = MappingProxyType({e.name: e for e in _ENTRIES})
+"""Registry name -> :class:`PrivacyModelEntry` (module table)."""
+
+PRIVACY_MODEL_NAMES: tuple[str, ...] = tuple(PRIVACY_MODELS)
+"""The registry names, in the order of the module table."""
+
+
+def privacy_model(name: ModelName | str, run: RunLike, /, **params: Any) -> PrivacyModel:
+    """The privacy model ``name`` of ``run``, built with the keyword ``params`` of its entry.
+
+    Args:
+        name: one of :data:`PRIVACY_MODEL_NAMES`.
+        run: a :class:`~.run.DPSGDRun` or an Opacus-style history.
+        params: the model's keyword parameters (:attr:`PrivacyModelEntry.defaults`).
+
+    Raises:
+        TypeError: ``name`` is not a string, or a parameter the model does not take (named).
+        ValueError: an unknown ``name``, or an invalid run or parameter value.
+    """
+    return _entry(name).build(run, **params)
+
+
+def _entry(name: object) -> PrivacyModelEntry:
+    if not isinstance(name, str):
+        raise TypeError(f"`name` must be a string, got {name!r} of type {type(name).__name__}.")
+    try:
+        return PRIVACY_MODELS[name]
+    except KeyError:
+        raise ValueError(
+            f"`name` must be one of {', '.join(PRIVACY_MODEL_NAMES)}, got {name!r}."
+        ) from None

@@ -1,0 +1,103 @@
+"""The vocabulary of the privacy models: the function-style delta twins, and the old names
+that keep working for one release with a DeprecationWarning naming the new one."""
+
+from __future__ import annotations
+
+import math
+import pickle
+import warnings
+
+import pytest
+from scipy import stats
+
+from opacus_lastiterate.analysis.baselines.composition import (
+    full_batch_delta,
+    standard_delta,
+    standard_epsilon,
+    standard_rdp_delta,
+    standard_rdp_epsilon,
+)
+from opacus_lastiterate.analysis.last_iterate.heuristic import (
+    heuristic_delta,
+    heuristic_epsilon,
+    robust_heuristic_delta,
+    robust_heuristic_epsilon,
+)
+from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
+    weighted_heuristic_delta,
+    weighted_heuristic_delta_result,
+    weighted_heuristic_epsilon,
+    weighted_heuristic_epsilon_result,
+)
+from opacus_lastiterate.analysis.normalisation import asgm_epsilon
+
+KW = {"steps": 12, "sample_rate": 0.1, "noise_multiplier": 1.3}
+
+
+def _gaussian_delta(eps: float, mu: float) -> float:
+    """delta of mu-GDP, written out with scipy (independent of gaussian_mechanism)."""
+    return float(stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2))
+
+
+def test_delta_twins_against_closed_forms() -> None:
+    # q = 1: the heuristic pair is N(T, sigma^2 T) against N(0, sigma^2 T), mu = sqrt(T)/sigma
+    full = {"steps": 9, "sample_rate": 1.0, "noise_multiplier": 2.0}
+    assert heuristic_delta(1.0, **full) == pytest.approx(_gaussian_delta(1.0, 1.5), rel=1e-9)
+    mu = 0.1 * math.sqrt(12) / 1.3
+    assert full_batch_delta(0.7, **KW) == pytest.approx(_gaussian_delta(0.7, mu), rel=1e-9)
+
+
+def test_delta_twins_invert_the_epsilon_functions() -> None:
+    for eps_fn, delta_fn, rel in [
+        (heuristic_epsilon, heuristic_delta, 1e-9),
+        (robust_heuristic_epsilon, robust_heuristic_delta, 1e-5),
+        (standard_epsilon, standard_delta, 1e-6),
+        (standard_rdp_epsilon, standard_rdp_delta, 1e-9),
+    ]:
+        eps = eps_fn(1e-6, **KW)
+        assert delta_fn(eps, **KW) == pytest.approx(1e-6, rel=rel), eps_fn.__name__
+    assert robust_heuristic_epsilon(1e-6, **KW) == heuristic_epsilon(1e-6, robust=True, **KW)
+
+
+def test_weighted_functions_return_floats_and_the_old_attributes_warn() -> None:
+    kw = {"weights": [1.0, 0.5, 0.25, 2.0], "sample_rates": 0.2, "noise_multipliers": 1.0}
+    result = weighted_heuristic_epsilon_result(1e-5, **kw)
+    value = weighted_heuristic_epsilon(1e-5, **kw)
+    assert isinstance(value, float) and value == result.value
+    assert type(pickle.loads(pickle.dumps(value))) is float
+    assert type(value + 0.0) is float
+    with pytest.warns(DeprecationWarning, match="weighted_heuristic_epsilon_result"):
+        assert value.relative_accuracy == result.relative_accuracy  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError):
+        value.no_such_field  # type: ignore[attr-defined]
+    delta = weighted_heuristic_delta(1.0, **kw)
+    assert delta == weighted_heuristic_delta_result(1.0, **kw).value
+    with pytest.warns(DeprecationWarning, match="weighted_heuristic_delta_result"):
+        assert delta.delta == delta  # type: ignore[attr-defined]
+
+
+def test_discretisation_keyword_is_deprecated() -> None:
+    kw = {"dataset_size": 50, "sample_rate": 0.1, "noise_multiplier": 1.0, "steps": 2,
+          "value_discretization_interval": 1e-3}
+    new = asgm_epsilon(1e-5, discretization_method="round_up", **kw)
+    with pytest.warns(DeprecationWarning, match="discretization_method"):
+        old = asgm_epsilon(1e-5, discretisation="round_up", **kw)
+    assert old == new != asgm_epsilon(1e-5, **kw)
+    with pytest.raises(TypeError, match="discretization_method"):
+        asgm_epsilon(1e-5, discretisation="round_up", discretization_method="round_up", **kw)
+
+
+def test_moved_names_warn_and_resolve() -> None:
+    import opacus_lastiterate.analysis.last_iterate.counterexamples as counterexamples
+    import opacus_lastiterate.analysis.normalisation as normalisation
+    from opacus_lastiterate.analysis.normalisation import discretisation
+
+    with pytest.warns(DeprecationWarning, match="heuristic.robust_heuristic_epsilon"):
+        assert counterexamples.robust_heuristic_epsilon is robust_heuristic_epsilon
+    with pytest.warns(DeprecationWarning, match="DiscretizationMethod"):
+        assert normalisation.Discretisation is discretisation.DiscretizationMethod
+    with pytest.warns(DeprecationWarning, match="check_discretization_method"):
+        assert discretisation.check_discretisation is discretisation.check_discretization_method
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert discretisation.DiscretizationMethod is not None  # the new names are quiet
