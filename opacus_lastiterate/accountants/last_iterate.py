@@ -435,15 +435,20 @@ class LastIterateAccountant(RunAccountant):
 
     # -- privacy ----------------------------------------------------------------------------
 
-    def _warn_if_calibrating(self) -> None:
+    def _warn_if_calibrating(self, robust: bool) -> None:
         if self._externally_assigned and not self._calibration_warned:
             self._calibration_warned = True
+            which = (
+                "the robust last-iterate heuristic epsilon"
+                if robust
+                else "the plain last-iterate heuristic epsilon (pass robust=True to "
+                "make_private_with_epsilon to calibrate the robust value, the one to report)"
+            )
             warn(
                 "LastIterateAccountant.history was assigned directly, as Opacus's "
                 "get_noise_multiplier (make_private_with_epsilon) does to calibrate the noise: "
-                "the noise multiplier is being chosen to meet a target on the robust "
-                "last-iterate heuristic epsilon (robust=False for the plain value). That number "
-                "is exact only for linear losses; it is not a "
+                f"the noise multiplier is being chosen to meet a target on {which}. That "
+                "number is exact only for linear losses; it is not a "
                 "differential-privacy guarantee for non-linear models such as deep networks, "
                 "and it covers the final model only. (Use load_state_dict to restore a saved "
                 "history without this warning.)",
@@ -451,12 +456,7 @@ class LastIterateAccountant(RunAccountant):
             )
 
     def get_epsilon(
-        self,
-        delta: float,
-        *,
-        robust: bool | None = None,
-        check_monotone: bool = True,
-        **kwargs: Any,
+        self, delta: float, *, robust: bool = False, check_monotone: bool = True
     ) -> float:
         """Heuristic epsilon of the final model at ``delta`` (``docs/last_iterate.md``).
 
@@ -469,30 +469,29 @@ class LastIterateAccountant(RunAccountant):
             delta: target delta, in (0, 1).
             robust: if True, return the certified max over the last t <= T steps of the
                 heuristic epsilon ("Robust variant"); this uses the constant-rate formula.
-                ``None`` (default): robust when the history was assigned from outside, which
-                is how Opacus's ``get_noise_multiplier`` calibrates the noise, so that
-                ``make_private_with_epsilon`` meets the target on the robust value we tell
-                users to report (``docs/opacus_integration.md``, "Calibration"); plain
-                otherwise. ``make_private_with_epsilon(..., robust=False)`` calibrates to the
-                plain value.
+                The same default however the history was written: Opacus's
+                ``make_private_with_epsilon`` calibrates to the plain value unless it is
+                given ``robust=True``, which it forwards here (``docs/opacus_integration.md``,
+                "Calibration").
             check_monotone: warn (:class:`NonMonotoneHeuristicWarning`) when eps_T is below
-                the epsilon of a shorter suffix (:class:`~opacus_lastiterate.accountants.monotonicity.MonotonicityWatch`); skipped
-                when recorded schedule/momentum weights are in use.
-            **kwargs: ignored; accepted because Opacus forwards the keyword arguments of
-                ``make_private_with_epsilon`` here.
+                the epsilon of a shorter suffix
+                (:class:`~opacus_lastiterate.accountants.monotonicity.MonotonicityWatch`);
+                skipped when recorded schedule/momentum weights are in use.
 
         Returns:
             The heuristic epsilon; 0.0 for an empty history. Not a proven DP bound for deep
             networks.
+
+        Raises:
+            TypeError: for a keyword this method does not take (Opacus forwards every
+                keyword of ``make_private_with_epsilon``; a misspelt one is not ignored).
         """
         d = check_delta(delta)
-        if robust is not None and not isinstance(robust, bool):
-            raise TypeError(f"`robust` must be a bool or None, got {robust!r}.")
+        if not isinstance(robust, bool):
+            raise TypeError(f"`robust` must be a bool, got {robust!r}.")
         if not isinstance(check_monotone, bool):
             raise TypeError(f"`check_monotone` must be a bool, got {check_monotone!r}.")
-        if robust is None:
-            robust = self._externally_assigned
-        self._warn_if_calibrating()
+        self._warn_if_calibrating(robust)
         if self._num_steps == 0:
             return 0.0
         if robust:
@@ -514,7 +513,7 @@ class LastIterateAccountant(RunAccountant):
             The heuristic delta; 0.0 for an empty history, 1.0 when no step had noise.
         """
         eps = check_epsilon(epsilon)
-        self._warn_if_calibrating()
+        self._warn_if_calibrating(False)
         if self._num_steps == 0:
             return 0.0
         if self._weights_in_use():

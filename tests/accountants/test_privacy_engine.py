@@ -71,7 +71,7 @@ def test_explicit_accountant_assignment_works_without_registration(
     assert engine.get_epsilon(DELTA) == engine.accountant.get_epsilon(DELTA) > 0.0
 
 
-def test_make_private_with_epsilon_calibrates_to_the_robust_heuristic(
+def test_make_private_with_epsilon_calibrates_to_the_robust_heuristic_when_asked(
     make_setup: Setup, train: Train
 ) -> None:
     engine = PrivacyEngine(accountant="last_iterate")
@@ -87,6 +87,7 @@ def test_make_private_with_epsilon_calibrates_to_the_robust_heuristic(
             target_delta=DELTA,
             epochs=epochs,
             max_grad_norm=1.0,
+            robust=True,  # Opacus forwards it to get_epsilon
         )
     sigma = optimizer.noise_multiplier
     steps = int(epochs / q)  # what Opacus's get_noise_multiplier uses
