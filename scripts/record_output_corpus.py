@@ -89,14 +89,14 @@ def jsonable(obj: Any) -> Any:
     raise TypeError(f"cannot record a {type(obj).__name__}: {obj!r}")
 
 
-def strip_tmp(obj: Any, tmp: str) -> Any:
-    """Replace the temporary directory ``tmp`` in every string by ``<TMP>``."""
+def strip_tmp(obj: Any, tmp: str, mark: str = TMP_MARK) -> Any:
+    """Replace the directory ``tmp`` in every string by ``mark`` (default ``<TMP>``)."""
     if isinstance(obj, str):
-        return obj.replace(tmp, TMP_MARK)
+        return obj.replace(tmp, mark)
     if isinstance(obj, dict):
-        return {k: strip_tmp(v, tmp) for k, v in obj.items()}
+        return {k: strip_tmp(v, tmp, mark) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [strip_tmp(v, tmp) for v in obj]
+        return [strip_tmp(v, tmp, mark) for v in obj]
     return obj
 
 
@@ -313,7 +313,13 @@ def run_cli(argv: Sequence[str], tmp: str) -> dict[str, Any]:
     the warning lines it printed (stderr lines that start with the program name)."""
     from opacus_lastiterate.cli import main
 
-    args = [a.replace(TMP_MARK, tmp) for a in argv]
+    # <TMP> is the entry's temporary folder; committed inputs (tests/output_corpus/...) are
+    # given relative to the repository and run from it, whatever the working directory.
+    root = str(REPO) + "/"
+    args = [
+        root + a if a.startswith("tests/output_corpus/") else a.replace(TMP_MARK, tmp)
+        for a in argv
+    ]
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -330,19 +336,28 @@ def run_cli(argv: Sequence[str], tmp: str) -> dict[str, Any]:
         for line in err.getvalue().splitlines()
         if line.startswith(("opacus-lastiterate", "Error:"))
     ]
-    return strip_tmp({"exit_code": status, "json": payload, "stderr": lines}, tmp)
-
-
-def _cli(name: str, argv: str, *, slow: bool = False, description: str = "") -> Entry:
-    tokens = argv.split() + (["--json"] if "--json" not in argv.split() else [])
-    return Entry(
-        name,
-        "cli",
-        {"argv": tokens},
-        lambda p, tmp: run_cli(p["argv"], tmp),
-        slow=slow,
-        description=description,
+    return strip_tmp(
+        strip_tmp({"exit_code": status, "json": payload, "stderr": lines}, tmp), root, ""
     )
+
+
+def _run_cli_entry(p: dict[str, Any], tmp: str) -> dict[str, Any]:
+    out = run_cli(p["argv"], tmp)
+    if "runs_file" in p:  # the run lines of a record file the command wrote (not its
+        # header: it names the trainer's module, which a refactor may move)
+        lines = Path(tmp, p["runs_file"]).read_text().splitlines()
+        out["runs"] = [r for r in map(json.loads, lines) if r.get("type") == "run"]
+    return out
+
+
+def _cli(
+    name: str, argv: str, *, slow: bool = False, description: str = "", runs_file: str = ""
+) -> Entry:
+    tokens = argv.split() + (["--json"] if "--json" not in argv.split() else [])
+    params: dict[str, Any] = {"argv": tokens}
+    if runs_file:
+        params["runs_file"] = runs_file
+    return Entry(name, "cli", params, _run_cli_entry, slow=slow, description=description)
 
 
 CLI_ENTRIES: list[Entry] = [
@@ -426,7 +441,8 @@ CLI_ENTRIES: list[Entry] = [
             ("first_runs", "--num-runs 100 --threshold bonferroni --method gaussian-dp"),
         ]
     ],
-    _cli("audit_digits_quick", "audit digits --quick --no-progress", slow=True),
+    _cli("audit_digits_quick", f"audit digits --quick --no-progress --records {TMP_MARK}/runs.jsonl",
+         slow=True, runs_file="runs.jsonl"),
     _cli("audit_digits_quick_input", "audit digits --quick --no-progress --canary input "
          "--threshold held-out", slow=True),
     # -- reproduce -----------------------------------------------------------------------
@@ -449,8 +465,8 @@ _RECORDS_ARG = "tests/output_corpus/inputs/audit_runs.jsonl"
 CLI_ENTRIES = [
     dataclasses.replace(
         e,
-        params={"argv": (argv := [_RECORDS_ARG if a == "{records}" else a
-                                  for a in e.params["argv"]])},
+        params={**e.params, "argv": (argv := [_RECORDS_ARG if a == "{records}" else a
+                                              for a in e.params["argv"]])},
         description=e.description or f"opacus-lastiterate {' '.join(argv)}",
     )
     for e in CLI_ENTRIES
@@ -466,8 +482,11 @@ def _schedule_file_setup(tmp: str) -> None:
 # -- Python entries --------------------------------------------------------------------------
 
 
-def _tiny_dp(params: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
-    """(engine, model, optimizer, loader, scheduler) of a tiny Opacus run, Poisson sampling."""
+def _tiny_dp(
+    params: dict[str, Any], augment: Callable[[Any], Any] | None = None
+) -> tuple[Any, Any, Any, Any, Any]:
+    """(engine, model, optimizer, loader, scheduler) of a tiny Opacus run, Poisson sampling
+    (``augment``: maps the training set to the one actually used, e.g. with canaries)."""
     torch = _torch_single_thread()
     from opacus import PrivacyEngine
     from torch import nn
@@ -478,6 +497,7 @@ def _tiny_dp(params: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
     torch.manual_seed(params["seed"])
     n, d = params["dataset_size"], params["features"]
     x, y = torch.randn(n, d), torch.randint(0, 2, (n,))
+    data = TensorDataset(x, y) if augment is None else augment(TensorDataset(x, y))
     model = nn.Sequential(nn.Linear(d, params["hidden"]), nn.ReLU(), nn.Linear(params["hidden"], 2))
     optimizer = torch.optim.SGD(
         model.parameters(), lr=params["lr"], momentum=params.get("momentum", 0.0)
@@ -488,7 +508,7 @@ def _tiny_dp(params: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
         model, optimizer, loader = engine.make_private(
             module=model,
             optimizer=optimizer,
-            data_loader=DataLoader(TensorDataset(x, y), batch_size=params["batch_size"]),
+            data_loader=DataLoader(data, batch_size=params["batch_size"]),
             noise_multiplier=params["noise_multiplier"],
             max_grad_norm=1.0,
             poisson_sampling=True,
@@ -593,18 +613,22 @@ def _canary_entry(params: dict[str, Any], tmp: str) -> dict[str, Any]:
 
     from opacus_lastiterate.callbacks import InTrainingCanaryAudit, make_input_canaries
 
-    engine, model, optimizer, loader, _ = _tiny_dp(params)
     gen = torch.Generator().manual_seed(params["seed"] + 1)
-    source = TensorDataset(
+    source = TensorDataset(  # held-out examples the input canaries are drawn from
         torch.randn(params["input_pool"], params["features"], generator=gen),
         torch.randint(0, 2, (params["input_pool"],), generator=gen),
     )
-    # The input canaries are scored on the final model; they are not part of the training
-    # data here (the run's loader is fixed above), which keeps the run tiny: the scores are
-    # what the refactor must not change, not the power of the audit.
-    _, canaries = make_input_canaries(
-        source, source, params["input_canaries"], num_classes=2, seed=params["seed"]
-    )
+    made: list[Any] = []
+
+    def augment(train: Any) -> Any:
+        data, canaries = make_input_canaries(
+            train, source, params["input_canaries"], num_classes=2, seed=params["seed"]
+        )
+        made.append(canaries)
+        return data
+
+    engine, model, optimizer, loader, _ = _tiny_dp(params, augment)
+    canaries = made[0]
     audit = InTrainingCanaryAudit(
         optimizer,
         num_canaries=params["gradient_canaries"],
@@ -829,8 +853,8 @@ PY_ENTRIES: list[Entry] = [
           _monitor_entry, slow=True,
           description="PrivacyMonitor with corrected_accountant=FEASGMAccountant"),
     Entry("canary_audit", "python",
-          {**_TINY, "steps": 100, "gradient_canaries": 40, "input_canaries": 30,
-           "input_pool": 60, "delta": 1e-5},
+          {**_TINY, "hidden": 32, "noise_multiplier": 0.5, "lr": 0.5, "steps": 100,
+           "gradient_canaries": 300, "input_canaries": 30, "input_pool": 60},
           _canary_entry,
           description="InTrainingCanaryAudit report, gradient + input canaries"),
     Entry("score_audit", "python",
@@ -910,7 +934,10 @@ def check_entry(
         new_argv = rename_argv(entry.params["argv"], commands)
         if old_argv != new_argv:
             diffs.append(f"params.argv: recorded {old_argv}, defined {new_argv} (re-record?)")
-        params = {"argv": old_argv}
+        params = {**stored["params"], "argv": old_argv}
+        rest = {k: v for k, v in entry.params.items() if k != "argv"}
+        diffs.extend("params." + d for d in compare(
+            {k: v for k, v in stored["params"].items() if k != "argv"}, rest))
     else:
         params = stored["params"]
         diffs.extend("params." + d for d in compare(
