@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,12 +150,12 @@ def _short(v: Any, width: int = 100) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def compare(old: Any, new: Any, path: str = "") -> list[str]:
+def compare(old: Any, new: Any, path: str = "", added: frozenset[str] = frozenset()) -> list[str]:
     """Every difference between two JSON values, one line each: ``path: old ... new ...``.
 
     Equality is exact: same JSON type (an int is not a float), floats bit-identical (their
     ``repr``s agree, so -0.0 differs from 0.0 and NaN equals NaN), dict keys and list lengths
-    equal.
+    equal. ``added``: dict keys that may appear in ``new`` only (declared additions).
     """
     where = path or "<root>"
     ko, kn = _kind(old), _kind(new)
@@ -176,18 +176,18 @@ def compare(old: Any, new: Any, path: str = "") -> list[str]:
             if k not in new:
                 out.append(f"{where}: key {k!r} missing (old value {_short(old[k])})")
         for k in new:
-            if k not in old:
+            if k not in old and k not in added:
                 out.append(f"{where}: key {k!r} added (new value {_short(new[k])})")
         for k in old:
             if k in new:
-                out.extend(compare(old[k], new[k], f"{path}.{k}" if path else str(k)))
+                out.extend(compare(old[k], new[k], f"{path}.{k}" if path else str(k), added))
         return out
     if ko == "list":
         out = []
         if len(old) != len(new):
             out.append(f"{where}: length {len(old)} -> {len(new)}")
         for i, (a, b) in enumerate(zip(old, new)):
-            out.extend(compare(a, b, f"{path}[{i}]"))
+            out.extend(compare(a, b, f"{path}[{i}]", added))
         return out
     if old != new:
         return [f"{where}: old {_short(old)}, new {_short(new)}"]
@@ -220,6 +220,16 @@ def rename_keys(data: Any, renames: Mapping[str, str], entry: str) -> Any:
     return walk(data) if table else data
 
 
+def scoped(names: Iterable[str], entry: str) -> frozenset[str]:
+    """The key names of ``names`` that apply to ``entry`` (``"key"`` or ``"ENTRY::key"``)."""
+    out = set()
+    for name in names:
+        pattern, _, key = name.rpartition("::")
+        if not pattern or fnmatch.fnmatchcase(entry, pattern):
+            out.add(key)
+    return frozenset(out)
+
+
 def rename_argv(argv: Sequence[str], renames: Mapping[str, str]) -> list[str]:
     """``argv`` with the declared spellings replaced. A key is one token (``"--calibrate"``,
     ``"compare-versions"``) or several separated by spaces (``"audit records"``), replaced
@@ -237,8 +247,9 @@ def rename_argv(argv: Sequence[str], renames: Mapping[str, str]) -> list[str]:
     return out
 
 
-def load_renames() -> tuple[dict[str, str], dict[str, str]]:
-    """``RENAMED_KEYS`` and ``RENAMED_COMMANDS`` declared in tests/test_output_corpus.py."""
+def load_renames() -> tuple[dict[str, str], dict[str, str], set[str]]:
+    """``RENAMED_KEYS``, ``RENAMED_COMMANDS`` and ``ADDED_KEYS`` declared in
+    tests/test_output_corpus.py."""
     if "test_output_corpus" in sys.modules:
         module = sys.modules["test_output_corpus"]
     else:
@@ -249,11 +260,15 @@ def load_renames() -> tuple[dict[str, str], dict[str, str]]:
         else:
             spec = importlib.util.spec_from_file_location("test_output_corpus", TEST_MODULE)
             if spec is None or spec.loader is None:
-                return {}, {}
+                return {}, {}, set()
             module = importlib.util.module_from_spec(spec)
             sys.modules["test_output_corpus"] = module
             spec.loader.exec_module(module)
-    return dict(module.RENAMED_KEYS), dict(module.RENAMED_COMMANDS)
+    return (
+        dict(module.RENAMED_KEYS),
+        dict(module.RENAMED_COMMANDS),
+        set(getattr(module, "ADDED_KEYS", ())),
+    )
 
 
 # --------------------------------------------------------------------------- determinism
@@ -274,21 +289,31 @@ def _deterministic() -> Iterator[None]:
     from threadpoolctl import threadpool_limits
 
     torch = sys.modules.get("torch")
-    threads = torch.get_num_threads() if torch is not None else None
+    _TORCH_THREADS.clear()
+    if torch is not None:
+        _TORCH_THREADS.append(torch.get_num_threads())
+        torch.set_num_threads(1)
     with threadpool_limits(limits=1), warnings.catch_warnings():
-        if torch is not None:
-            torch.set_num_threads(1)
         try:
             yield
         finally:
-            if torch is not None and threads is not None:
-                torch.set_num_threads(threads)
+            torch = sys.modules.get("torch")
+            if torch is not None and _TORCH_THREADS:
+                torch.set_num_threads(_TORCH_THREADS[0])
+            _TORCH_THREADS.clear()
+
+
+_TORCH_THREADS: list[int] = []
+"""torch's thread count before the running entry (restored by :func:`_deterministic`)."""
 
 
 def _torch_single_thread() -> Any:
+    """torch, on one intra-op thread until the entry ends (also when it is imported now)."""
     import torch
 
-    torch.set_num_threads(1)  # restored by _deterministic (torch may be imported inside)
+    if not _TORCH_THREADS:
+        _TORCH_THREADS.append(torch.get_num_threads())
+    torch.set_num_threads(1)
     return torch
 
 
@@ -918,11 +943,14 @@ def check_entry(
     renamed_keys: Mapping[str, str] | None = None,
     renamed_commands: Mapping[str, str] | None = None,
     stored: dict[str, Any] | None = None,
+    added_keys: Iterable[str] = (),
 ) -> list[str]:
     """Recompute ``entry`` and list its differences from the recorded output (empty: equal).
 
     The declared renamings apply to the recorded data (keys) and to the recorded command
-    line before it is run; the values must still be identical.
+    line before it is run; the values must still be identical. ``added_keys``: keys the new
+    output may have in addition (``"key"`` or ``"ENTRY::key"``); every recorded key is still
+    compared.
     """
     keys = renamed_keys or {}
     commands = renamed_commands or {}
@@ -946,7 +974,7 @@ def check_entry(
             diffs[0] += " (the definition changed: re-record deliberately)"
     old = rename_keys(stored["output"], keys, entry.name)
     new = compute(entry, params)
-    diffs.extend(compare(old, new, "output"))
+    diffs.extend(compare(old, new, "output", scoped(added_keys, entry.name)))
     return diffs
 
 
@@ -1004,7 +1032,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {path_of(e.name).relative_to(REPO)}  ({seconds:.1f} s)")
         print(f"{len(entries)} entries in {total:.1f} s")
         return 0
-    keys, commands = load_renames()
+    keys, commands, added = load_renames()
     failed = 0
     total = total_cpu = 0.0
     for e in entries:
@@ -1013,7 +1041,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed += 1
             continue
         start, cpu = time.perf_counter(), time.process_time()
-        diffs = check_entry(e, keys, commands)
+        diffs = check_entry(e, keys, commands, added_keys=added)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         total += seconds
         total_cpu += cpu

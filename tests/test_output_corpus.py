@@ -16,6 +16,8 @@ A deliberate renaming is declared here, never by re-recording; the values must s
   before they are run: a command (``"compare-versions": "versions"``), an option
   (``"--calibrate": "--accountant"``), a value, or several consecutive tokens separated by
   spaces (``"--calibrate robust": "--calibrate robust_heuristic"``).
+* ``ADDED_KEYS``: keys that may appear only in the new outputs, e.g. ``{"monitor_*::
+  standard_rdp_epsilon"}``; nothing recorded may disappear or change.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ RENAMED_KEYS: dict[str, str] = {}
 
 RENAMED_COMMANDS: dict[str, str] = {}
 """Old CLI token(s) -> new, applied to the recorded command lines before running them."""
+
+ADDED_KEYS: set[str] = set()
+"""Keys (``"key"`` or ``"ENTRY::key"``) that the new outputs may have in addition; every
+recorded key is still compared."""
 
 _SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "record_output_corpus.py"
 
@@ -62,7 +68,7 @@ def _param(entry: Any) -> Any:
 def test_output_is_identical(entry: Any) -> None:
     path = corpus.path_of(entry.name)
     assert path.exists(), f"{path} is not recorded: run scripts/record_output_corpus.py --write"
-    diffs = corpus.check_entry(entry, RENAMED_KEYS, RENAMED_COMMANDS)
+    diffs = corpus.check_entry(entry, RENAMED_KEYS, RENAMED_COMMANDS, added_keys=ADDED_KEYS)
     assert not diffs, "\n" + corpus.format_diffs(entry.name, diffs)
 
 
@@ -139,6 +145,11 @@ def test_renamings_are_applied_and_values_still_compared() -> None:
     assert corpus.rename_keys(old, {"other::robust_epsilon": "x"}, "monitor_sgd") == old
     changed = {"records": [{"robust_heuristic_epsilon": 1.25, "step": 1}]}
     assert corpus.compare(renamed, changed)  # a renamed key must keep its value
+    extra = {"records": [{"robust_epsilon": 1.5, "step": 1, "new_field": 2.0}]}
+    assert corpus.compare(old, extra)  # an undeclared addition is reported
+    assert corpus.compare(old, extra, added=corpus.scoped({"monitor_*::new_field"},
+                                                           "monitor_sgd")) == []
+    assert corpus.scoped({"monitor_*::new_field"}, "epsilon_at_delta") == frozenset()
     argv = ["epsilon", "--calibrate", "robust", "--json"]
     assert corpus.rename_argv(argv, {"--calibrate robust": "--calibrate robust_heuristic"}) == [
         "epsilon", "--calibrate", "robust_heuristic", "--json"]
