@@ -32,7 +32,7 @@ from opacus_lastiterate.analysis.last_iterate.canary_count import (
     CountDistribution,
     poisson_binomial_count,
 )
-from opacus_lastiterate.analysis.last_iterate.heuristic import count_pair
+from opacus_lastiterate.analysis.last_iterate.heuristic_pair import count_pair
 
 __all__ = ["shifted_count_epsilon", "steps_within_limit"]
 

@@ -24,21 +24,29 @@ certified upper bound (:mod:`.suffix_maximum`).
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from functools import lru_cache
-
-import numpy as np
+import warnings
+from typing import Any
 
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_in_interval,
     check_noise_multiplier,
 )
-from opacus_lastiterate.analysis.last_iterate.canary_count import (
-    CountDistribution,
-    poisson_binomial_count,
+from opacus_lastiterate.analysis.last_iterate import heuristic_pair
+from opacus_lastiterate.analysis.last_iterate.heuristic_pair import (
+    has_noiseless_step as _noiseless,
 )
-from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
+from opacus_lastiterate.analysis.last_iterate.heuristic_pair import (
+    segments_epsilon as _epsilon,
+)
+from opacus_lastiterate.analysis.last_iterate.heuristic_pair import (
+    segments_pair as _pair,
+)
+from opacus_lastiterate.analysis.last_iterate.suffix_maximum import certified_suffix_maximum
+from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
+    WeightedHeuristicResult,
+    solve_trusted,
+)
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.run import (
     DPSGDRun,
@@ -56,28 +64,24 @@ __all__ = [
     "robust_heuristic_epsilon",
 ]
 
-
-@lru_cache(maxsize=512)
-def _pair(segments: tuple[TrainingSegment, ...]) -> ShiftedGaussianMixture | None:
-    steps_by_rate: dict[float, int] = defaultdict(int)
-    variance = 0.0
-    for seg in segments:
-        steps_by_rate[seg.sample_rate] += seg.steps
-        variance += seg.steps * seg.noise_multiplier**2
-    if variance == 0.0:
-        return None  # no steps: P == Q
-    count = poisson_binomial_count([(n, q) for q, n in sorted(steps_by_rate.items())])
-    return count_pair(count, variance)
+# The constant-rate pair lives in :mod:`.heuristic_pair` (shared with :mod:`.suffix_maximum`
+# and :mod:`.weighted_heuristic`, which this module imports); ``_pair``, ``_epsilon`` and
+# ``_noiseless`` above are its functions under their former names here.
+_MOVED = {"count_pair": heuristic_pair}
 
 
-def count_pair(count: CountDistribution, variance: float) -> ShiftedGaussianMixture:
-    """The heuristic pair for a canary count K: P = K + N(0, variance), Q = N(0, variance)."""
-    return ShiftedGaussianMixture._trusted(
-        np.arange(count.offset, count.offset + count.log_pmf.size, dtype=float),
-        count.log_pmf,
-        math.sqrt(variance),
-        count.dropped_mass,
-    )
+def __getattr__(name: str) -> Any:
+    """``count_pair``, moved to :mod:`.heuristic_pair`: still importable from here for one
+    release, with a DeprecationWarning."""
+    if name in _MOVED:
+        new = f"{_MOVED[name].__name__}.{name}"
+        warnings.warn(
+            f"{__name__}.{name} moved to {new}; import it from there.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(_MOVED[name], name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _segment(steps: object, sample_rate: object, noise_multiplier: object) -> tuple[TrainingSegment, ...]:
@@ -85,26 +89,9 @@ def _segment(steps: object, sample_rate: object, noise_multiplier: object) -> tu
     return (TrainingSegment(sigma, sample_rate, steps),)  # type: ignore[arg-type]
 
 
-def _epsilon(segments: tuple[TrainingSegment, ...], delta: float) -> float:
-    if _noiseless(segments):
-        return math.inf
-    pair = _pair(segments)
-    return 0.0 if pair is None else pair.epsilon(delta)
-
-
-def _noiseless(segments: tuple[TrainingSegment, ...]) -> bool:
-    """Some step was released without noise (``docs/run_description.md``, "Zero noise"):
-    epsilon = inf. Under a linear loss the other steps' noise would still hide its count,
-    but a regulariser that zeroes the model before that step exposes it (robust variant),
-    so the heuristic does not credit other steps' noise to it."""
-    return any(s.steps and s.noise_multiplier == 0.0 for s in segments)
-
-
 def _robust_epsilon(segments: tuple[TrainingSegment, ...], delta: float) -> float:
     """Certified upper bound on max over t <= T of the heuristic epsilon of the last t steps,
     within a relative 1e-6 of an attained eps_t (:mod:`.suffix_maximum`)."""
-    from opacus_lastiterate.analysis.last_iterate.suffix_maximum import certified_suffix_maximum
-
     return certified_suffix_maximum(segments, delta).epsilon
 
 
@@ -183,9 +170,7 @@ class LastIterateHeuristic(PrivacyModel):
         self.run = as_run(run)
         self.accuracy = check_in_interval("accuracy", accuracy, 0.0, 1.0)
 
-    def _weighted(self, quantity: str, argument: float):  # -> WeightedHeuristicResult
-        from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import solve_trusted
-
+    def _weighted(self, quantity: str, argument: float) -> WeightedHeuristicResult:
         sigma, q = self.run.per_step()
         w = self.run.weights
         assert w is not None

@@ -42,7 +42,7 @@ from opacus_lastiterate.analysis.last_iterate.canary_count import (
 )
 from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
 from opacus_lastiterate.analysis.last_iterate.gaussian_mixture_stack import MixtureStack
-from opacus_lastiterate.analysis.last_iterate.heuristic import count_pair
+from opacus_lastiterate.analysis.last_iterate.heuristic_pair import count_pair
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment
 
 __all__ = ["STACK_MAX_POINTS", "IncrementalHeuristic", "SuffixPeak"]
@@ -137,7 +137,7 @@ class IncrementalHeuristic:
 
     @property
     def noiseless(self) -> bool:
-        """Some recorded step had no noise: epsilon = inf (``heuristic._noiseless``)."""
+        """Some recorded step had no noise: epsilon = inf (:func:`.heuristic_pair.has_noiseless_step`)."""
         return self._zero_noise_steps > 0
 
     # -- the pair ---------------------------------------------------------------------------

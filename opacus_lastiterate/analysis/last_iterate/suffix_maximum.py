@@ -68,7 +68,7 @@ from dataclasses import dataclass
 
 from opacus_lastiterate.analysis._validation import check_delta, check_in_interval
 from opacus_lastiterate.analysis.last_iterate.canary_count import poisson_binomial_count
-from opacus_lastiterate.analysis.last_iterate.heuristic import count_pair
+from opacus_lastiterate.analysis.last_iterate.heuristic_pair import count_pair
 from opacus_lastiterate.analysis.run import TrainingSegment, suffix, total_steps
 
 __all__ = [
@@ -102,7 +102,8 @@ def _pair_epsilon(
     counted: Sequence[TrainingSegment], noise: Sequence[TrainingSegment], delta: float
 ) -> float:
     """Epsilon of the pair with the count of ``counted`` and the noise variance of ``noise``:
-    the construction (and floating-point order) of :func:`heuristic._pair` when they agree.
+    the construction (and floating-point order) of :func:`.heuristic_pair.segments_pair` when
+    they agree.
     No steps: 0 (P == Q); steps without noise: inf (the count is seen exactly)."""
     steps_by_rate: dict[float, int] = defaultdict(int)
     for seg in counted:

@@ -12,7 +12,7 @@ The pair is invariant under a common rescaling of the weights, so only their rat
 Computation
 -----------
 * Constant weights (all positive w_t equal, to a relative 1e-12): the count is
-  Poisson-binomial and the exact path of :mod:`opacus_lastiterate.analysis.last_iterate.heuristic` is
+  Poisson-binomial and the exact path of :mod:`opacus_lastiterate.analysis.last_iterate.heuristic_pair` is
   used, so the result equals the constant-rate heuristic (bit for bit when q and sigma are
   constant as well). Steps with w_t = 0 add neither signal nor noise and are left out.
 * General weights: with u_t = w_t / max_s w_s and a resolution N, each u_t is rounded *up*
@@ -64,7 +64,10 @@ from opacus_lastiterate.analysis._validation import (
 )
 from opacus_lastiterate.analysis.last_iterate.canary_count import binomial_count
 from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
-from opacus_lastiterate.analysis.last_iterate.heuristic import LastIterateHeuristic
+from opacus_lastiterate.analysis.last_iterate.heuristic_pair import (
+    segments_delta,
+    segments_epsilon,
+)
 from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.exceptions import WeightedAccuracyWarning  # defined there, re-exported
 
@@ -387,14 +390,18 @@ def solve_trusted(
     if w.size == 0:
         return result(0.0, 0.0, 0.0, True, 0, 1, 0.0)
     u = w / w.max()
-    if np.any(sigma == 0):  # a step released without noise (see heuristic._noiseless)
+    if np.any(sigma == 0):  # a step released without noise (see heuristic_pair.has_noiseless_step)
         value = math.inf if quantity == "epsilon" else 1.0
         return result(value, value, 0.0, True, 0, 1, 0.0)
     if float(u.min()) >= 1.0 - _ON_GRID:
         # Constant weights: shifts rounded up to the largest weight (exact when all are equal),
-        # noise of step t scaled by u_t, i.e. the constant-rate history path.
-        model = LastIterateHeuristic(DPSGDRun.from_history(_history(q, sigma * u)))
-        value = model.epsilon(argument) if quantity == "epsilon" else model.delta(argument)
+        # noise of step t scaled by u_t, i.e. the constant-rate history path (what
+        # LastIterateHeuristic computes for that run: the same validation, the same pair).
+        segments = DPSGDRun.from_history(_history(q, sigma * u)).segments
+        if quantity == "epsilon":
+            value = segments_epsilon(segments, check_delta(argument))
+        else:
+            value = segments_delta(segments, check_epsilon(argument))
         return result(value, value, 0.0, True, 0, w.size + 1, 0.0)
 
     scale = math.sqrt(float(np.sum((u * sigma) ** 2)))

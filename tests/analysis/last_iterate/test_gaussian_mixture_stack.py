@@ -13,7 +13,7 @@ from opacus_lastiterate.analysis.last_iterate.canary_count import (
     binomial_count_stack,
 )
 from opacus_lastiterate.analysis.last_iterate.gaussian_mixture_stack import MixtureStack
-from opacus_lastiterate.analysis.last_iterate.heuristic import count_pair
+from opacus_lastiterate.analysis.last_iterate.heuristic_pair import count_pair
 
 # Both paths stop Newton at a step <= 1e-9 (1 + |y|) (error about 1e-18) or at the root
 # finder's 1e-14 (1 + |y|) tolerance; epsilon then agrees to about 1e-13 relative.
