@@ -83,3 +83,49 @@ class QuadratureHeuristic:
             lambda e: math.log(max(self.delta(e), 1e-300)) - math.log(delta),
             0.0, hi, xtol=1e-12, rtol=1e-11,
         )
+
+
+# -- the weighted heuristic by enumeration ------------------------------------------------------
+
+
+def enumerate_weighted_shifts(weights, rates) -> tuple[np.ndarray, np.ndarray]:
+    """All 2^T inclusion patterns b of T steps: shifts sum_t b_t w_t, probabilities
+    prod_t q_t^b_t (1 - q_t)^(1 - b_t) (itertools; no convolution)."""
+    w = np.asarray(weights, float)
+    q = np.broadcast_to(np.asarray(rates, float), w.shape)
+    bits = np.array(list(itertools.product([0, 1], repeat=w.size)), dtype=float)
+    probs = np.prod(np.where(bits == 1, q, 1 - q), axis=1)
+    keep = probs > 0
+    return bits[keep] @ w, probs[keep]
+
+
+def weighted_heuristic_quadrature(weights, rates, sigmas, delta: float) -> float:
+    """Exact weighted heuristic epsilon of P = sum_t w_t Bernoulli(q_t) + N(0, s^2) against
+    Q = N(0, s^2), s^2 = sum_t w_t^2 sigma_t^2, by 2^T enumeration and the quadrature of
+    :class:`QuadratureHeuristic` (weights rescaled to a largest weight of 1, which leaves the
+    pair's epsilon unchanged and keeps the quadrature's grid on the noise scale)."""
+    w = np.asarray(weights, float)
+    w = w / w.max()
+    sigma = np.broadcast_to(np.asarray(sigmas, float), w.shape)
+    x, p = enumerate_weighted_shifts(w, rates)
+    s = math.sqrt(float(np.sum((w * sigma) ** 2)))
+    return QuadratureHeuristic(1, 0.5, s, weights=p, shifts=x).epsilon(delta)
+
+
+def torch_sgd_weights(lrs, momentum: float = 0.0) -> np.ndarray:
+    """w_s = -(final parameter) after running ``torch.optim.SGD`` on one scalar parameter,
+    from 0, with gradient 1 at step s and 0 at every other step, learning rate ``lrs[t]`` at
+    step t: the weight with which step s's noisy gradient enters the final model (torch's
+    own update rule, nothing from the package)."""
+    import torch
+
+    out = []
+    for s in range(len(lrs)):
+        p = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+        opt = torch.optim.SGD([p], lr=float(lrs[0]), momentum=momentum)
+        for t, lr in enumerate(lrs):
+            opt.param_groups[0]["lr"] = float(lr)
+            p.grad = torch.tensor([1.0 if t == s else 0.0], dtype=torch.float64)
+            opt.step()
+        out.append(-float(p.detach()[0]))
+    return np.array(out)
