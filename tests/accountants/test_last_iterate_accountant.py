@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import math
 import pickle
+import re
 import warnings
 from collections import OrderedDict
 from typing import Any
@@ -17,6 +18,7 @@ from opacus_lastiterate.accountants import last_iterate as last_iterate_module
 from opacus_lastiterate.analysis.baselines import composition
 from opacus_lastiterate.analysis.last_iterate import heuristic
 from opacus_lastiterate.exceptions import NonMonotoneHeuristicWarning
+from tests.analysis._reference import ClosedFormMixture
 
 SEQUENCE = [(1.0, 0.1)] * 3 + [(1.2, 0.1)] * 2 + [(1.2, 0.05)] + [(1.0, 0.1)] * 4
 
@@ -313,14 +315,41 @@ def test_history_is_a_copy_that_cannot_corrupt_the_accountant() -> None:
 # -- display, copying -----------------------------------------------------------------------
 
 
-def test_describe_and_repr_say_it_is_a_heuristic_for_the_final_model() -> None:
-    acc = _stepped([(1.0, 0.1)] * 3)
-    for text in (acc.describe(), acc.describe(1e-5), repr(acc)):
+def _described(text: str, label: str) -> float:
+    match = re.search(rf"{label}[^:]*: (\d+\.\d{{4}})", text)
+    assert match is not None, (label, text)
+    return float(match.group(1))
+
+
+@pytest.mark.parametrize(
+    "sigma,q,steps,report_robust",
+    # (0.5, 0.01, 20): eps_20 = 0.75 < eps_1 = 3.03, the robust value is above the plain one
+    [(1.0, 0.1, 3, False), (0.5, 0.01, 20, True)],
+)
+def test_describe_and_repr_say_it_is_a_heuristic_for_the_final_model(
+    sigma: float, q: float, steps: int, report_robust: bool
+) -> None:
+    """The caveat in every text; the steps, the heuristic epsilon and the robust epsilon that
+    describe() prints (4 decimals) are those of Binomial(T, q) + N(0, sigma^2 T) against
+    N(0, sigma^2 T) and their max over t <= T, by the independent closed form of
+    tests/analysis/_reference.py."""
+    acc = _stepped([(sigma, q)] * steps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonMonotoneHeuristicWarning)
+        texts = (acc.describe(), acc.describe(1e-5), repr(acc))
+    for text in texts:
         assert "heuristic" in text
         assert "final model only" in text
         assert "not a proven DP bound" in text
-    assert "3 steps in 1 segment" in acc.describe()
-    assert f"{acc.get_epsilon(1e-5):.4f}" in acc.describe(1e-5)
+    assert f"{steps} steps in 1 segment" in texts[0]
+    assert f"num_steps={steps}" in texts[2]
+    eps_t = [ClosedFormMixture.binomial(t, q, sigma).epsilon(1e-5) for t in range(1, steps + 1)]
+    plain = _described(texts[1], "Heuristic epsilon at delta=1e-05")
+    robust = _described(texts[1], "Robust heuristic epsilon")
+    assert abs(plain - eps_t[-1]) <= 5e-5 + 1e-12  # printed to 4 decimals
+    assert abs(robust - max(eps_t)) <= 5e-5 + 1e-12
+    assert ("above the plain value: report it" in texts[1]) == report_robust
+    assert "Heuristic epsilon" not in texts[0]
 
 
 def test_deepcopy_and_pickle_keep_history() -> None:

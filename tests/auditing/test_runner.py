@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import signal
 import subprocess
@@ -33,6 +34,7 @@ from opacus_lastiterate.auditing.runner import (
     run_assignment,
     run_audit,
 )
+from tests.analysis._reference import gaussian_mechanism_epsilon
 
 DELTA = 1e-5
 
@@ -139,6 +141,43 @@ def test_coins_and_seeds_are_recorded_and_passed_to_train(tmp_path: Path) -> Non
     assert {d["include_canary"] for d in lines} == {True, False}
 
 
+def _geometric_ranks(n: int, growth: float = 1.25) -> list[int]:
+    """{0} U {round(growth^i)} below n: the documented rank grid of RankGridBonferroni."""
+    ranks, x = {0}, 1.0
+    while round(x) < n:
+        ranks.add(round(x))
+        x *= growth
+    return sorted(ranks)
+
+
+def _cp_epsilon(fp: int, n_out: int, fn: int, n_in: int, significance: float) -> float:
+    """max(log((1 - delta - a) / b), log((1 - delta - b) / a), 0) for the exact (Clopper-
+    Pearson) upper bounds a, b on FPR and FNR at significance / 2 each, from scipy."""
+    from scipy import stats
+
+    def upper(k: int, n: int) -> float:
+        return float(stats.binomtest(k, n).proportion_ci(1 - significance, "exact").high)
+
+    a, b = upper(fp, n_out), upper(fn, n_in)
+    return max(math.log((1 - DELTA - a) / b), math.log((1 - DELTA - b) / a), 0.0)
+
+
+def _independent_cp_audit(ins: list[float], outs: list[float], confidence: float = 0.95) -> float:
+    """Epsilon of the documented default audit, from scratch: thresholds just
+    above the (c+1)-th largest out-score and at the (c+1)-th smallest in-score for c on the
+    rank grid, each bound at significance (1 - confidence) / (number of thresholds), the
+    largest bound kept. Scores without ties (continuous)."""
+    outs_desc, ins_asc = sorted(outs, reverse=True), sorted(ins)
+    thresholds = [np.nextafter(outs_desc[c], np.inf) for c in _geometric_ranks(len(outs))]
+    thresholds += [ins_asc[c] for c in _geometric_ranks(len(ins))]
+    significance = (1 - confidence) / len(thresholds)
+    return max(
+        _cp_epsilon(sum(o >= t for o in outs), len(outs), sum(i < t for i in ins), len(ins),
+                    significance)
+        for t in thresholds
+    )
+
+
 def test_runner_audit_equals_the_audit_of_the_recorded_scores(tmp_path: Path) -> None:
     path = tmp_path / "runs.jsonl"
     result = run_audit(
@@ -147,11 +186,23 @@ def test_runner_audit_equals_the_audit_of_the_recorded_scores(tmp_path: Path) ->
     )  # fmt: skip
     assert isinstance(result, AuditResult) and result.kind == "bound" and result.is_bound
     recorded = _records(path)
+    # the recorded scores are those of the runs (rescored independently)
+    for r in recorded:
+        assert r.score == identity_score(gaussian_train(r.include_canary, r.seed))
     ins = [r.score for r in recorded if r.include_canary]
     outs = [r.score for r in recorded if not r.include_canary]
-    assert len(ins) + len(outs) == 200
+    assert len(ins) + len(outs) == 200 and len(set(ins + outs)) == 200
+    # the bound is the Clopper-Pearson audit of those scores (scipy, from scratch) ...
+    assert result.epsilon == pytest.approx(_independent_cp_audit(ins, outs), rel=1e-9)
+    assert result.counts.false_positives == sum(o >= result.threshold for o in outs)
+    assert result.counts.false_negatives == sum(i < result.threshold for i in ins)
+    assert _cp_epsilon(
+        result.counts.false_positives, len(outs), result.counts.false_negatives, len(ins),
+        0.05 / (len(_geometric_ranks(len(outs))) + len(_geometric_ranks(len(ins)))),
+    ) == pytest.approx(result.epsilon, rel=1e-9)
+    # ... positive, and below the true epsilon of the shift-2 Gaussian mechanism
+    assert 0.0 < result.epsilon < gaussian_mechanism_epsilon(2.0, DELTA)
     assert result == audit_clopper_pearson(ins, outs, delta=DELTA)
-    assert result.epsilon > 0.0
     # re-audit from the file with another strategy / confidence / method, training nothing
     split = HeldOutSplit(seed=3)
     assert audit_records(path, delta=DELTA, confidence=0.9, threshold_strategy=split) == (
@@ -162,11 +213,11 @@ def test_runner_audit_equals_the_audit_of_the_recorded_scores(tmp_path: Path) ->
     naive = audit_records(path, delta=DELTA, threshold_strategy=NaiveMax())
     assert not naive.statistically_valid
     first = [r for r in recorded if r.index < 50]
-    assert audit_records(path, delta=DELTA, num_runs=50) == audit_clopper_pearson(
-        [r.score for r in first if r.include_canary],
-        [r.score for r in first if not r.include_canary],
-        delta=DELTA,
-    )
+    first_in = [r.score for r in first if r.include_canary]
+    first_out = [r.score for r in first if not r.include_canary]
+    head = audit_records(path, delta=DELTA, num_runs=50)
+    assert head == audit_clopper_pearson(first_in, first_out, delta=DELTA)
+    assert head.epsilon == pytest.approx(_independent_cp_audit(first_in, first_out), rel=1e-9)
 
 
 def test_resume_after_sigkill_equals_an_uninterrupted_run(tmp_path: Path) -> None:

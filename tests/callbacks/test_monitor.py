@@ -4,6 +4,7 @@ budget guard refuses exactly the first step over the limit; no tensor is read pe
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 from typing import Any
@@ -26,6 +27,11 @@ from opacus_lastiterate.callbacks import (
     PrivacyMonitor,
 )
 from opacus_lastiterate.callbacks.cadence import due as _due
+from tests.analysis._reference import (
+    QuadratureHeuristic,
+    torch_sgd_weights,
+    weighted_heuristic_quadrature,
+)
 from tests.callbacks.conftest import DELTA, DEVICES, make_dp, train
 
 # Queued steps of one setting are solved together (IncrementalHeuristic.advance): their
@@ -91,7 +97,39 @@ def test_finish_twice_emits_one_final_record(tmp_path) -> None:
     assert len(lines) == 4 and sum('"final": true' in line for line in lines) == 1
 
 
+# The weighted heuristic is an upper bound within the accountant's weight_accuracy (1e-3
+# relative, docs/last_iterate.md) of the exact weighted value; the quadrature reference is
+# accurate to about 1e-11 relative.
+WEIGHT_ACCURACY = 1e-3
+QUADRATURE = 1e-9
+
+
+@functools.lru_cache(maxsize=8)
+def _independent_heuristics(lrs: tuple[float, ...], momentum: float) -> tuple[float, float]:
+    """(weighted, constant-rate) heuristic epsilon at DELTA after len(lrs) steps of the
+    conftest run (q = 1/8, sigma = 1), computed without the package: the weights by running
+    torch's SGD on one scalar, the pair by 2^T enumeration, the epsilon by quadrature."""
+    weights = torch_sgd_weights(lrs, momentum)
+    weighted = weighted_heuristic_quadrature(weights, 1 / 8, 1.0, DELTA)
+    constant = QuadratureHeuristic(len(lrs), 1 / 8, 1.0).epsilon(DELTA)
+    return weighted, constant
+
+
+def _check_weighted(logged: float, lrs: list[float], momentum: float) -> None:
+    weighted, constant = _independent_heuristics(tuple(lrs), momentum)
+    assert weighted * (1 - QUADRATURE) <= logged <= weighted * (1 + WEIGHT_ACCURACY), (
+        len(lrs), logged, weighted, constant,
+    )
+    if len(lrs) >= 4:  # here the two differ by 1.4-6.9 %, far outside the accuracy band
+        assert abs(constant - weighted) > 10 * WEIGHT_ACCURACY * weighted
+        assert not constant * (1 - QUADRATURE) <= logged <= constant * (1 + WEIGHT_ACCURACY)
+
+
+@pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")
 def test_momentum_and_schedule_use_the_weighted_value() -> None:
+    """Momentum 0.9 and a cosine schedule: every logged heuristic epsilon is the weighted
+    heuristic of the run (checked against an independent enumeration + quadrature), not
+    the constant-rate value, which differs from it by 1.4-6.9 % at steps 4-6."""
     engine, model, opt, loader = make_dp(momentum=0.9)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=6)
     records: list[EpsilonRecord] = []
@@ -108,11 +146,18 @@ def test_momentum_and_schedule_use_the_weighted_value() -> None:
 
     train(model, opt, loader, 6, after=after)
     assert [r.lr for r in records] == lrs  # the learning rate the step used
+    assert len(set(lrs)) == 6
+    for r in records:
+        assert r.heuristic_epsilon is not None
+        _check_weighted(r.heuristic_epsilon, lrs[: r.step], 0.9)
 
 
+@pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")
 def test_weighted_cadence_equals_an_accountant_asked_at_those_steps() -> None:
     """weighted_every=3: heuristic at steps 3 and 6 only, each the value an accountant asked
-    at those steps reports; the constant-rate steps of the same monitor are not affected."""
+    at those steps reports, and that value is the weighted heuristic of the run so far
+    (independent enumeration + quadrature); the constant-rate steps of the same monitor
+    are not affected."""
     engine, model, opt, loader = make_dp(momentum=0.9)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=6)
     records: list[EpsilonRecord] = []
@@ -121,8 +166,10 @@ def test_weighted_cadence_equals_an_accountant_asked_at_those_steps() -> None:
         flush_every=None,
     )
     expected: dict[int, float] = {}
+    lrs: list[float] = []
 
     def after(step: int) -> None:
+        lrs.append(opt.param_groups[0]["lr"])
         if step % 3 == 0:
             expected[step] = engine.accountant.get_epsilon(DELTA)
         sched.step()
@@ -132,6 +179,8 @@ def test_weighted_cadence_equals_an_accountant_asked_at_those_steps() -> None:
     got = {r.step: r.heuristic_epsilon for r in records[:-1] if r.heuristic_epsilon is not None}
     assert got == expected and len(expected) == 2
     assert final is not None and final.heuristic_epsilon == expected[6]
+    for step, value in got.items():
+        _check_weighted(value, lrs[:step], 0.9)
 
 
 def test_hot_path_computes_no_epsilon(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -525,8 +574,38 @@ def test_incremental_rdp_matches_opacus_for_several_segments() -> None:
     assert IncrementalRDP().epsilon(DELTA) == 0.0
 
 
-def test_fields_are_the_record_fields() -> None:
+def test_fields_are_the_record_fields(tmp_path) -> None:
+    """FIELDS names every data attribute of a record the monitor emits, in the record's
+    constructor order, and is the header and column order of the CSV file a monitor writes."""
+    import csv
+
+    from opacus_lastiterate.callbacks import CsvSink
+
+    engine, model, opt, loader = make_dp()
+    records: list[EpsilonRecord] = []
+    path = tmp_path / "privacy.csv"
+    monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[records.append, CsvSink(path)])
+    monitor.attach(opt)
+    train(model, opt, loader, 2)
+    monitor.finish()
+    record = records[-1]
+    data = {
+        name
+        for name in dir(record)
+        if not name.startswith("_") and not callable(getattr(record, name))
+    }
+    assert set(FIELDS) == data and len(FIELDS) == len(data)
     assert FIELDS[0] == "step" and "heuristic_epsilon" in FIELDS and FIELDS[-1] == "final"
+    # positional construction in FIELDS order gives back the same record
+    assert EpsilonRecord(*(getattr(record, f) for f in FIELDS)) == record
+    assert list(record.as_dict()) == list(FIELDS)
+    rows = list(csv.reader(path.read_text().splitlines()))
+    assert rows[0] == list(FIELDS) and len(rows) == 1 + len(records)
+    for row, rec in zip(rows[1:], records, strict=True):
+        assert dict(zip(FIELDS, row, strict=True))["step"] == str(rec.step)
+        assert float(dict(zip(FIELDS, row, strict=True))["standard_epsilon_rdp"]) == pytest.approx(
+            rec.standard_epsilon_rdp, rel=1e-12
+        )
 
 
 # -- GPU safety ---------------------------------------------------------------------------------

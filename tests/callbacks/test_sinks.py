@@ -15,6 +15,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from opacus_lastiterate.callbacks import (
@@ -201,8 +202,33 @@ def test_tensorboard_wandb_mlflow_through_stand_ins() -> None:
 
 
 def test_tensorboard_sink_writes_event_files(tmp_path: Path) -> None:
+    """The event files, read back with TensorBoard's own reader, hold one scalar
+    ``privacy/<field>`` per computed epsilon, learning rate, noise multiplier and sample rate
+    of each record, at the record's step, with the record's value (stored as float32)."""
     pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    records = [
+        record(1),
+        record(2, robust_epsilon=0.7, standard_epsilon_pld=0.3, lr=0.25),
+        record(3, corrected_epsilon=1.5, noise_multiplier=2.0, final=True),
+    ]
     sink = TensorBoardSink(tmp_path / "tb")
-    sink(record(1))
+    for r in records:
+        sink(r)
     sink.close()
-    assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir())
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for r in records:
+        values = {**r.epsilons(), "lr": r.lr, "noise_multiplier": r.noise_multiplier,
+                  "sample_rate": r.sample_rate}
+        for field, value in values.items():
+            if value is not None:
+                expected.setdefault(f"privacy/{field}", []).append((r.step, value))
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert sorted(tags) == sorted(expected)
+    for tag in tags:
+        got = [(e.step, e.value) for e in events.Scalars(tag)]
+        want = [(step, float(np.float32(value))) for step, value in expected[tag]]
+        assert got == want, tag

@@ -29,6 +29,140 @@ PENDING: dict[str, str] = {
 PAGE = "example-page"  # the name of the Markdown texts of the tests below
 
 
+# --- what the README's blocks claim, checked against independent computations -------------
+# Each check runs right after the block that contains its key, with the page's namespace,
+# what the block printed and the working directory. The references are written from the
+# definitions (tests/analysis/_reference.py) or are Opacus's own accountants.
+
+README_DELTA = 1e-5
+# Opacus's PRV accountant returns eps_upper = eps(delta - delta / 1000) + eps_error; the true
+# epsilon is >= eps(delta + delta / 1000) - eps_error (opacus.accountants.analysis.prv).
+PRV_ERROR = 0.01
+
+
+def _printed_numbers(printed: str, label: str) -> list[float]:
+    for line in printed.splitlines():
+        if line.startswith(label):
+            return [float(word) for word in line[len(label):].split()]
+    raise AssertionError(f"no line starting with {label!r} in\n{printed}")
+
+
+def _prv_bracket(history: list[tuple[float, float, int]]) -> tuple[float, float]:
+    from opacus.accountants import PRVAccountant
+
+    prv = PRVAccountant()
+    prv.history = list(history)
+    upper = prv.get_epsilon(README_DELTA, eps_error=PRV_ERROR)
+    return upper - 2 * PRV_ERROR - 1e-3, upper
+
+
+def _heuristic_reference(steps: int, q: float, sigma: float) -> float:
+    from tests.analysis._reference import ClosedFormMixture
+
+    return ClosedFormMixture.binomial(steps, q, sigma).epsilon(README_DELTA)
+
+
+def _check_readme_training(namespace: dict, printed: str, cwd: Path) -> None:
+    """One epoch of Poisson-sampled DP-SGD (q = 1 / len(loader), sigma = 1): the heuristic
+    of Binomial(T, q) + N(0, T) vs N(0, T), its max over suffixes, and a standard epsilon
+    that is Opacus's own (PRV) within its error and below Opacus's RDP bound."""
+    from opacus.accountants import RDPAccountant
+
+    loader, engine = namespace["loader"], namespace["engine"]
+    steps, q = len(loader), 1 / len(loader)  # type: ignore[arg-type]
+    assert engine.accountant.history == [(1.0, q, steps)]  # type: ignore[attr-defined]
+    (heuristic,) = _printed_numbers(printed, "heuristic")
+    (robust,) = _printed_numbers(printed, "robust")
+    (standard,) = _printed_numbers(printed, "standard")
+    eps_t = [_heuristic_reference(t, q, 1.0) for t in range(1, steps + 1)]
+    assert heuristic == pytest.approx(eps_t[-1], rel=1e-9)
+    assert max(eps_t) * (1 - 1e-9) <= robust <= max(eps_t) * (1 + 1e-6)
+    low, high = _prv_bracket([(1.0, q, steps)])
+    rdp = RDPAccountant()
+    rdp.history = [(1.0, q, steps)]
+    assert low <= standard <= min(high, rdp.get_epsilon(README_DELTA))
+    assert heuristic <= standard
+
+
+def _check_readme_monitor(namespace: dict, printed: str, cwd: Path) -> None:
+    """The monitor writes privacy.jsonl: one line per step of the second epoch and a final
+    line; each heuristic epsilon is engine.get_epsilon at that step (a fresh accountant
+    stepped as often) and the independent heuristic of the run so far."""
+    import json
+
+    from opacus_lastiterate.accountants import LastIterateAccountant
+
+    loader, engine = namespace["loader"], namespace["engine"]
+    per_epoch, q = len(loader), 1 / len(loader)  # type: ignore[arg-type]
+    assert engine.accountant.num_steps == 2 * per_epoch  # type: ignore[attr-defined]
+    lines = [json.loads(line) for line in (cwd / "privacy.jsonl").read_text().splitlines()]
+    steps = [line["step"] for line in lines if not line["final"]]
+    assert steps == list(range(per_epoch + 1, 2 * per_epoch + 1))
+    finals = [line for line in lines if line["final"]]
+    assert len(finals) == 1 and lines[-1] is finals[0] and finals[0]["step"] == 2 * per_epoch
+    replay = LastIterateAccountant()
+    for _ in range(per_epoch):
+        replay.step(noise_multiplier=1.0, sample_rate=q)
+    for line in lines[:-1]:
+        replay.step(noise_multiplier=1.0, sample_rate=q)
+        assert replay.num_steps == line["step"]
+        assert line["heuristic_epsilon"] == pytest.approx(replay.get_epsilon(README_DELTA), rel=1e-12)
+        assert line["heuristic_epsilon"] == pytest.approx(
+            _heuristic_reference(line["step"], q, 1.0), rel=1e-9
+        )
+    assert finals[0]["heuristic_epsilon"] == pytest.approx(
+        engine.get_epsilon(README_DELTA), rel=1e-12  # type: ignore[attr-defined]
+    )
+    assert f"step={2 * per_epoch}," in printed and "final=True" in printed
+
+
+def _check_readme_analysis(namespace: dict, printed: str, cwd: Path) -> None:
+    """500 steps at sigma = 1 then 500 at sigma = 0.8, q = 0.01: the pair Binomial(1000, q)
+    + N(0, 500 + 500 * 0.64) vs N(0, 820) by the closed form (epsilon, delta(1), and the
+    trade-off beta(0.01) = Pr_P[y < s Phi^-1(0.99)]), the robust value at least every suffix
+    heuristic tried, the standard epsilon Opacus's PRV within its error."""
+    import math
+
+    import numpy as np
+    from scipy import special, stats
+
+    from tests.analysis._reference import ClosedFormMixture
+
+    lines = [line for line in printed.splitlines() if line.strip()]
+    eps, delta_1, beta = (float(w) for w in lines[0].split())
+    robust, standard = (float(w) for w in lines[1].split())
+    k = np.arange(1001)
+    p = stats.binom.pmf(k, 1000, 0.01)
+    keep = p > 1e-60
+    s = math.sqrt(500 * 1.0**2 + 500 * 0.8**2)
+    pair = ClosedFormMixture(k[keep], p[keep], s)
+    assert eps == pytest.approx(pair.epsilon(README_DELTA), rel=1e-9)
+    assert delta_1 == pytest.approx(pair.delta(1.0), rel=1e-9)
+    tau = s * float(special.ndtri(0.99))
+    assert beta == pytest.approx(float(np.dot(p[keep], special.ndtr((tau - k[keep]) / s))), rel=1e-9)
+
+    def suffix(t: int) -> float:  # the last t steps
+        noisy = min(t, 500) * 0.8**2 + max(t - 500, 0) * 1.0**2
+        kk = np.arange(t + 1)
+        pp = stats.binom.pmf(kk, t, 0.01)
+        ok = pp > 1e-60
+        return ClosedFormMixture(kk[ok], pp[ok], math.sqrt(noisy)).epsilon(README_DELTA)
+
+    tried = max(suffix(t) for t in (1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 501, 700, 1000))
+    assert robust >= tried * (1 - 1e-9) and robust >= eps * (1 - 1e-9)
+    low, high = _prv_bracket([(1.0, 0.01, 500), (0.8, 0.01, 500)])
+    assert low <= standard <= high
+
+
+CLAIMS = {
+    "README.md": {
+        "engine.make_private(": _check_readme_training,
+        "PrivacyMonitor(": _check_readme_monitor,
+        "DPSGDRun.from_history(": _check_readme_analysis,
+    },
+}
+
+
 def _blocks(page: str, languages: frozenset[str]) -> list[Block]:
     return [b for b in snippets.page_blocks(page) if b.language in languages]
 
@@ -50,6 +184,7 @@ def _run_python(page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slow
     monkeypatch.chdir(tmp_path)  # files a snippet writes land here
     monkeypatch.setenv("MPLBACKEND", "Agg")
     namespace: dict[str, object] = {"__name__": "__main__"}
+    claims = dict(CLAIMS.get(page, {}))
     ran = 0
     with warnings.catch_warnings():
         for block, output in snippets.python_blocks(snippets.page_blocks(page)):
@@ -60,7 +195,10 @@ def _run_python(page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slow
                 snippets.run_python(block, namespace)
             if output is not None:
                 snippets.check_output(block, output, printed.getvalue())
+            for key in [k for k in claims if k in block.code]:
+                claims.pop(key)(namespace, printed.getvalue(), tmp_path)
             ran += 1
+    assert not claims, f"{page}: no block contains {sorted(claims)} any more"
     try:
         import matplotlib.pyplot as plt
 

@@ -7,14 +7,12 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from opacus_lastiterate.analysis import heuristic_epsilon, standard_epsilon
-from opacus_lastiterate.analysis.last_iterate.counterexamples import (
-    one_step_noise_multiplier,
-    quadratic_regulariser_epsilon,
-)
 from opacus_lastiterate.figures import FIGURES, SIZES, Column, FigureResult, load
+from tests.analysis._reference import ClosedFormMixture, enumerate_weighted_shifts
 
 
 def test_registry_loads_every_figure() -> None:
@@ -26,22 +24,51 @@ def test_registry_loads_every_figure() -> None:
     assert SIZES == ("quick", "default", "full")
 
 
+def _regularised_weight(s: int, steps: int, alpha: float) -> float:
+    """-m_T for the loss g m + alpha m^2 / 2 at learning rate 1, m_0 = 0, gradient g = 1 at
+    step s only: the weight of step s's noisy gradient in the final model."""
+    m = 0.0
+    for t in range(steps):
+        m -= (1.0 if t == s else 0.0) + alpha * m
+    return -m
+
+
 def test_fig5_ratios_and_the_paper_bound() -> None:
+    """Every number of the figure against an independent computation: the heuristic pair's
+    closed-form hockey-stick divergence (tests/analysis/_reference.py); for the quadratic
+    example, the weights by running its gradient step m <- m - (g + 0.5 m) forward from a
+    unit gradient at each step, its pair by 2^T enumeration."""
     result = load("last-iterate-fig5").compute("quick")
+    assert {r["steps"] for r in result.rows} == {1, 2, 3, 5, 10}
+    eps_t: dict[tuple[float, float, int], float] = {}
+
+    def heuristic(q: float, sigma: float, t: int) -> float:
+        if (q, sigma, t) not in eps_t:
+            eps_t[q, sigma, t] = ClosedFormMixture.binomial(t, q, sigma).epsilon(1e-6)
+        return eps_t[q, sigma, t]
+
+    ratios = []
     for r in result.rows:
-        sigma = one_step_noise_multiplier(r["one_step_epsilon"], 1e-6, r["sample_rate"])
-        assert r["noise_multiplier"] == sigma
+        q, sigma, steps = r["sample_rate"], r["noise_multiplier"], r["steps"]
         # one step at that sigma is exactly (eps1, 1e-6)-DP
-        assert heuristic_epsilon(1e-6, steps=1, sample_rate=r["sample_rate"],
-                                 noise_multiplier=sigma) == pytest.approx(r["one_step_epsilon"])
-        kw = {"steps": r["steps"], "sample_rate": r["sample_rate"], "noise_multiplier": sigma}
-        assert r["robust_heuristic"] == heuristic_epsilon(1e-6, robust=True, **kw)
-        assert r["quadratic"] == quadratic_regulariser_epsilon(1e-6, alpha=0.5, **kw).epsilon
-        assert r["ratio"] == r["quadratic"] / r["robust_heuristic"]
-    ratios = [r["ratio"] for r in result.rows]
+        assert heuristic(q, sigma, 1) == pytest.approx(r["one_step_epsilon"], rel=1e-9)
+        # max over t <= T, certified within 1e-6 relative
+        robust = max(heuristic(q, sigma, t) for t in range(1, steps + 1))
+        assert robust * (1 - 1e-9) <= r["robust_heuristic"] <= robust * (1 + 1e-6)
+        # exact for T <= 16 (2^T outcomes)
+        assert r["method"] == "exact"
+        weights = np.array([_regularised_weight(s, steps, 0.5) for s in range(steps)])
+        shifts, probs = enumerate_weighted_shifts(weights, q)
+        scale = sigma * math.sqrt(float(np.sum(weights**2)))
+        quadratic = ClosedFormMixture(shifts, probs, scale).epsilon(1e-6)
+        assert r["quadratic"] == pytest.approx(quadratic, rel=1e-9)
+        assert r["ratio"] == pytest.approx(quadratic / robust, rel=2e-6)
+        ratios.append(quadratic / robust)
     # the paper: the quadratic example exceeds the robust heuristic by at most about 3%
     assert 1.0 < max(ratios) <= 1.03
-    assert all(r["ratio"] == pytest.approx(1.0) for r in result.rows if r["steps"] == 1)
+    assert all(
+        ratio == pytest.approx(1.0) for ratio, r in zip(ratios, result.rows) if r["steps"] == 1
+    )
 
 
 def test_table1_recovers_the_paper_rows() -> None:
