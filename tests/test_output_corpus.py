@@ -16,6 +16,8 @@ A deliberate renaming is declared here, never by re-recording; the values must s
   before they are run: a command (``"compare-versions": "versions"``), an option
   (``"--calibrate": "--accountant"``), a value, or several consecutive tokens separated by
   spaces (``"--calibrate robust": "--calibrate robust_heuristic"``).
+* ``RENAMED_VALUES``: ``{"ENTRY::=old": "new"}`` replaces a recorded string equal to
+  ``old``; ``{"ENTRY::old": "new"}`` every occurrence of ``old`` inside recorded strings.
 * ``ADDED_KEYS``: keys that may appear only in the new outputs, e.g. ``{"monitor_*::
   standard_rdp_epsilon"}``; nothing recorded may disappear or change.
 """
@@ -37,6 +39,14 @@ RENAMED_KEYS: dict[str, str] = {}
 
 RENAMED_COMMANDS: dict[str, str] = {}
 """Old CLI token(s) -> new, applied to the recorded command lines before running them."""
+
+RENAMED_VALUES: dict[str, str] = {
+    # one name per privacy model: the robust heuristic is "robust_heuristic" everywhere
+    "epsilon_calibrate_*::=robust": "robust_heuristic",
+    "plan_steps_robust::=robust": "robust_heuristic",
+    "plan_steps_robust::under the robust accountant": "under the robust_heuristic accountant",
+}
+"""Old string value -> new, applied to the recorded outputs before comparing."""
 
 ADDED_KEYS: set[str] = set()
 """Keys (``"key"`` or ``"ENTRY::key"``) that the new outputs may have in addition; every
@@ -68,7 +78,9 @@ def _param(entry: Any) -> Any:
 def test_output_is_identical(entry: Any) -> None:
     path = corpus.path_of(entry.name)
     assert path.exists(), f"{path} is not recorded: run scripts/record_output_corpus.py --write"
-    diffs = corpus.check_entry(entry, RENAMED_KEYS, RENAMED_COMMANDS, added_keys=ADDED_KEYS)
+    diffs = corpus.check_entry(
+        entry, RENAMED_KEYS, RENAMED_COMMANDS, added_keys=ADDED_KEYS, renamed_values=RENAMED_VALUES
+    )
     assert not diffs, "\n" + corpus.format_diffs(entry.name, diffs)
 
 
