@@ -45,6 +45,7 @@ rank-dependent: by default they are called on rank 0 only (``sink_rank``).
 from __future__ import annotations
 
 import numbers
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -110,6 +111,10 @@ def __getattr__(name: str) -> Any:
         )
         return IncrementalRDP
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_ATTACHED: weakref.WeakKeyDictionary[Any, PrivacyMonitor] = weakref.WeakKeyDictionary()
+"""The monitor attached to each optimizer (one at most)."""
 
 
 def _host_float(value: object) -> float | None:
@@ -363,7 +368,7 @@ class PrivacyMonitor:
             if self._optimizer is optimizer:
                 return self
             raise ValueError("this PrivacyMonitor is attached to another optimizer already.")
-        if getattr(optimizer, "_privacy_monitor", None) is not None:
+        if optimizer in _ATTACHED:
             raise ValueError("`optimizer` has a PrivacyMonitor attached already.")
         if optimizer.step_hook is None:
             raise ValueError(
@@ -382,7 +387,7 @@ class PrivacyMonitor:
             return self._on_update(inner_step, *args, **kwargs)
 
         inner.step = step  # instance attribute: DPOptimizer.step calls original_optimizer.step()
-        optimizer._privacy_monitor = self  # type: ignore[attr-defined]
+        _ATTACHED[optimizer] = self
         self._optimizer = optimizer
         self._overhead.restart()
         return self
@@ -395,7 +400,7 @@ class PrivacyMonitor:
         self.flush()
         opt.step_hook = self._inner_hook
         opt.original_optimizer.__dict__.pop("step", None)
-        opt._privacy_monitor = None
+        _ATTACHED.pop(opt, None)
         self._optimizer = None
 
     # -- per step: the hot path -------------------------------------------------------------

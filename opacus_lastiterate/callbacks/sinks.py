@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from opacus_lastiterate.callbacks.monitor import FIELDS, LABELS, EpsilonRecord
+from opacus_lastiterate.callbacks.records import FIELDS, LABELS, EpsilonRecord
 
 __all__ = [
     "CsvSink",
