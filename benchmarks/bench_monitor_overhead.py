@@ -128,7 +128,7 @@ def run(steps: int, schedule: bool, flush_every: int | str | None, args: argpars
         assert len(records) == steps + 5 + 1 and [r.step for r in records[:-1]] == list(
             range(1, steps + 6)
         )
-    pld_records = sum(r.standard_epsilon_pld is not None for r in records[:-1])
+    pld_records = sum(r.standard_epsilon is not None for r in records[:-1])
     return Timing(elapsed, finish, wall, startup, pld_records)
 
 

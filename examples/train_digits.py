@@ -169,10 +169,10 @@ class TablePrinter:
         self.every = every
 
     def __call__(self, r: EpsilonRecord) -> None:
-        if r.final or r.step % self.every == 0 or r.robust_epsilon is not None:
+        if r.final or r.step % self.every == 0 or r.robust_heuristic_epsilon is not None:
             print(
-                f"{r.step:>6} {_fmt(r.heuristic_epsilon):>14} {_fmt(r.robust_epsilon):>11} "
-                f"{_fmt(r.standard_epsilon_rdp):>12} {_fmt(r.standard_epsilon_pld):>12}"
+                f"{r.step:>6} {_fmt(r.heuristic_epsilon):>14} {_fmt(r.robust_heuristic_epsilon):>11} "
+                f"{_fmt(r.standard_rdp_epsilon):>12} {_fmt(r.standard_epsilon):>12}"
                 + ("  (final)" if r.final else ""),
                 flush=True,
             )
@@ -213,10 +213,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "DP guarantee, and it covers the final model only."
     )
     print(f"columns: eps_heuristic = {LABELS['heuristic_epsilon']}")
-    print(f"         eps_robust    = {LABELS['robust_epsilon']}, every {args.robust_every} steps")
-    print(f"         eps_std_rdp   = {LABELS['standard_epsilon_rdp']}")
+    print(f"         eps_robust    = {LABELS['robust_heuristic_epsilon']}, every {args.robust_every} steps")
+    print(f"         eps_std_rdp   = {LABELS['standard_rdp_epsilon']}")
     print(
-        f"         eps_std_pld   = {LABELS['standard_epsilon_pld']}, every "
+        f"         eps_std_pld   = {LABELS['standard_epsilon']}, every "
         f"{args.standard_every} steps"
     )
     print(TablePrinter.HEADER)
@@ -259,9 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     assert final is not None
     print(f"\nafter {final.step} steps at delta={args.delta:g}:")
     print(f"  epsilon {final.heuristic_epsilon:.4f}  ({LABELS['heuristic_epsilon']})")
-    print(f"  epsilon {final.robust_epsilon:.4f}  ({LABELS['robust_epsilon']})")
-    print(f"  epsilon {final.standard_epsilon_pld:.4f}  ({LABELS['standard_epsilon_pld']})")
-    print(f"  epsilon {final.standard_epsilon_rdp:.4f}  ({LABELS['standard_epsilon_rdp']})")
+    print(f"  epsilon {final.robust_heuristic_epsilon:.4f}  ({LABELS['robust_heuristic_epsilon']})")
+    print(f"  epsilon {final.standard_epsilon:.4f}  ({LABELS['standard_epsilon']})")
+    print(f"  epsilon {final.standard_rdp_epsilon:.4f}  ({LABELS['standard_rdp_epsilon']})")
     print(f"test accuracy: {test_acc:.4f}")
     print(f"time: {elapsed:.1f} s (training with the monitor)")
     if audit is not None:

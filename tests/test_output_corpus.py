@@ -34,7 +34,12 @@ from typing import Any
 
 import pytest
 
-RENAMED_KEYS: dict[str, str] = {}
+RENAMED_KEYS: dict[str, str] = {
+    # the monitor's record fields are named <model>_epsilon after the privacy-model registry
+    "monitor_*::robust_epsilon": "robust_heuristic_epsilon",
+    "monitor_*::standard_epsilon_rdp": "standard_rdp_epsilon",
+    "monitor_*::standard_epsilon_pld": "standard_epsilon",
+}
 """Old record key -> new key, applied to the recorded outputs before comparing."""
 
 RENAMED_COMMANDS: dict[str, str] = {}

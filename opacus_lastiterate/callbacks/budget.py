@@ -21,11 +21,16 @@ import numpy as np
 from opacus_lastiterate.analysis.last_iterate.budget_horizon import steps_within_limit
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
 from opacus_lastiterate.callbacks.evaluator import InlineEvaluator, QueuedStep
+from opacus_lastiterate.callbacks.records import RENAMED_FIELDS, renamed_field
 
 __all__ = ["BUDGET_METRICS", "BudgetGuard", "BudgetMetric", "PrivacyBudget"]
 
-BudgetMetric = Literal["heuristic_epsilon", "robust_epsilon", "standard_epsilon_rdp"]
-BUDGET_METRICS: tuple[str, ...] = ("heuristic_epsilon", "robust_epsilon", "standard_epsilon_rdp")
+BudgetMetric = Literal["heuristic_epsilon", "robust_heuristic_epsilon", "standard_rdp_epsilon"]
+BUDGET_METRICS: tuple[str, ...] = (
+    "heuristic_epsilon",
+    "robust_heuristic_epsilon",
+    "standard_rdp_epsilon",
+)
 """The record fields a :class:`PrivacyBudget` can limit."""
 
 
@@ -35,8 +40,8 @@ class PrivacyBudget:
 
     Args:
         epsilon: the limit, > 0. A step is allowed if its epsilon is <= the limit.
-        metric: ``"heuristic_epsilon"`` (default), ``"robust_epsilon"`` or
-            ``"standard_epsilon_rdp"`` (the RDP upper bound on the standard epsilon, so the
+        metric: ``"heuristic_epsilon"`` (default), ``"robust_heuristic_epsilon"`` or
+            ``"standard_rdp_epsilon"`` (the RDP upper bound on the standard epsilon, so the
             tight PLD value is within budget too). The metric is evaluated at a step only
             when no certified bound already keeps it within the limit (module docs); near
             the limit that is every step (20-75 ms per robust evaluation at large T, one
@@ -58,6 +63,8 @@ class PrivacyBudget:
             or not (self.epsilon > 0)
         ):
             raise ValueError(f"`epsilon` must be a real number > 0, got {self.epsilon!r}.")
+        if isinstance(self.metric, str) and self.metric in RENAMED_FIELDS:
+            object.__setattr__(self, "metric", renamed_field(self.metric, stacklevel=4))
         if self.metric not in BUDGET_METRICS:
             raise ValueError(f"`metric` must be one of {BUDGET_METRICS}, got {self.metric!r}.")
         if self.action not in ("raise", "stop"):
@@ -110,7 +117,7 @@ class BudgetGuard:
         that) and a margin for the heuristics, which the RDP standard epsilon bounds (the
         final model is a post-processing of all iterates)."""
         limit = self.budget.epsilon
-        if self.budget.metric == "standard_epsilon_rdp":
+        if self.budget.metric == "standard_rdp_epsilon":
             return limit
         return limit * (1.0 - evaluator.weight_accuracy) * (1.0 - _SLACK)
 

@@ -221,9 +221,9 @@ class InlineEvaluator:
             step=self.evaluated,
             delta=d,
             heuristic_epsilon=heuristic,
-            robust_epsilon=robust,
-            standard_epsilon_rdp=self.rdp.epsilon(d),
-            standard_epsilon_pld=pld,
+            robust_heuristic_epsilon=robust,
+            standard_rdp_epsilon=self.rdp.epsilon(d),
+            standard_epsilon=pld,
             corrected_epsilon=corrected,
             lr=self.last_lr,
             noise_multiplier=float(sigma),
@@ -331,7 +331,7 @@ class InlineEvaluator:
         robust = None
         replica = self.replica
         if replica is not None and (
-            need == "robust_epsilon" or self._is_due(step, "robust", c.robust_every)
+            need == "robust_heuristic_epsilon" or self._is_due(step, "robust", c.robust_every)
         ):
             robust = float(
                 self._timed("robust", c.robust_every, lambda: replica.get_epsilon(d, robust=True))
@@ -344,9 +344,9 @@ class InlineEvaluator:
             step=step,
             delta=d,
             heuristic_epsilon=heuristic,
-            robust_epsilon=robust,
-            standard_epsilon_rdp=rdp,
-            standard_epsilon_pld=pld,
+            robust_heuristic_epsilon=robust,
+            standard_rdp_epsilon=rdp,
+            standard_epsilon=pld,
             corrected_epsilon=corrected,
             lr=lr,
             noise_multiplier=float(sigma),

@@ -146,10 +146,10 @@ class PrivacyMonitor:
             uses the constant-rate formula (and at :meth:`finish`); a :data:`Cadence`.
         weighted_every: the same while it uses the weighted heuristic (a learning-rate
             schedule, momentum or weight decay: one weighted solve per evaluation).
-        robust_every: when to compute ``robust_epsilon`` (a certified search, tens of ms
+        robust_every: when to compute ``robust_heuristic_epsilon`` (a certified search, tens of ms
             at large T), besides :meth:`finish`; default ``"auto"``: at the steps 100, 200,
             400, ... (``"doubling"``) that fit in ``max_overhead``.
-        standard_every: when to compute ``standard_epsilon_pld`` and ``corrected_epsilon``
+        standard_every: when to compute ``standard_epsilon`` and ``corrected_epsilon``
             (a PLD composition, 0.05-0.5 s), besides :meth:`finish`; default ``"auto"``.
         max_overhead: the ``"auto"`` cadences' budget, a fraction in (0, 1] of the wall
             time since :meth:`attach` (default 0.01): a robust or PLD value due at a
@@ -257,11 +257,11 @@ class PrivacyMonitor:
     def budget(self, budget: PrivacyBudget | None) -> None:
         if budget is not None and not isinstance(budget, PrivacyBudget):
             raise TypeError(f"`budget` must be a PrivacyBudget or None, got {budget!r}.")
-        if budget is not None and budget.metric != "standard_epsilon_rdp" and not self._heuristic:
+        if budget is not None and budget.metric != "standard_rdp_epsilon" and not self._heuristic:
             raise ValueError(
                 f"`budget.metric` {budget.metric!r} needs a LastIterateAccountant; the "
                 f"accountant is a {type(self.accountant).__name__} (use "
-                "'standard_epsilon_rdp')."
+                "'standard_rdp_epsilon')."
             )
         if budget is not None and self.evaluation == "process":
             raise ValueError(
@@ -593,8 +593,15 @@ class PrivacyMonitor:
         if not isinstance(state, Mapping) or state.get("format") not in (1, 2):
             raise ValueError("`state` must be a PrivacyMonitor.state_dict() (format 1 or 2).")
         last = state.get("last_record")
-        if last is not None and (not isinstance(last, Mapping) or set(last) != set(FIELDS)):
-            raise ValueError(f"`state['last_record']` must have the keys {FIELDS}.")
+        if last is not None:
+            if not isinstance(last, Mapping):
+                raise ValueError(f"`state['last_record']` must have the keys {FIELDS}.")
+            try:
+                last_record: EpsilonRecord | None = EpsilonRecord.from_dict(last)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"`state['last_record']` must have the keys {FIELDS}.") from err
+        else:
+            last_record = None
         rdp = state.get("rdp")
         if rdp is not None and (
             not isinstance(rdp, (list, tuple))
@@ -614,7 +621,7 @@ class PrivacyMonitor:
         self.should_stop = bool(state.get("should_stop", False))
         self.stop_reason = state.get("stop_reason")
         self.records_emitted = int(state.get("records_emitted", 0))
-        self.last_record = None if last is None else EpsilonRecord(**last)
+        self.last_record = last_record
         self._sync(rdp)
         self._overhead.restart()
         assert self._evaluator is not None

@@ -1,25 +1,52 @@
 """What the privacy monitor produces: one :class:`EpsilonRecord` per optimizer step.
 
-Each epsilon field is named after the privacy model that computed it and carries a label in
-:data:`LABELS` saying what kind of number it is (heuristic, upper bound); a field that was not
-computed at a step is ``None``. :class:`MonitorAudit` is what the monitor needs from an
+Each epsilon field is named after the privacy model that computed it, ``<model>_epsilon``
+with the model's registry name (:mod:`opacus_lastiterate.analysis.privacy_models`:
+``heuristic``, ``robust_heuristic``, ``standard``, ``standard_rdp``; ``corrected`` is the
+normalisation accountant's, ``asgm`` or ``feasgm``), and carries a label in :data:`LABELS`
+saying what kind of number it is (heuristic, upper bound); a field that was not computed at a
+step is ``None``. The field names before this vocabulary (:data:`RENAMED_FIELDS`) are still
+read for one release, with a ``DeprecationWarning``. :class:`MonitorAudit` is what the monitor needs from an
 in-training audit that reads the records as they are emitted.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["FIELDS", "LABELS", "EpsilonRecord", "MonitorAudit", "Sink"]
+__all__ = ["FIELDS", "LABELS", "RENAMED_FIELDS", "EpsilonRecord", "MonitorAudit", "Sink"]
+
+RENAMED_FIELDS: dict[str, str] = {
+    "robust_epsilon": "robust_heuristic_epsilon",
+    "standard_epsilon_rdp": "standard_rdp_epsilon",
+    "standard_epsilon_pld": "standard_epsilon",
+}
+"""Former field name -> field name (read with a DeprecationWarning for one release)."""
+
+
+def renamed_field(name: str, *, stacklevel: int = 3) -> str:
+    """The field called ``name`` before the renaming (:data:`RENAMED_FIELDS`), with a
+    DeprecationWarning; any other name unchanged."""
+    new = RENAMED_FIELDS.get(name)
+    if new is None:
+        return name
+    warnings.warn(
+        f"the record field {name!r} is now called {new!r}; the old name goes in the next "
+        "release.",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+    return new
 
 LABELS: dict[str, str] = {
     "heuristic_epsilon": "last-iterate heuristic, final model only, not a DP guarantee",
-    "robust_epsilon": "robust heuristic: certified max over the last t <= T steps",
-    "standard_epsilon_rdp": "standard (all iterates), RDP upper bound (min over orders)",
-    "standard_epsilon_pld": "standard (all iterates), dp_accounting PLD upper bound (tight)",
+    "robust_heuristic_epsilon": "robust heuristic: certified max over the last t <= T steps",
+    "standard_rdp_epsilon": "standard (all iterates), RDP upper bound (min over orders)",
+    "standard_epsilon": "standard (all iterates), dp_accounting PLD upper bound (tight)",
     "corrected_epsilon": "normalisation accountant (asgm/feasgm), docs/normalisation.md",
 }
 """What each epsilon field of an :class:`EpsilonRecord` is."""
@@ -32,9 +59,9 @@ class EpsilonRecord:
     step: int
     delta: float
     heuristic_epsilon: float | None
-    robust_epsilon: float | None
-    standard_epsilon_rdp: float
-    standard_epsilon_pld: float | None
+    robust_heuristic_epsilon: float | None
+    standard_rdp_epsilon: float
+    standard_epsilon: float | None
     corrected_epsilon: float | None
     lr: float | None
     noise_multiplier: float
@@ -48,6 +75,24 @@ class EpsilonRecord:
     def epsilons(self) -> dict[str, float]:
         """The epsilon fields computed at this step."""
         return {k: v for k in LABELS if (v := getattr(self, k)) is not None}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> EpsilonRecord:
+        """The record of :meth:`as_dict` (former field names accepted, with a warning).
+
+        Raises:
+            ValueError: unless the keys are exactly the fields.
+        """
+        fields = {renamed_field(k): v for k, v in values.items()}
+        if set(fields) != set(FIELDS):
+            raise ValueError(f"a record must have the keys {FIELDS}, got {sorted(values)}.")
+        return cls(**fields)
+
+    def __getattr__(self, name: str) -> Any:
+        """The former field names (:data:`RENAMED_FIELDS`), with a DeprecationWarning."""
+        if name in RENAMED_FIELDS:
+            return getattr(self, renamed_field(name))
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(EpsilonRecord))

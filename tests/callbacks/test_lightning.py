@@ -214,9 +214,9 @@ def assert_same_log(resumed: list[dict[str, Any]], reference: list[dict[str, Any
         (r["step"], r["final"]) for r in reference
     ]
     for got, want in zip(resumed, reference, strict=True):
-        for key in ("lr", "noise_multiplier", "sample_rate", "standard_epsilon_rdp", "delta"):
+        for key in ("lr", "noise_multiplier", "sample_rate", "standard_rdp_epsilon", "delta"):
             assert got[key] == want[key], (got["step"], key)
-        for key in ("heuristic_epsilon", "robust_epsilon", "standard_epsilon_pld"):
+        for key in ("heuristic_epsilon", "robust_heuristic_epsilon", "standard_epsilon"):
             assert (got[key] is None) == (want[key] is None), (got["step"], key)
             if want[key] is not None:
                 assert got[key] == pytest.approx(want[key], rel=1e-12), (got["step"], key)

@@ -61,22 +61,22 @@ def test_records_equal_the_accountant_at_every_step() -> None:
     for r, (steps, heuristic, robust) in zip(records, expected, strict=True):
         assert r.step == steps
         assert r.heuristic_epsilon == pytest.approx(heuristic, rel=BATCHED)
-        assert (r.robust_epsilon is not None) == (r.step % 3 == 0)
-        if r.robust_epsilon is not None:
-            assert r.robust_epsilon == pytest.approx(robust, rel=1e-12)
-        assert (r.standard_epsilon_pld is not None) == (r.step % 4 == 0)
+        assert (r.robust_heuristic_epsilon is not None) == (r.step % 3 == 0)
+        if r.robust_heuristic_epsilon is not None:
+            assert r.robust_heuristic_epsilon == pytest.approx(robust, rel=1e-12)
+        assert (r.standard_epsilon is not None) == (r.step % 4 == 0)
         assert r.lr == 0.1 and r.noise_multiplier == 1.0 and r.sample_rate == 1 / 8
         assert r.corrected_epsilon is None and not r.final
     # the RDP bound equals Opacus's RDP accountant; the PLD value is the tight one below it
     rdp = RDPAccountant()
     rdp.history = [(1.0, 1 / 8, 8)]
-    assert records[-1].standard_epsilon_rdp == pytest.approx(rdp.get_epsilon(DELTA), rel=1e-9)
+    assert records[-1].standard_rdp_epsilon == pytest.approx(rdp.get_epsilon(DELTA), rel=1e-9)
     pld = StandardComposition([(1.0, 1 / 8, 8)]).epsilon(DELTA)
-    assert records[7].standard_epsilon_pld == pytest.approx(pld, rel=1e-12)
-    assert pld < records[-1].standard_epsilon_rdp
+    assert records[7].standard_epsilon == pytest.approx(pld, rel=1e-12)
+    assert pld < records[-1].standard_rdp_epsilon
     final = monitor.finish()
     assert final is not None and final.final and final.step == 8
-    assert final.robust_epsilon is not None and final.standard_epsilon_pld is not None
+    assert final.robust_heuristic_epsilon is not None and final.standard_epsilon is not None
     assert monitor.records_emitted == 9
 
 
@@ -249,7 +249,7 @@ def test_other_accountants_give_standard_only() -> None:
     PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt, flush_every=1)
     train(model, opt, loader, 3)
     assert records[-1].heuristic_epsilon is None
-    assert records[-1].standard_epsilon_rdp == pytest.approx(engine.get_epsilon(DELTA), rel=1e-9)
+    assert records[-1].standard_rdp_epsilon == pytest.approx(engine.get_epsilon(DELTA), rel=1e-9)
 
 
 # -- budget guard ------------------------------------------------------------------------------
@@ -262,7 +262,7 @@ def _epsilons(steps: int) -> list[float]:
     return values
 
 
-@pytest.mark.parametrize("metric", ["heuristic_epsilon", "standard_epsilon_rdp"])
+@pytest.mark.parametrize("metric", ["heuristic_epsilon", "standard_rdp_epsilon"])
 def test_budget_raises_exactly_before_the_first_step_over_the_limit(metric: str) -> None:
     engine, model, opt, loader = make_dp()
     probe = PrivacyMonitor(engine, delta=DELTA, optimizer=opt, sinks=[], flush_every=1)
@@ -284,7 +284,7 @@ def test_budget_raises_exactly_before_the_first_step_over_the_limit(metric: str)
     assert monitor.last_record is not None and monitor.last_record.step == 4
     assert getattr(monitor.last_record, metric) == pytest.approx(limit, rel=1e-12)
     assert _rdp_of(monitor).epsilon(DELTA) == pytest.approx(
-        monitor.last_record.standard_epsilon_rdp
+        monitor.last_record.standard_rdp_epsilon
     )
 
 
@@ -298,7 +298,7 @@ def _long_run_values(steps: int, metric: str) -> list[float]:
     return values
 
 
-@pytest.mark.parametrize("metric", ["heuristic_epsilon", "standard_epsilon_rdp"])
+@pytest.mark.parametrize("metric", ["heuristic_epsilon", "standard_rdp_epsilon"])
 def test_budget_guard_is_exact_while_skipping_most_evaluations(
     metric: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -398,14 +398,14 @@ def test_doubling_cadence_computes_robust_and_pld_at_doubling_steps() -> None:
     monitor.flush()
     assert [r.step for r in records] == list(range(1, 2 * DOUBLING_START + 4))
     expensive = {DOUBLING_START, 2 * DOUBLING_START}
-    assert {r.step for r in records if r.robust_epsilon is not None} == expensive
-    assert {r.step for r in records if r.standard_epsilon_pld is not None} == expensive
+    assert {r.step for r in records if r.robust_heuristic_epsilon is not None} == expensive
+    assert {r.step for r in records if r.standard_epsilon is not None} == expensive
     assert all(r.heuristic_epsilon is not None for r in records)
     at = records[2 * DOUBLING_START - 1]
     history = [tuple(h) for h in engine.accountant.history]
     assert len(history) == 1 and history[0][:2] == (1.0, 1 / 8)
     pld = StandardComposition([(1.0, 1 / 8, 2 * DOUBLING_START)]).epsilon(DELTA)
-    assert at.standard_epsilon_pld == pytest.approx(pld, rel=1e-12)
+    assert at.standard_epsilon == pytest.approx(pld, rel=1e-12)
 
 
 class _FakeClock:
@@ -443,11 +443,11 @@ def test_auto_cadence_skips_what_exceeds_the_overhead_budget(
     # 1 ms per step: 1% of 0.2 s of training is 2 ms, below the first costs assumed (10 ms
     # robust, 100 ms PLD): nothing before the final record, which has everything.
     records = _auto_run(monkeypatch, 1e-3, 2 * DOUBLING_START)
-    assert all(r.robust_epsilon is None and r.standard_epsilon_pld is None for r in records[:-1])
+    assert all(r.robust_heuristic_epsilon is None and r.standard_epsilon is None for r in records[:-1])
     final = records[-1]
-    assert final.final and final.robust_epsilon is not None
+    assert final.final and final.robust_heuristic_epsilon is not None
     pld = StandardComposition([(1.0, 1 / 8, 2 * DOUBLING_START)]).epsilon(DELTA)
-    assert final.standard_epsilon_pld == pytest.approx(pld, rel=1e-12)
+    assert final.standard_epsilon == pytest.approx(pld, rel=1e-12)
 
 
 def test_auto_cadence_on_slow_steps_is_the_doubling_cadence(
@@ -457,8 +457,8 @@ def test_auto_cadence_on_slow_steps_is_the_doubling_cadence(
     # no time on the fake clock): every doubling step has both values.
     records = _auto_run(monkeypatch, 1.0, 2 * DOUBLING_START + 3)
     expensive = {DOUBLING_START, 2 * DOUBLING_START}
-    assert {r.step for r in records[:-1] if r.robust_epsilon is not None} == expensive
-    assert {r.step for r in records[:-1] if r.standard_epsilon_pld is not None} == expensive
+    assert {r.step for r in records[:-1] if r.robust_heuristic_epsilon is not None} == expensive
+    assert {r.step for r in records[:-1] if r.standard_epsilon is not None} == expensive
     # the budget is a fraction of the training time: 10x the fraction, 10x faster steps
     fast = _auto_run(monkeypatch, 0.1, 2 * DOUBLING_START + 3, max_overhead=0.1)
     assert [dataclasses.astuple(r) for r in fast] == [dataclasses.astuple(r) for r in records]
@@ -603,8 +603,8 @@ def test_fields_are_the_record_fields(tmp_path) -> None:
     assert rows[0] == list(FIELDS) and len(rows) == 1 + len(records)
     for row, rec in zip(rows[1:], records, strict=True):
         assert dict(zip(FIELDS, row, strict=True))["step"] == str(rec.step)
-        assert float(dict(zip(FIELDS, row, strict=True))["standard_epsilon_rdp"]) == pytest.approx(
-            rec.standard_epsilon_rdp, rel=1e-12
+        assert float(dict(zip(FIELDS, row, strict=True))["standard_rdp_epsilon"]) == pytest.approx(
+            rec.standard_rdp_epsilon, rel=1e-12
         )
 
 
@@ -729,7 +729,7 @@ def test_batched_records_equal_step_by_step_records() -> None:
         assert dataclasses.replace(b, heuristic_epsilon=None) == dataclasses.replace(
             a, heuristic_epsilon=None
         )
-    assert sum(r.robust_epsilon is not None for r in many) == 10  # steps 10..90, and the end
+    assert sum(r.robust_heuristic_epsilon is not None for r in many) == 10  # steps 10..90, and the end
 
 
 def _replica() -> Any:
@@ -813,3 +813,34 @@ def test_sparse_weighted_cadence_logs_a_certified_value(route, monkeypatch) -> N
     else:
         assert replica_engine._state is None  # nothing folded
         assert logged == result.epsilon
+
+
+def test_former_field_names_still_read_with_a_deprecation_warning() -> None:
+    """The fields are named <model>_epsilon after the registry; the names before that are
+    read for one release (a record's attribute, a checkpoint's last record, a budget's
+    metric), each with a DeprecationWarning naming the new field."""
+    from opacus_lastiterate.callbacks.records import RENAMED_FIELDS
+
+    engine, model, opt, loader = make_dp()
+    monitor = PrivacyMonitor(engine, delta=DELTA, optimizer=opt, robust_every=1)
+    train(model, opt, loader, 3)
+    monitor.flush()
+    record = monitor.last_record
+    assert record is not None and set(RENAMED_FIELDS.values()) <= set(FIELDS)
+    for old, new in RENAMED_FIELDS.items():
+        with pytest.warns(DeprecationWarning, match=new):
+            assert getattr(record, old) == getattr(record, new)
+    state = monitor.state_dict()
+    state["last_record"] = {
+        {v: k for k, v in RENAMED_FIELDS.items()}.get(k, k): v
+        for k, v in state["last_record"].items()
+    }  # a checkpoint written before the renaming
+    restored = PrivacyMonitor(make_dp()[0], delta=DELTA)
+    with pytest.warns(DeprecationWarning, match="robust_heuristic_epsilon"):
+        restored.load_state_dict(state)
+    assert restored.last_record == record
+    with pytest.warns(DeprecationWarning, match="robust_heuristic_epsilon"):
+        budget = PrivacyBudget(1.0, metric="robust_epsilon")  # type: ignore[arg-type]
+    assert budget.metric == "robust_heuristic_epsilon"
+    with pytest.raises(AttributeError):
+        record.robust

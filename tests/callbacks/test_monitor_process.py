@@ -67,8 +67,8 @@ def test_plain_sgd_records_equal_inline_exactly() -> None:
     final = monitor.finish()
     assert monitor._evaluator.worker is None  # stopped
     assert records == expected and len(records) == 31
-    assert final is not None and final.final and final.robust_epsilon is not None
-    assert sum(r.robust_epsilon is not None for r in records) == 10 + 1
+    assert final is not None and final.final and final.robust_heuristic_epsilon is not None
+    assert sum(r.robust_heuristic_epsilon is not None for r in records) == 10 + 1
 
 
 def test_momentum_and_cosine_schedule_records_equal_inline() -> None:
@@ -93,7 +93,7 @@ def test_momentum_and_cosine_schedule_records_equal_inline() -> None:
         )
     weighted = [r.step for r in records if r.heuristic_epsilon is not None and not r.final]
     assert weighted == [50, 100]  # the weighted heuristic, on its cadence
-    assert [r.step for r in records if r.standard_epsilon_pld is not None] == [100, 120]
+    assert [r.step for r in records if r.standard_epsilon is not None] == [100, 120]
     assert len({r.lr for r in records}) > 100  # the schedule moved the learning rate
 
 
@@ -174,7 +174,7 @@ def test_child_warnings_are_reissued_and_process_mode_rejects_a_budget() -> None
         records, monitor, *_ = _run("process", 3, sigma=0.0, flush_every=None)
         monitor._drain()
         monitor.flush()
-    assert [r.step for r in records] == [1, 2, 3] and math.isinf(records[-1].standard_epsilon_rdp)
+    assert [r.step for r in records] == [1, 2, 3] and math.isinf(records[-1].standard_rdp_epsilon)
     zero_noise = [
         str(w.message) for w in caught if str(w.message).startswith("LastIterateAccountant:")
     ]

@@ -34,8 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def record(step: int, **kw: object) -> EpsilonRecord:
     values: dict[str, object] = dict(
-        step=step, delta=1e-5, heuristic_epsilon=0.1 * step, robust_epsilon=None,
-        standard_epsilon_rdp=0.2 * step, standard_epsilon_pld=None, corrected_epsilon=None,
+        step=step, delta=1e-5, heuristic_epsilon=0.1 * step, robust_heuristic_epsilon=None,
+        standard_rdp_epsilon=0.2 * step, standard_epsilon=None, corrected_epsilon=None,
         lr=0.5, noise_multiplier=1.0, sample_rate=0.125,
     )
     values.update(kw)
@@ -45,11 +45,11 @@ def record(step: int, **kw: object) -> EpsilonRecord:
 def test_jsonl_round_trip_with_null_and_infinity(tmp_path: Path) -> None:
     sink = JsonlSink(tmp_path / "sub" / "log.jsonl")
     sink(record(1))
-    sink(record(2, standard_epsilon_rdp=math.inf, final=True))
+    sink(record(2, standard_rdp_epsilon=math.inf, final=True))
     sink.close()
     rows = [json.loads(line) for line in (tmp_path / "sub" / "log.jsonl").read_text().splitlines()]
     assert [list(r) for r in rows] == [list(FIELDS)] * 2
-    assert rows[0]["robust_epsilon"] is None and rows[1]["standard_epsilon_rdp"] == math.inf
+    assert rows[0]["robust_heuristic_epsilon"] is None and rows[1]["standard_rdp_epsilon"] == math.inf
     assert rows[1]["final"] is True
 
 
@@ -59,11 +59,11 @@ def test_csv_header_once_and_appends(tmp_path: Path) -> None:
     sink(record(1))
     sink.close()
     sink = CsvSink(path)  # a restarted run appends without a second header
-    sink(record(2, robust_epsilon=math.inf))
+    sink(record(2, robust_heuristic_epsilon=math.inf))
     sink.close()
     rows = list(csv.DictReader(path.open()))
     assert [r["step"] for r in rows] == ["1", "2"]
-    assert rows[0]["robust_epsilon"] == "" and rows[1]["robust_epsilon"] == "inf"
+    assert rows[0]["robust_heuristic_epsilon"] == "" and rows[1]["robust_heuristic_epsilon"] == "inf"
     other = tmp_path / "other.csv"
     other.write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="another header"):
@@ -189,9 +189,9 @@ def test_tensorboard_wandb_mlflow_through_stand_ins() -> None:
     writer, run, client = _Recorder(), _Recorder(), _Recorder()
     sinks = [TensorBoardSink(writer), WandbSink(run), MlflowSink(client)]
     for sink in sinks:
-        sink(record(4, standard_epsilon_rdp=math.inf))
+        sink(record(4, standard_rdp_epsilon=math.inf))
     assert ("privacy/heuristic_epsilon", pytest.approx(0.4), 4) in writer.calls
-    assert not any(c[0] == "privacy/robust_epsilon" for c in writer.calls)
+    assert not any(c[0] == "privacy/robust_heuristic_epsilon" for c in writer.calls)
     data, commit = run.calls[0]
     assert data["privacy/step"] == 4 and commit is False
     metrics, step = client.calls[0]
@@ -210,7 +210,7 @@ def test_tensorboard_sink_writes_event_files(tmp_path: Path) -> None:
 
     records = [
         record(1),
-        record(2, robust_epsilon=0.7, standard_epsilon_pld=0.3, lr=0.25),
+        record(2, robust_heuristic_epsilon=0.7, standard_epsilon=0.3, lr=0.25),
         record(3, corrected_epsilon=1.5, noise_multiplier=2.0, final=True),
     ]
     sink = TensorBoardSink(tmp_path / "tb")
