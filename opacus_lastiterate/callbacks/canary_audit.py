@@ -107,24 +107,23 @@ class CanaryAuditResult:
             "canaries": self.canaries,
             "num_canaries": self.num_canaries,
             "num_included": self.num_included,
-            "one_run": _result_dict(self.one_run),
-            "one_run_fdp": _result_dict(self.one_run_fdp),
+            "one_run": self.one_run.as_dict(_ONE_RUN_FIELDS),
+            "one_run_fdp": self.one_run_fdp.as_dict(_ONE_RUN_FIELDS),
         }
 
 
-def _result_dict(result: AuditResult) -> dict[str, Any]:
-    counts = result.counts
-    return {
-        "epsilon": result.epsilon,
-        "delta": result.delta,
-        "confidence": result.confidence,
-        "method": result.method,
-        "kind": result.kind,
-        "num_guesses": getattr(counts, "num_guesses", None),
-        "num_correct": getattr(counts, "num_correct", None),
-        "threshold": result.threshold,
-        "notes": list(result.notes),
-    }
+_ONE_RUN_FIELDS = (
+    "epsilon",
+    "delta",
+    "confidence",
+    "method",
+    "kind",
+    "num_guesses",
+    "num_correct",
+    "threshold",
+    "notes",
+)
+"""The keys of a one-run result in :meth:`CanaryAuditResult.as_dict`."""
 
 
 def _fmt(value: float | None) -> str:

@@ -51,6 +51,7 @@ from opacus_lastiterate.analysis.audit.pure_dp import (
 )
 from opacus_lastiterate.analysis.audit.result import (
     AUDIT_KINDS,
+    AUDIT_RESULT_FIELDS,
     AuditCounts,
     AuditKind,
     AuditResult,
@@ -81,6 +82,7 @@ from opacus_lastiterate.analysis.audit.warning_types import (
 
 __all__ = [
     "AUDIT_KINDS",
+    "AUDIT_RESULT_FIELDS",
     "DEFAULT_THRESHOLD_STRATEGY",
     "FDP_FAMILIES",
     "ONE_RUN_DELTA_WARNING_LEVEL",

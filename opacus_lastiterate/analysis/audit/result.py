@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 from opacus_lastiterate.analysis._validation import check_in_interval, check_int
 
 if TYPE_CHECKING:
     from opacus_lastiterate.analysis.audit.threshold_strategies import ThresholdStrategy
 
-__all__ = ["AuditCounts", "AuditKind", "AuditResult", "MultiRunCounts", "OneRunCounts"]
+__all__ = [
+    "AUDIT_RESULT_FIELDS",
+    "AuditCounts",
+    "AuditKind",
+    "AuditResult",
+    "MultiRunCounts",
+    "OneRunCounts",
+]
 
 #: ``"bound"``: valid lower bound at the stated confidence, no assumption on the mechanism;
 #: ``"estimate"``: valid only under a stated assumption (a Gaussian trade-off curve);
@@ -88,6 +96,34 @@ class OneRunCounts:
 
 AuditCounts = MultiRunCounts | OneRunCounts
 
+AUDIT_RESULT_FIELDS: tuple[str, ...] = (
+    "epsilon",
+    "delta",
+    "confidence",
+    "method",
+    "kind",
+    "statistically_valid",
+    "counts",
+    "threshold",
+    "selection",
+    "mu",
+    "notes",
+    "summary",
+)
+"""The keys of :meth:`AuditResult.as_dict` by default, in order: the attributes, ``counts``
+as a dict, ``selection`` (the strategy's description when the audit stated none) and
+``summary`` (``str(result)``)."""
+
+_COUNT_FIELDS: tuple[str, ...] = (
+    "num_in",
+    "num_out",
+    "false_positives",
+    "false_negatives",
+    "num_canaries",
+    "num_guesses",
+    "num_correct",
+)
+
 
 @dataclass(frozen=True)
 class AuditResult:
@@ -139,6 +175,39 @@ class AuditResult:
                 f"kind={self.kind!r}, statistically_valid={self.statistically_valid!r}."
             )
         object.__setattr__(self, "notes", tuple(self.notes))
+
+    def as_dict(self, fields: Sequence[str] = AUDIT_RESULT_FIELDS) -> dict[str, Any]:
+        """A JSON-friendly dict of the result (non-finite floats stay floats).
+
+        Args:
+            fields: the keys, in order: any of :data:`AUDIT_RESULT_FIELDS`, or the name of a
+                field of either counts type (``num_in``, ``num_out``, ``false_positives``,
+                ``false_negatives``, ``num_canaries``, ``num_guesses``, ``num_correct``): that
+                field of :attr:`counts`, None when the counts have no such field.
+        """
+        if isinstance(fields, str) or not isinstance(fields, Sequence):
+            raise TypeError(f"`fields` must be a sequence of field names, got {fields!r}.")
+        values: dict[str, Any] = {}
+        for name in fields:
+            if name == "counts":
+                values[name] = asdict(self.counts)
+            elif name == "selection":
+                strategy = self.threshold_strategy
+                values[name] = self.selection or (strategy.describe() if strategy else "")
+            elif name == "notes":
+                values[name] = list(self.notes)
+            elif name == "summary":
+                values[name] = str(self)
+            elif name in AUDIT_RESULT_FIELDS:
+                values[name] = getattr(self, name)
+            elif name in _COUNT_FIELDS:
+                values[name] = getattr(self.counts, name, None)
+            else:
+                raise ValueError(
+                    f"`fields` must name fields of {AUDIT_RESULT_FIELDS + _COUNT_FIELDS}, "
+                    f"got {name!r}."
+                )
+        return values
 
     @property
     def is_bound(self) -> bool:
