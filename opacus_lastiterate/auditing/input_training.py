@@ -30,9 +30,9 @@ from opacus_lastiterate.analysis._validation import (
 )
 from opacus_lastiterate.auditing.input_canaries import InputCanary
 from opacus_lastiterate.auditing.opacus_training import (
-    _ConstantRunEpsilons,
-    _digits,
-    _train_dp_sgd,
+    ConstantRunEpsilons,
+    digits_arrays,
+    train_dp_sgd,
 )
 from opacus_lastiterate.auditing.worst_case_init import worst_case_initialisation
 
@@ -45,12 +45,12 @@ _NUM_FEATURES, _NUM_CLASSES = 64, 10
 
 def digits_data() -> tuple[torch.Tensor, torch.Tensor]:
     """All 1797 digits: features ``(1797, 64)`` in [0, 1] (pixel / 16) and labels."""
-    x, y = _digits()
+    x, y = digits_arrays()
     return torch.from_numpy(x.copy()), torch.from_numpy(y.copy())
 
 
 @dataclass(frozen=True)
-class OpacusInputTrainer(_ConstantRunEpsilons):
+class OpacusInputTrainer(ConstantRunEpsilons):
     """DP-SGD (Opacus) on digits, with an input canary added when ``include_canary``.
 
     Attributes:
@@ -145,7 +145,7 @@ class OpacusInputTrainer(_ConstantRunEpsilons):
 
     def _pool(self) -> np.ndarray:
         """Indices of the digits whose input differs from the canary's, in a seeded order."""
-        x, _ = _digits()
+        x, _ = digits_arrays()
         same = np.all(x == self.canary.features.reshape(-1).numpy()[None, :], axis=1)
         order = np.random.default_rng(self.data_seed).permutation(len(x))
         return order[~same[order]]
@@ -192,14 +192,14 @@ class OpacusInputTrainer(_ConstantRunEpsilons):
         if not isinstance(include_canary, bool):
             raise TypeError(f"`include_canary` must be a bool, got {include_canary!r}.")
         s = check_int("seed", seed)
-        x_all, y_all = _digits()
+        x_all, y_all = digits_arrays()
         idx = self.training_indices()
         x, y = x_all[idx], y_all[idx]
         if include_canary:
             xc = self.canary.features.reshape(1, -1).numpy().astype(np.float32)
             x, y = np.concatenate([x, xc]), np.concatenate([y, [self.canary.label]])
         batch = self.num_examples + 1 if self.batch_size is None else self.batch_size
-        return _train_dp_sgd(
+        return train_dp_sgd(
             self.initial_model(),
             x,
             y,
@@ -219,7 +219,7 @@ def _initial_state(trainer: OpacusInputTrainer) -> dict[str, torch.Tensor]:
     """State of the initial model (computed once per process and configuration)."""
     model = trainer.random_initial_model()
     if trainer.initialisation == "worst-case":
-        x, y = _digits()
+        x, y = digits_arrays()
         idx = trainer.init_indices()
         model = worst_case_initialisation(
             model,

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from opacus_lastiterate.analysis._validation import check_int
-from opacus_lastiterate.auditing.run_records import RunRecords, _callable_identity, _canonical
+from opacus_lastiterate.auditing.run_records import RunRecords, callable_identity, canonical_json
 
 __all__ = ["CachedTrain"]
 
@@ -49,7 +49,7 @@ class CachedTrain:
     @property
     def folder(self) -> Path:
         """``directory / <first 16 hex digits of the SHA-256 of train's identity>``."""
-        digest = hashlib.sha256(_canonical(_callable_identity(self.train)).encode()).hexdigest()
+        digest = hashlib.sha256(canonical_json(callable_identity(self.train)).encode()).hexdigest()
         return Path(self.directory) / digest[:16]
 
     def path(self, include_canary: bool, seed: int) -> Path:

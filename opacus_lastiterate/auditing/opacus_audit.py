@@ -95,13 +95,13 @@ def asgm_scores(
     """(scores with the canary, scores without): total ASGM log-likelihood ratio of the
     d-dimensional updates (the batch size is not observed)."""
     # the exact d-dimensional likelihood ratio the ASGM simulator uses
-    from opacus_lastiterate.analysis.normalisation.simulation import _asgm_dimension_llr
+    from opacus_lastiterate.analysis.normalisation.simulation import asgm_dimension_llr
 
     q = check_sample_rate(sample_rate)
     s = check_noise_multiplier(noise_multiplier)
 
     def loss(u: NDArray, v: NDArray) -> NDArray:
-        return _asgm_dimension_llr(u, v, others, q, s, dimension)
+        return asgm_dimension_llr(u, v, others, q, s, dimension)
 
     return tuple(_score(*_arrays(obs, w), q, loss) for w in ("with", "without"))  # type: ignore[return-value]
 

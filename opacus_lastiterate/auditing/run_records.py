@@ -135,19 +135,19 @@ def _state_digest(fn: Any) -> str | None:
     return hashlib.sha256(_ADDRESS.sub("", "\0".join(parts)).encode()).hexdigest()
 
 
-def _callable_identity(fn: Any) -> Any:
+def callable_identity(fn: Any) -> Any:
     """JSON-able description of a callable: its qualified name, plus the fields of a
     dataclass instance, the bound instance of a method, a partial's arguments, or a digest of
     a function's code and closure / a plain instance's attributes (so that ``make(0.0)`` and
     ``make(50.0)`` closures, or ``Trainer(0)`` and ``Trainer(50)``, are told apart)."""
     if isinstance(fn, functools.partial):
         return {
-            "partial": _callable_identity(fn.func),
+            "partial": callable_identity(fn.func),
             "args": [repr(a) for a in fn.args],
             "keywords": {k: repr(v) for k, v in sorted(fn.keywords.items())},
         }
     if inspect.ismethod(fn):
-        return {"method": _qualified_name(fn.__func__), "self": _callable_identity(fn.__self__)}
+        return {"method": _qualified_name(fn.__func__), "self": callable_identity(fn.__self__)}
     if inspect.isbuiltin(fn) or inspect.isclass(fn):
         return _qualified_name(fn)
     if inspect.isfunction(fn):
@@ -160,12 +160,12 @@ def _callable_identity(fn: Any) -> Any:
     return ident
 
 
-def _canonical(obj: Any) -> str:
+def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 def _config_hash(config: Mapping[str, Any]) -> str:
-    return hashlib.sha256(_canonical(config).encode()).hexdigest()
+    return hashlib.sha256(canonical_json(config).encode()).hexdigest()
 
 
 def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -182,7 +182,7 @@ def _config_diff(stored: Mapping[str, Any], current: Mapping[str, Any]) -> str:
     a, b = _flatten(dict(stored)), _flatten(dict(current))
     keys = sorted(k for k in a.keys() | b.keys() if a.get(k, "<absent>") != b.get(k, "<absent>"))
     return "; ".join(
-        f"{k}: {_canonical(a.get(k, '<absent>'))} -> {_canonical(b.get(k, '<absent>'))}"
+        f"{k}: {canonical_json(a.get(k, '<absent>'))} -> {canonical_json(b.get(k, '<absent>'))}"
         for k in keys
     )
 
@@ -195,7 +195,7 @@ def _check_json(name: str, value: Any) -> dict[str, Any]:
             f"`{name}` must be a mapping of JSON data or None, got {type(value).__name__}."
         )
     try:
-        out = json.loads(_canonical(dict(value)))
+        out = json.loads(canonical_json(dict(value)))
     except (TypeError, ValueError) as exc:
         raise TypeError(
             f"`{name}` must contain JSON data only (finite numbers), got {value!r}."
@@ -342,7 +342,7 @@ class _RecordFile:
         directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=directory)
         try:
-            _write_all(fd, (_canonical(header) + "\n").encode())
+            _write_all(fd, (canonical_json(header) + "\n").encode())
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -64,11 +64,11 @@ from opacus_lastiterate.auditing.run_records import (
     RunRecord,
     RunRecords,
     TruncatedRecordWarning,
-    _callable_identity,
-    _canonical,
     _check_json,
     _config_hash,
     _RecordFile,
+    callable_identity,
+    canonical_json,
     read_records,
 )
 
@@ -516,12 +516,12 @@ class AuditRunner:
             "max_retries": 3 if max_retries is None else check_int("max_retries", max_retries),
         }
         self.config: dict[str, Any] = json.loads(
-            _canonical(
+            canonical_json(
                 {
                     "format": RECORD_FORMAT,
                     "seed": self.seed,
-                    "train": _callable_identity(train),
-                    "score": _callable_identity(score),
+                    "train": callable_identity(train),
+                    "score": callable_identity(score),
                     "user": self.user_config,
                 }
             )

@@ -55,6 +55,7 @@ from opacus_lastiterate.analysis.audit.result import (
     AuditCounts,
     AuditKind,
     AuditResult,
+    DescribedStrategy,
     MultiRunCounts,
     OneRunCounts,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "AuditResult",
     "AuditWarning",
     "Bonferroni",
+    "DescribedStrategy",
     "ErrorCurve",
     "ExplicitThreshold",
     "HeldOutSplit",

@@ -5,18 +5,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from opacus_lastiterate.analysis._validation import check_in_interval, check_int
-
-if TYPE_CHECKING:
-    from opacus_lastiterate.analysis.audit.threshold_strategies import ThresholdStrategy
 
 __all__ = [
     "AUDIT_RESULT_FIELDS",
     "AuditCounts",
     "AuditKind",
     "AuditResult",
+    "DescribedStrategy",
     "MultiRunCounts",
     "OneRunCounts",
 ]
@@ -96,6 +94,16 @@ class OneRunCounts:
 
 AuditCounts = MultiRunCounts | OneRunCounts
 
+
+@runtime_checkable
+class DescribedStrategy(Protocol):
+    """What a result keeps of the strategy that selected its threshold: an object that says
+    in words what it did. Every
+    :class:`~opacus_lastiterate.analysis.audit.threshold_strategies.ThresholdStrategy` is one
+    (this module does not import the strategies, which build results)."""
+
+    def describe(self) -> str: ...
+
 AUDIT_RESULT_FIELDS: tuple[str, ...] = (
     "epsilon",
     "delta",
@@ -155,7 +163,7 @@ class AuditResult:
     method: str
     kind: AuditKind
     counts: AuditCounts
-    threshold_strategy: ThresholdStrategy | None = None
+    threshold_strategy: DescribedStrategy | None = None
     threshold: float | None = None
     selection: str = ""
     mu: float | None = None
