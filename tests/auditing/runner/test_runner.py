@@ -385,13 +385,13 @@ def test_an_audit_started_while_a_worker_imports_the_script_stops_that_worker(
     child as ``_inheriting`` while it imports the parent's main script."""
     import multiprocessing
 
-    from opacus_lastiterate.auditing import runner as runner_module
+    from opacus_lastiterate.auditing.runner import process_pool
 
     runner = AuditRunner(gaussian_train, identity_score, num_runs=2, workers=0, progress=False)
     monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
     with pytest.raises(SystemExit) as exit_info:
         runner.run()
-    assert exit_info.value.code == runner_module._MAIN_REIMPORTED_EXIT
+    assert exit_info.value.code == process_pool._MAIN_REIMPORTED_EXIT
     assert 'must sit under `if __name__ == "__main__":`' in capsys.readouterr().err
     assert runner.last_trained == 0
     monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", False)
