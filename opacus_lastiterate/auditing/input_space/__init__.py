@@ -3,6 +3,8 @@
 
 - :mod:`.canaries`: input canaries (in-distribution, mislabelled, blank, clip-backdoor,
   user-supplied) and their loss / logit-margin scores;
+- :mod:`.canary_set`: m mislabelled canaries with fair coins, for one-run audits
+  (:func:`make_input_canaries`, used by the in-training canary audit);
 - :mod:`.adversarial_samples`: crafted adversarial samples (uniform and adaptive expansion);
 - :mod:`.worst_case_init`: worst-case initialisation;
 - :mod:`.training`: an Opacus trainer on digits with an input canary;
@@ -50,6 +52,11 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         mislabelled_canary,
         sample_scores,
     )
+    from opacus_lastiterate.auditing.input_space.canary_set import (
+        InputCanaries,
+        fair_coins,
+        make_input_canaries,
+    )
     from opacus_lastiterate.auditing.input_space.model_cache import (
         CachedTrain,
     )
@@ -76,6 +83,7 @@ _LAZY: dict[str, str] = {
     "DEFAULT_MARGIN": "adversarial_samples",
     "Initialisation": "training",
     "InputAuditReport": "audit",
+    "InputCanaries": "canary_set",
     "InputCanary": "canaries",
     "InputScore": "canaries",
     "ModelPopulation": "adversarial_samples",
@@ -91,7 +99,9 @@ _LAZY: dict[str, str] = {
     "craft_adversarial_sample": "adversarial_samples",
     "digits_data": "training",
     "in_distribution_canary": "canaries",
+    "fair_coins": "canary_set",
     "least_likely_label": "canaries",
+    "make_input_canaries": "canary_set",
     "mislabelled_canary": "canaries",
     "run_input_audit": "audit",
     "sample_scores": "canaries",
@@ -113,6 +123,7 @@ __all__ = [
     "CraftingObjective",
     "Initialisation",
     "InputAuditReport",
+    "InputCanaries",
     "InputCanary",
     "InputScore",
     "ModelPopulation",
@@ -126,8 +137,10 @@ __all__ = [
     "clip_backdoor_canary",
     "craft_adversarial_sample",
     "digits_data",
+    "fair_coins",
     "in_distribution_canary",
     "least_likely_label",
+    "make_input_canaries",
     "mislabelled_canary",
     "run_input_audit",
     "sample_scores",
