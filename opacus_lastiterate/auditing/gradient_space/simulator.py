@@ -421,7 +421,10 @@ def audit_scores(
     confidence: float = 0.95,
     threshold_strategy: ThresholdStrategy = DEFAULT_THRESHOLD_STRATEGY,
 ) -> SimulatedAudit:
-    """Both audits of :mod:`opacus_lastiterate.analysis.audit` on one pair of score arrays."""
+    """Both audits of one pair of score arrays: ``ScoreAudit(in_scores, out_scores)``'s
+    :meth:`~opacus_lastiterate.analysis.audit.ScoreAudit.clopper_pearson` (the bound) and
+    :meth:`~opacus_lastiterate.analysis.audit.ScoreAudit.gaussian_dp` (the estimate), with the
+    same arguments."""
     check_in_interval("confidence", confidence, 0.0, 1.0)
     audit = ScoreAudit(in_scores, out_scores)
     kw = {"delta": delta, "confidence": confidence, "threshold_strategy": threshold_strategy}

@@ -45,7 +45,6 @@ from opacus_lastiterate.analysis._validation import check_in_interval, check_int
 from opacus_lastiterate.analysis.audit import (
     DEFAULT_THRESHOLD_STRATEGY,
     AuditResult,
-    ScoreAudit,
     ThresholdStrategy,
 )
 from opacus_lastiterate.auditing.runner.contract import (
@@ -326,6 +325,10 @@ def audit_records(
 ) -> AuditResult:
     """Audit recorded runs (a :class:`RunRecords` or a record file), training nothing.
 
+    One call on :class:`~opacus_lastiterate.analysis.audit.ScoreAudit`:
+    ``records.score_audit().clopper_pearson(...)`` (or ``.gaussian_dp(...)``), after reading
+    the file and checking the arguments.
+
     Args:
         records: the runs, or the path of a record file.
         delta: delta of the audit.
@@ -342,13 +345,7 @@ def audit_records(
     if num_runs is not None:
         records = records.first(num_runs)
     _check_audit_args(delta, confidence, threshold_strategy, method)
-    ins, outs = records.in_scores, records.out_scores
-    if ins.size == 0 or outs.size == 0:
-        raise ValueError(
-            f"`records` must contain runs with and without the canary, got {ins.size} with and "
-            f"{outs.size} without; train more runs."
-        )
-    audit = ScoreAudit(ins, outs)
+    audit = records.score_audit()
     analysis = audit.clopper_pearson if method == "clopper-pearson" else audit.gaussian_dp
     return analysis(delta=delta, confidence=confidence, threshold_strategy=threshold_strategy)
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._validation import check_int, check_real
+from opacus_lastiterate.analysis.audit import ScoreAudit
 from opacus_lastiterate.auditing.runner.identity import canonical_json, config_diff, config_hash
 from opacus_lastiterate.exceptions import TruncatedRecordWarning  # defined there, re-exported
 
@@ -100,6 +101,22 @@ class RunRecords:
     def out_scores(self) -> np.ndarray:
         """Scores of the runs trained without the canary (D)."""
         return np.array([r.score for r in self.records if not r.include_canary], dtype=np.float64)
+
+    def score_audit(self) -> ScoreAudit:
+        """The audit of these runs' scores: ``ScoreAudit(in_scores, out_scores)``, whose
+        methods give every analysis (``clopper_pearson``, ``gaussian_dp``, ``auroc``, ...).
+
+        Raises:
+            ValueError: when the runs lack either side (no run with, or none without, the
+                canary).
+        """
+        ins, outs = self.in_scores, self.out_scores
+        if ins.size == 0 or outs.size == 0:
+            raise ValueError(
+                f"`records` must contain runs with and without the canary, got {ins.size} with "
+                f"and {outs.size} without; train more runs."
+            )
+        return ScoreAudit(ins, outs)
 
     def first(self, num_runs: int) -> RunRecords:
         """The runs with ``index < num_runs``."""
