@@ -15,7 +15,7 @@ per-model losses l_i = loss(M_i(x_a), y_c) and l'_j = loss(M'_j(x_a), y_c):
   loss is m below the out-models' mean, an out-model once its loss is m above the
   in-models' mean, so only the overlapping parts of the two distributions move.
 
-The crafted sample is then scored on *other* models (:mod:`.audit` checks that the
+The crafted sample is then scored on *other* models (:mod:`~opacus_lastiterate.auditing.input_space.audit` checks that the
 crafting and evaluation runs are disjoint), so the audit's confidence stays honest.
 """
 

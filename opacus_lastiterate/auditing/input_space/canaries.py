@@ -14,7 +14,7 @@ training set and, after training, queries the final model. ``docs/input_audits.m
 
 Scores (:class:`InputScore`, higher = "the canary was in"): minus the final model's
 cross-entropy loss on a sample, or its logit margin ``z_y - max_{j != y} z_j``. The sample is
-the canary itself or a crafted adversarial sample (:mod:`.adversarial_samples`).
+the canary itself or a crafted adversarial sample (:mod:`~opacus_lastiterate.auditing.input_space.adversarial_samples`).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Steinke, Nasr, Jagielski, *Privacy Auditing with One (1) Training Run* (arXiv 23
 m canaries, each added to the training set by an independent fair coin recorded up front,
 are scored on the final model, and the scores and coins give a one-run lower bound
 (:meth:`~opacus_lastiterate.analysis.audit.ScoreAudit.from_canaries`). Each canary here is
-an :class:`~.canaries.InputCanary` of kind ``"mislabelled"`` (a real example not otherwise
-in the training set, relabelled to a wrong class as by :func:`~.canaries.mislabelled_canary`);
+an :class:`~opacus_lastiterate.auditing.input_space.canaries.InputCanary` of kind ``"mislabelled"`` (a real example not otherwise
+in the training set, relabelled to a wrong class as by :func:`~opacus_lastiterate.auditing.input_space.canaries.mislabelled_canary`);
 the set keeps them stacked so that they are scored in batches on the model's device.
 :func:`make_input_canaries` draws them and augments the training set;
 :class:`~opacus_lastiterate.callbacks.InTrainingCanaryAudit` audits them in training.
@@ -65,7 +65,7 @@ class InputCanaries:
         return int(self.included.size)
 
     def canary(self, index: int) -> InputCanary:
-        """Canary ``index`` as an :class:`~.canaries.InputCanary` (kind ``"mislabelled"``)."""
+        """Canary ``index`` as an :class:`~opacus_lastiterate.auditing.input_space.canaries.InputCanary` (kind ``"mislabelled"``)."""
         i = check_int("index", index)
         if i >= self.num_canaries:
             raise ValueError(f"`index` must be in [0, {self.num_canaries - 1}], got {i}.")
@@ -82,7 +82,7 @@ class InputCanaries:
         """Minus the per-example ``loss`` of ``model`` on every canary (higher = "in").
 
         ``loss(output, labels)`` must return one value per example (default: the
-        cross-entropy, so that the score is :class:`~.canaries.InputScore`'s ``"loss"``
+        cross-entropy, so that the score is :class:`~opacus_lastiterate.auditing.input_space.canaries.InputScore`'s ``"loss"``
         statistic). The model is put in eval mode for the scoring and its mode restored
         afterwards.
         """

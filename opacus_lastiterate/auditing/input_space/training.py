@@ -8,7 +8,7 @@ D' = D + the canary (any :class:`~opacus_lastiterate.auditing.input_space.canari
 Full batch (``batch_size=None``: q = 1) or minibatches (q = 1 / ceil(N / B)). The divisor
 of the clipped sum is the expected batch size of D in both worlds, so D and D' differ by
 the one record only. The initialisation is the same in every run: random (seeded by
-``init_seed``, default) or worst-case (:mod:`.worst_case_init`, pre-trained on digits
+``init_seed``, default) or worst-case (:mod:`~opacus_lastiterate.auditing.input_space.worst_case_init`, pre-trained on digits
 outside D).
 """
 

@@ -14,7 +14,7 @@ come from ``numpy.random.SeedSequence(seed, spawn_key=(i,))``: they depend on th
 and ``i`` only, so an audit is reproducible run by run and can be extended to more runs.
 
 Backends: an in-process loop (``workers=0``), a local spawn-safe process pool (default,
-:mod:`.process_pool`), or Ray (:mod:`.ray_backend`, ``backend="ray"``, extra
+:mod:`~opacus_lastiterate.auditing.runner.process_pool`), or Ray (:mod:`~opacus_lastiterate.auditing.runner.ray_backend`, ``backend="ray"``, extra
 ``opacus-lastiterate[ray]``): one Ray task per run, with the resources of ``cpus_per_run`` / ``gpus_per_run``, retried up to ``max_retries`` times when its
 worker process or node dies (``docs/auditing.md``, "Running on a Ray cluster"). Whatever the
 backend, only the driver (the process that calls :meth:`AuditRunner.run`) writes records, one
@@ -25,7 +25,7 @@ Spawned pool workers import the main script; a script that starts an audit at im
 (no ``if __name__ == "__main__":`` guard) is refused in the worker with an error that says so,
 and the driver names the cause when its workers die that way.
 
-Run records (``path``, format in :mod:`.records`) are JSON lines appended with ``fsync``;
+Run records (``path``, format in :mod:`~opacus_lastiterate.auditing.runner.records`) are JSON lines appended with ``fsync``;
 a line cut short by a kill is dropped with a :class:`TruncatedRecordWarning`; an interrupted
 audit resumes by skipping the recorded runs; a file written with another configuration is
 refused. A finished file can be re-audited with another threshold strategy,

@@ -4,7 +4,7 @@ A callable is described by its qualified name plus what the name does not show (
 fields, a partial's arguments, a digest of a function's code and closure or of an instance's
 attributes), so that two configurations that train differently hash differently; the
 configuration is written as canonical JSON and hashed with SHA-256. Used by the record files
-(:mod:`.records`), the runner and the model cache of the input-space audits.
+(:mod:`~opacus_lastiterate.auditing.runner.records`), the runner and the model cache of the input-space audits.
 """
 
 from __future__ import annotations
