@@ -41,7 +41,7 @@ test-slow: venv
 
 test-compat:
 	PYTHON=$(PYTHON) scripts/bootstrap.sh $(VENV_COMPAT) test "opacus==1.5.4"
-	$(VENV_COMPAT)/bin/python -m pytest -n 2 tests/accountants tests/auditing/test_opacus_probe.py $(PYTEST_ARGS)
+	$(VENV_COMPAT)/bin/python -m pytest -n 2 tests/accountants tests/auditing/opacus_releases/test_probe.py $(PYTEST_ARGS)
 
 probe-versions: venv
 	$(PY) scripts/probe_opacus_versions.py --envs $(OPACUS_ENVS) $(PROBE_ARGS)

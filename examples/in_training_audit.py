@@ -34,7 +34,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import opacus_lastiterate.accountants  # noqa: F401  (registers accountant="last_iterate")
-from opacus_lastiterate.callbacks import InTrainingCanaryAudit, make_input_canaries
+from opacus_lastiterate.auditing.input_space import make_input_canaries
+from opacus_lastiterate.callbacks import InTrainingCanaryAudit
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

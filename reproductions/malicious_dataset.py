@@ -8,7 +8,7 @@ of its decoded records (the Neyman-Pearson statistic of this construction).
 Per sigma the table gives:
 - the standard epsilon (all iterates released) and the last-iterate heuristic;
 - EXACT: the construction's own limit, the epsilon of its final-model law at the best record
-  threshold tau (closed form, :func:`~opacus_lastiterate.auditing.exact.malicious_dataset_epsilon`,
+  threshold tau (closed form, :func:`~opacus_lastiterate.auditing.gradient_space.exact.malicious_dataset_epsilon`,
   with its stated error): no audit of this construction can certify more;
 - the audit: tau and the score threshold are planned before any trial, from the exact test
   rates (the largest expected Clopper-Pearson bound at this trial count), then N trials per
@@ -51,7 +51,7 @@ from opacus_lastiterate.auditing import (
     PoissonInsertion,
     simulate_malicious_dataset,
 )
-from opacus_lastiterate.auditing.exact import (
+from opacus_lastiterate.auditing.gradient_space.exact import (
     malicious_dataset_epsilon,
     malicious_dataset_test_rates,
 )

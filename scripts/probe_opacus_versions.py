@@ -10,15 +10,15 @@
    release alone into its own folder (``pip install --no-deps --target``), put on
    ``PYTHONPATH`` when it runs: every release sees the same torch and nothing else of the
    others;
-2. runs ``opacus_lastiterate/auditing/opacus_probe.py probe`` in it (the file imports only
+2. runs ``opacus_lastiterate/auditing/opacus_releases/probe.py probe`` in it (the file imports only
    torch, numpy and opacus; it applies a compatibility shim only after the matching import
    error and records it) and checks the record against the version model
-   (:mod:`opacus_lastiterate.auditing.probe_agreement`);
+   (:mod:`opacus_lastiterate.auditing.opacus_releases.agreement`);
 3. with ``--native``, also probes 0.9.0-0.15.0 on the torch of their time (Python 3.8,
    torch==1.7.1 with torchcsprng==0.1.4, no shim needed), a check that the shims change
    nothing that is measured;
 4. unless ``--no-audit``, runs the empirical audit of real code
-   (:mod:`opacus_lastiterate.auditing.opacus_audit`) on 1.0.0 and 1.6.0 (FEASGM, a divisor
+   (:mod:`opacus_lastiterate.auditing.opacus_releases.real_code_audit`) on 1.0.0 and 1.6.0 (FEASGM, a divisor
    that changes between neighbours) and 0.15.0 (ASGM) in their environments.
 
 Writes ``opacus_probes.json`` (every record, the environment and the command) and
@@ -47,10 +47,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from opacus_lastiterate.analysis.opacus_versions import releases_between  # noqa: E402
-from opacus_lastiterate.auditing.opacus_audit import summarise_audit  # noqa: E402
-from opacus_lastiterate.auditing.probe_agreement import check_probe  # noqa: E402
+from opacus_lastiterate.auditing.opacus_releases.agreement import check_probe  # noqa: E402
+from opacus_lastiterate.auditing.opacus_releases.real_code_audit import summarise_audit  # noqa: E402
 
-PROBE = ROOT / "opacus_lastiterate" / "auditing" / "opacus_probe.py"
+PROBE = ROOT / "opacus_lastiterate" / "auditing" / "opacus_releases" / "probe.py"
 DEFAULT_ENVS = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "opacus-lastiterate" / "opacus-versions"
 NATIVE_TORCH = ["torch==1.7.1", "torchcsprng==0.1.4", "numpy<1.25", "scipy<1.11"]
 # The audits (docs/opacus_versions.md, "Empirical audit of real Opacus code").

@@ -13,7 +13,7 @@ from opacus_lastiterate import exceptions
 from opacus_lastiterate.accountants import last_iterate, normalisation
 from opacus_lastiterate.analysis.audit import warning_types
 from opacus_lastiterate.analysis.last_iterate import optimizer_weights, weighted_heuristic
-from opacus_lastiterate.auditing import run_records
+from opacus_lastiterate.auditing.runner import records
 
 WARNINGS = [
     getattr(exceptions, name)
@@ -49,7 +49,7 @@ def test_compatibility_of_the_classes() -> None:
         (warning_types, "AuditWarning"),
         (warning_types, "OneRunDeltaWarning"),
         (warning_types, "NonRandomizedInclusionWarning"),
-        (run_records, "TruncatedRecordWarning"),
+        (records, "TruncatedRecordWarning"),
     ],
 )
 def test_old_import_locations_re_export(module: object, name: str) -> None:

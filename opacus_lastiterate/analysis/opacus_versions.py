@@ -5,6 +5,11 @@
 holds the same files). torch-free: numpy, scipy and dp_accounting only; the installed
 version is read from package metadata without importing opacus.
 
+This is the math half of one concept, "what each Opacus release does": the torch half, in
+``opacus_lastiterate.auditing.opacus_releases``, probes a release's real code
+(``probe``), checks a probe record against this model (``agreement``) and audits the real
+code (``real_code_audit``). This module imports nothing of it (the math layer loads no torch).
+
 Families:
 
 * 0.9.0-0.11.0: no sampler in Opacus; the user's shuffled fixed-size DataLoader. Accountant

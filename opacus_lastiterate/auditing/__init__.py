@@ -1,31 +1,27 @@
 """Attacks for auditing DP-SGD when only the final model is released (the torch side).
 
-- :mod:`.canaries`: gradient canaries (Dirac A_GC-R, simulated coordinate A_GC-S, random
-  direction) with craft / insert / score, for numpy arrays and torch tensors;
-- :mod:`.insertion`: Poisson-sampled or every-k-steps canary insertion;
-- :mod:`.adversaries`: adversarial data set (other gradients zero), A_S^{h*} (worst-case
-  landscape after one insertion, Cebere et al.), malicious data set (last-iterate paper,
-  Appendix C);
-- :mod:`.arithmetic`: one DP-SGD step as configured (SGM / EASGM / ASGM);
-- :mod:`.simulator`: vectorised, seeded numpy simulation of the few-coordinate attacks,
-  plus :func:`audit_scores` (Clopper-Pearson bound and Gaussian-DP estimate);
-- :mod:`.input_canaries`: input-space canaries (in-distribution, mislabelled, blank,
-  clip-backdoor, user-supplied) and their loss / logit-margin scores;
-  :mod:`.adversarial_samples`: crafted adversarial samples (uniform and adaptive expansion);
-  :mod:`.worst_case_init`: worst-case initialisation; :mod:`.input_training`: an Opacus
-  trainer on digits with an input canary; :mod:`.input_audit`: canary vs crafted samples on
-  the same evaluation runs, crafted on disjoint runs; :mod:`.model_cache`: final models kept
-  on disk (``docs/input_audits.md``);
-- :mod:`.runner`: many-run audits of real training functions (process pool or Ray);
-  :mod:`.run_records`: their resumable JSON-lines record files; :mod:`.opacus_training`: a
-  ready-made Opacus trainer;
-- :mod:`.opacus_probe`: real-code probes of any Opacus release 0.9.0-1.6.0 (divisor, noise
-  scale, empty batches, printed epsilon; runnable by path where only torch and that release
-  are installed), :mod:`.probe_agreement`: their comparison with the version model, and
-  :mod:`.opacus_audit`: the worst-case audit of real Opacus code (``docs/opacus_versions.md``).
+One subpackage per concept:
 
-The statistics live in :mod:`opacus_lastiterate.analysis.audit`. Background, adversaries and
-references: ``docs/auditing.md``.
+- :mod:`.gradient_space`: gradient canaries, their insertion, the adversaries (adversarial,
+  worst-case landscape, malicious data sets), one DP-SGD step's arithmetic, the vectorised
+  simulator (:func:`audit_scores`) and the exact epsilons of those attacks (numpy/scipy);
+- :mod:`.input_space`: input-space canaries and their scores, crafted adversarial samples,
+  worst-case initialisation, an Opacus trainer on digits with an input canary, the
+  canary-vs-crafted audit and its model cache (``docs/input_audits.md``);
+- :mod:`.runner`: many-run audits of real training functions (contract, process pool, Ray,
+  resumable JSON-lines records);
+- :mod:`.opacus_releases`: what each Opacus release 0.9.0-1.6.0 does, on its real code
+  (probes, their agreement with the release model
+  :mod:`opacus_lastiterate.analysis.opacus_versions`, and the worst-case audit of real Opacus
+  code; ``docs/opacus_versions.md``);
+- :mod:`.opacus_training`: a ready-made Opacus trainer on digits (gradient or input canary)
+  for the runner.
+
+The statistics live in :mod:`opacus_lastiterate.analysis.audit`; every audit's numbers come
+from :class:`~opacus_lastiterate.analysis.audit.ScoreAudit`. Background, adversaries and
+references: ``docs/auditing.md``. The former flat modules (``auditing.runner``'s record
+file ``auditing.run_records``, ``auditing.input_canaries``, ``auditing.opacus_probe``, ...)
+still resolve every name, with a ``DeprecationWarning`` naming the new path.
 
 Names resolve lazily on first access (PEP 562 ``__getattr__``): importing this package loads
 neither torch nor Opacus, so a pool or Ray worker, or a command that only reads run records,
@@ -39,7 +35,33 @@ from typing import TYPE_CHECKING
 from opacus_lastiterate._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
-    from opacus_lastiterate.auditing.adversarial_samples import (
+    from opacus_lastiterate.auditing.gradient_space.adversaries import (
+        AdversarialDataset,
+        MaliciousDataset,
+        WorstCaseLandscape,
+    )
+    from opacus_lastiterate.auditing.gradient_space.arithmetic import DPSGDArithmetic, Normalisation
+    from opacus_lastiterate.auditing.gradient_space.canaries import (
+        DiracCanary,
+        DiracCanaryAdversary,
+        GradientCanary,
+        RandomDirectionAdversary,
+        RandomDirectionCanary,
+        SimulatedCoordinateAdversary,
+    )
+    from opacus_lastiterate.auditing.gradient_space.insertion import (
+        Insertion,
+        PeriodicInsertion,
+        PoissonInsertion,
+    )
+    from opacus_lastiterate.auditing.gradient_space.simulator import (
+        SimulatedAudit,
+        audit_scores,
+        simulate_adversarial_dataset,
+        simulate_malicious_dataset,
+        simulate_worst_case_landscape,
+    )
+    from opacus_lastiterate.auditing.input_space.adversarial_samples import (
         CRAFTING_OBJECTIVES,
         DEFAULT_MARGIN,
         CraftedSample,
@@ -49,28 +71,14 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         craft_adversarial_sample,
         uniform_expansion_objective,
     )
-    from opacus_lastiterate.auditing.adversaries import (
-        AdversarialDataset,
-        MaliciousDataset,
-        WorstCaseLandscape,
-    )
-    from opacus_lastiterate.auditing.arithmetic import DPSGDArithmetic, Normalisation
-    from opacus_lastiterate.auditing.canaries import (
-        DiracCanary,
-        DiracCanaryAdversary,
-        GradientCanary,
-        RandomDirectionAdversary,
-        RandomDirectionCanary,
-        SimulatedCoordinateAdversary,
-    )
-    from opacus_lastiterate.auditing.input_audit import (
+    from opacus_lastiterate.auditing.input_space.audit import (
         CraftingMode,
         InputAuditReport,
         SampleAudit,
         check_disjoint_runs,
         run_input_audit,
     )
-    from opacus_lastiterate.auditing.input_canaries import (
+    from opacus_lastiterate.auditing.input_space.canaries import (
         CANARY_TYPES,
         SCORE_STATISTICS,
         CanaryType,
@@ -84,18 +92,24 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         mislabelled_canary,
         sample_scores,
     )
-    from opacus_lastiterate.auditing.input_training import (
+    from opacus_lastiterate.auditing.input_space.model_cache import CachedTrain
+    from opacus_lastiterate.auditing.input_space.training import (
         Architecture,
         Initialisation,
         OpacusInputTrainer,
         digits_data,
     )
-    from opacus_lastiterate.auditing.insertion import Insertion, PeriodicInsertion, PoissonInsertion
-    from opacus_lastiterate.auditing.model_cache import CachedTrain
-    from opacus_lastiterate.auditing.opacus_audit import RealOpacusAudit, audit_installed_opacus
-    from opacus_lastiterate.auditing.opacus_probe import run_probe
+    from opacus_lastiterate.auditing.input_space.worst_case_init import (
+        canary_gradient_norm,
+        worst_case_initialisation,
+    )
+    from opacus_lastiterate.auditing.opacus_releases.agreement import ProbeReport, check_probe
+    from opacus_lastiterate.auditing.opacus_releases.probe import run_probe
+    from opacus_lastiterate.auditing.opacus_releases.real_code_audit import (
+        RealOpacusAudit,
+        audit_installed_opacus,
+    )
     from opacus_lastiterate.auditing.opacus_training import CanaryKind, OpacusDigitsTrainer
-    from opacus_lastiterate.auditing.probe_agreement import ProbeReport, check_probe
     from opacus_lastiterate.auditing.runner import (
         RECORD_FORMAT,
         AuditRunner,
@@ -109,88 +123,77 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         run_assignment,
         run_audit,
     )
-    from opacus_lastiterate.auditing.simulator import (
-        SimulatedAudit,
-        audit_scores,
-        simulate_adversarial_dataset,
-        simulate_malicious_dataset,
-        simulate_worst_case_landscape,
-    )
-    from opacus_lastiterate.auditing.worst_case_init import (
-        canary_gradient_norm,
-        worst_case_initialisation,
-    )
 
 _LAZY: dict[str, str] = {
-    "AdversarialDataset": "adversaries",
-    "Architecture": "input_training",
+    "AdversarialDataset": "gradient_space.adversaries",
+    "Architecture": "input_space.training",
     "AuditRunner": "runner",
-    "CANARY_TYPES": "input_canaries",
-    "CRAFTING_OBJECTIVES": "adversarial_samples",
-    "CachedTrain": "model_cache",
+    "CANARY_TYPES": "input_space.canaries",
+    "CRAFTING_OBJECTIVES": "input_space.adversarial_samples",
+    "CachedTrain": "input_space.model_cache",
     "CanaryKind": "opacus_training",
-    "CanaryType": "input_canaries",
-    "CraftedSample": "adversarial_samples",
-    "CraftingMode": "input_audit",
-    "CraftingObjective": "adversarial_samples",
-    "DEFAULT_MARGIN": "adversarial_samples",
-    "DPSGDArithmetic": "arithmetic",
-    "DiracCanary": "canaries",
-    "DiracCanaryAdversary": "canaries",
-    "GradientCanary": "canaries",
-    "Initialisation": "input_training",
-    "InputAuditReport": "input_audit",
-    "InputCanary": "input_canaries",
-    "InputScore": "input_canaries",
-    "Insertion": "insertion",
-    "MaliciousDataset": "adversaries",
-    "ModelPopulation": "adversarial_samples",
-    "Normalisation": "arithmetic",
+    "CanaryType": "input_space.canaries",
+    "CraftedSample": "input_space.adversarial_samples",
+    "CraftingMode": "input_space.audit",
+    "CraftingObjective": "input_space.adversarial_samples",
+    "DEFAULT_MARGIN": "input_space.adversarial_samples",
+    "DPSGDArithmetic": "gradient_space.arithmetic",
+    "DiracCanary": "gradient_space.canaries",
+    "DiracCanaryAdversary": "gradient_space.canaries",
+    "GradientCanary": "gradient_space.canaries",
+    "Initialisation": "input_space.training",
+    "InputAuditReport": "input_space.audit",
+    "InputCanary": "input_space.canaries",
+    "InputScore": "input_space.canaries",
+    "Insertion": "gradient_space.insertion",
+    "MaliciousDataset": "gradient_space.adversaries",
+    "ModelPopulation": "input_space.adversarial_samples",
+    "Normalisation": "gradient_space.arithmetic",
     "OpacusDigitsTrainer": "opacus_training",
-    "OpacusInputTrainer": "input_training",
-    "PeriodicInsertion": "insertion",
-    "PoissonInsertion": "insertion",
-    "ProbeReport": "probe_agreement",
+    "OpacusInputTrainer": "input_space.training",
+    "PeriodicInsertion": "gradient_space.insertion",
+    "PoissonInsertion": "gradient_space.insertion",
+    "ProbeReport": "opacus_releases.agreement",
     "RECORD_FORMAT": "runner",
-    "RandomDirectionAdversary": "canaries",
-    "RandomDirectionCanary": "canaries",
-    "RealOpacusAudit": "opacus_audit",
+    "RandomDirectionAdversary": "gradient_space.canaries",
+    "RandomDirectionCanary": "gradient_space.canaries",
+    "RealOpacusAudit": "opacus_releases.real_code_audit",
     "RunRecord": "runner",
     "RunRecords": "runner",
-    "SCORE_STATISTICS": "input_canaries",
-    "SampleAudit": "input_audit",
+    "SCORE_STATISTICS": "input_space.canaries",
+    "SampleAudit": "input_space.audit",
     "ScoreFunction": "runner",
-    "ScoreStatistic": "input_canaries",
-    "SimulatedAudit": "simulator",
-    "SimulatedCoordinateAdversary": "canaries",
+    "ScoreStatistic": "input_space.canaries",
+    "SimulatedAudit": "gradient_space.simulator",
+    "SimulatedCoordinateAdversary": "gradient_space.canaries",
     "TrainFunction": "runner",
     "TruncatedRecordWarning": "runner",
-    "WorstCaseLandscape": "adversaries",
-    "adaptive_expansion_objective": "adversarial_samples",
-    "audit_installed_opacus": "opacus_audit",
+    "WorstCaseLandscape": "gradient_space.adversaries",
+    "adaptive_expansion_objective": "input_space.adversarial_samples",
+    "audit_installed_opacus": "opacus_releases.real_code_audit",
     "audit_records": "runner",
-    "audit_scores": "simulator",
-    "blank_canary": "input_canaries",
-    "canary_gradient_norm": "worst_case_init",
-    "check_disjoint_runs": "input_audit",
-    "check_probe": "probe_agreement",
-    "clip_backdoor_canary": "input_canaries",
-    "craft_adversarial_sample": "adversarial_samples",
-    "digits_data": "input_training",
-    "in_distribution_canary": "input_canaries",
-    "least_likely_label": "input_canaries",
-    "mislabelled_canary": "input_canaries",
+    "audit_scores": "gradient_space.simulator",
+    "blank_canary": "input_space.canaries",
+    "canary_gradient_norm": "input_space.worst_case_init",
+    "check_disjoint_runs": "input_space.audit",
+    "check_probe": "opacus_releases.agreement",
+    "clip_backdoor_canary": "input_space.canaries",
+    "craft_adversarial_sample": "input_space.adversarial_samples",
+    "digits_data": "input_space.training",
+    "in_distribution_canary": "input_space.canaries",
+    "least_likely_label": "input_space.canaries",
+    "mislabelled_canary": "input_space.canaries",
     "read_records": "runner",
     "run_assignment": "runner",
     "run_audit": "runner",
-    "run_input_audit": "input_audit",
-    "run_probe": "opacus_probe",
-    "sample_scores": "input_canaries",
-    "simulate_adversarial_dataset": "simulator",
-    "simulate_malicious_dataset": "simulator",
-    "simulate_worst_case_landscape": "simulator",
-    "uniform_expansion_objective": "adversarial_samples",
-    "worst_case_initialisation": "worst_case_init",
+    "run_input_audit": "input_space.audit",
+    "run_probe": "opacus_releases.probe",
+    "sample_scores": "input_space.canaries",
+    "simulate_adversarial_dataset": "gradient_space.simulator",
+    "simulate_malicious_dataset": "gradient_space.simulator",
+    "simulate_worst_case_landscape": "gradient_space.simulator",
+    "uniform_expansion_objective": "input_space.adversarial_samples",
+    "worst_case_initialisation": "input_space.worst_case_init",
 }
 """Public name -> defining submodule; resolved on first access (torch loads then)."""
 

@@ -42,14 +42,20 @@ from opacus_lastiterate.analysis._validation import (
 from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
 from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
 
-__all__ = ["CanaryKind", "OpacusDigitsTrainer"]
+__all__ = [
+    "CanaryKind",
+    "ConstantRunEpsilons",
+    "OpacusDigitsTrainer",
+    "digits_arrays",
+    "train_dp_sgd",
+]
 
 CanaryKind = Literal["gradient", "input"]
 _NUM_FEATURES, _NUM_CLASSES = 64, 10
 
 
 @functools.lru_cache(maxsize=1)
-def _digits() -> tuple[np.ndarray, np.ndarray]:
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """Digits features scaled to [0, 1] (a fixed, data-independent scale) and labels."""
     from sklearn.datasets import load_digits
 
@@ -57,7 +63,7 @@ def _digits() -> tuple[np.ndarray, np.ndarray]:
     return (x / 16.0).astype(np.float32), y.astype(np.int64)
 
 
-def _train_dp_sgd(
+def train_dp_sgd(
     model: nn.Module,
     x: np.ndarray,
     y: np.ndarray,
@@ -117,7 +123,7 @@ def _train_dp_sgd(
     return model  # the unwrapped module, holding the final parameters
 
 
-class _ConstantRunEpsilons:
+class ConstantRunEpsilons:
     """heuristic_epsilon / standard_epsilon of a trainer's constant (T, q, sigma) run."""
 
     steps: int
@@ -147,7 +153,7 @@ class _ConstantRunEpsilons:
 
 
 @dataclass(frozen=True)
-class OpacusDigitsTrainer(_ConstantRunEpsilons):
+class OpacusDigitsTrainer(ConstantRunEpsilons):
     """DP-SGD (Opacus, last-iterate accountant) on digits, with an optional canary.
 
     Attributes:
@@ -183,7 +189,7 @@ class OpacusDigitsTrainer(_ConstantRunEpsilons):
         check_int("steps", self.steps, minimum=1)
         check_int("batch_size", self.batch_size, minimum=1)
         n = check_int("num_examples", self.num_examples, minimum=1)
-        total = len(_digits()[1])
+        total = len(digits_arrays()[1])
         if n > total - 1:
             raise ValueError(f"`num_examples` must be in [1, {total - 1}], got {n}.")
         check_noise_multiplier(self.noise_multiplier)
@@ -218,7 +224,7 @@ class OpacusDigitsTrainer(_ConstantRunEpsilons):
         return self._loader_constants(self.num_examples)[0]
 
     def _split(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        x, y = _digits()
+        x, y = digits_arrays()
         order = np.random.default_rng(self.data_seed).permutation(len(y))
         train, canary = order[: self.num_examples], int(order[self.num_examples])
         return x[train], y[train], x[canary], int((y[canary] + 1) % _NUM_CLASSES)
@@ -259,7 +265,7 @@ class OpacusDigitsTrainer(_ConstantRunEpsilons):
         if include_canary and self.canary == "input":
             x, y = np.concatenate([x, xc[None, :]]), np.concatenate([y, [yc]])
         before = self._insert_gradient_canary if include_canary and self.canary == "gradient" else None
-        return _train_dp_sgd(
+        return train_dp_sgd(
             self.initial_model(),
             x,
             y,

@@ -22,10 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from opacus_lastiterate.callbacks.canary_audit import (
     CanaryAuditResult,
-    InputCanaries,
     InTrainingAuditReport,
     InTrainingCanaryAudit,
-    make_input_canaries,
 )
 from opacus_lastiterate.callbacks.monitor import (
     DOUBLING_START,
@@ -68,7 +66,6 @@ __all__ = [
     "HFPrivacyCallback",
     "InTrainingAuditReport",
     "InTrainingCanaryAudit",
-    "InputCanaries",
     "JsonlSink",
     "LoggingSink",
     "MlflowSink",
@@ -80,7 +77,6 @@ __all__ = [
     "PrivacyMonitorCallback",
     "TensorBoardSink",
     "WandbSink",
-    "make_input_canaries",
 ]
 
 
@@ -103,4 +99,6 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
+    if name in ("InputCanaries", "make_input_canaries"):  # moved; the module warns
+        return getattr(importlib.import_module("opacus_lastiterate.callbacks.canary_audit"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,9 +13,17 @@ audit"). Two kinds of canaries:
   the summed clipped gradient after clipping and before the noise (so the divisor
   ``expected_batch_size`` applies to them as to a real example), each included canary
   Poisson-sampled at every step at the training rate q. Score ``theta_0[c] - theta_T[c]``.
-* **input canaries** (:func:`make_input_canaries`): mislabelled copies of examples that are
-  not otherwise in the training set, added to it by the coins. Score: minus the final
-  model's loss on the canary.
+* **input canaries** (:func:`~opacus_lastiterate.auditing.input_space.make_input_canaries`,
+  :class:`~opacus_lastiterate.auditing.input_space.InputCanaries`, the package's input
+  canaries with their coins): mislabelled copies of examples that are not otherwise in the
+  training set, added to it by the coins. Score: minus the final model's loss on the canary.
+
+Both kinds are audited by
+:meth:`ScoreAudit.from_canaries <opacus_lastiterate.analysis.audit.ScoreAudit.from_canaries>`
+(one-run and one-run f-DP bounds). The gradient canaries are the Dirac canaries of
+:class:`~opacus_lastiterate.auditing.gradient_space.DiracCanary` (C on one coordinate, score
+``theta_0[c] - theta_T[c]``), m of them batched on the parameters' device: one dense
+``DiracCanary`` per canary would hold m parameter-sized vectors and read the host per step.
 
 Per step nothing leaves the parameters' device and nothing waits for it: the sampling uses a
 dedicated ``torch.Generator`` on that device and the insertion is an ``index_add_``; scores
@@ -38,15 +46,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from numpy.typing import ArrayLike, NDArray
 from torch import nn
-from torch.utils.data import ConcatDataset, Dataset, TensorDataset
 
+from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_in_interval,
@@ -56,14 +64,25 @@ from opacus_lastiterate.analysis._validation import (
 from opacus_lastiterate.analysis.audit.result import AuditResult
 from opacus_lastiterate.analysis.audit.score_audit import ScoreAudit
 from opacus_lastiterate.analysis.run import DPSGDRun
+from opacus_lastiterate.auditing.input_space import canary_set
 
-__all__ = [
-    "CanaryAuditResult",
-    "InTrainingAuditReport",
-    "InTrainingCanaryAudit",
-    "InputCanaries",
-    "make_input_canaries",
-]
+_MOVED = {"InputCanaries", "make_input_canaries"}  # to auditing.input_space.canary_set
+_NEW_HOME = "opacus_lastiterate.auditing.input_space"
+
+
+def __getattr__(name: str) -> Any:
+    """The input-canary set moved to :mod:`opacus_lastiterate.auditing.input_space` (one
+    input-canary concept); the old names still resolve here, with a DeprecationWarning."""
+    if name in _MOVED:
+        warn(
+            f"{__name__}.{name} moved to {_NEW_HOME}: import {name} from {_NEW_HOME} (the "
+            "old path is deprecated and goes in the next release).",
+            DeprecationWarning,
+        )
+        return getattr(canary_set, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+__all__ = ["CanaryAuditResult", "InTrainingAuditReport", "InTrainingCanaryAudit"]
 
 _HEURISTIC_NOTE = "last-iterate heuristic, final model only; not a DP guarantee for deep networks"
 _STANDARD_NOTE = "standard composition (all iterates released), PLD upper bound"
@@ -71,12 +90,6 @@ _STANDARD_NOTE = "standard composition (all iterates released), PLD upper bound"
 
 def _check_seed(seed: object) -> int:
     return check_int("seed", seed)
-
-
-def _coins(seed: int, m: int, salt: int) -> NDArray[np.bool_]:
-    """m fair coins from a generator of its own (``salt`` separates the canary kinds)."""
-    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(salt,)))
-    return rng.random(m) < 0.5
 
 
 # ------------------------------------------------------------------------------ results
@@ -107,24 +120,23 @@ class CanaryAuditResult:
             "canaries": self.canaries,
             "num_canaries": self.num_canaries,
             "num_included": self.num_included,
-            "one_run": _result_dict(self.one_run),
-            "one_run_fdp": _result_dict(self.one_run_fdp),
+            "one_run": self.one_run.as_dict(_ONE_RUN_FIELDS),
+            "one_run_fdp": self.one_run_fdp.as_dict(_ONE_RUN_FIELDS),
         }
 
 
-def _result_dict(result: AuditResult) -> dict[str, Any]:
-    counts = result.counts
-    return {
-        "epsilon": result.epsilon,
-        "delta": result.delta,
-        "confidence": result.confidence,
-        "method": result.method,
-        "kind": result.kind,
-        "num_guesses": getattr(counts, "num_guesses", None),
-        "num_correct": getattr(counts, "num_correct", None),
-        "threshold": result.threshold,
-        "notes": list(result.notes),
-    }
+_ONE_RUN_FIELDS = (
+    "epsilon",
+    "delta",
+    "confidence",
+    "method",
+    "kind",
+    "num_guesses",
+    "num_correct",
+    "threshold",
+    "notes",
+)
+"""The keys of a one-run result in :meth:`CanaryAuditResult.as_dict`."""
 
 
 def _fmt(value: float | None) -> str:
@@ -226,119 +238,6 @@ def _canary_audit(
     )
 
 
-# ------------------------------------------------------------------------------ input canaries
-
-
-def _per_example_cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(output, target, reduction="none")
-
-
-@dataclass(frozen=True, eq=False)
-class InputCanaries:
-    """Mislabelled input canaries and their coins (built by :func:`make_input_canaries`).
-
-    Attributes:
-        features: every canary's input, included or not, shape ``(m, ...)``.
-        labels: their (wrong) labels, shape ``(m,)``.
-        included: the fair coins, True = added to the training set.
-        source_indices: index of each canary's example in the source data set.
-    """
-
-    features: torch.Tensor = field(repr=False)
-    labels: torch.Tensor = field(repr=False)
-    included: NDArray[np.bool_] = field(repr=False)
-    source_indices: NDArray[np.int64] = field(repr=False)
-
-    @property
-    def num_canaries(self) -> int:
-        return int(self.included.size)
-
-    @torch.no_grad()
-    def scores(
-        self,
-        model: nn.Module,
-        *,
-        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _per_example_cross_entropy,
-        batch_size: int = 1024,
-    ) -> NDArray[np.float64]:
-        """Minus the per-example ``loss`` of ``model`` on every canary (higher = "in").
-
-        ``loss(output, labels)`` must return one value per example. The model is put in eval
-        mode for the scoring and its mode restored afterwards.
-        """
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}.")
-        b = check_int("batch_size", batch_size, minimum=1)
-        device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        was_training = model.training
-        model.eval()
-        try:
-            out = []
-            for start in range(0, self.num_canaries, b):
-                x = self.features[start : start + b].to(device)
-                y = self.labels[start : start + b].to(device)
-                values = loss(model(x), y)
-                if values.shape != y.shape:
-                    raise ValueError(
-                        f"`loss` must return one value per example (shape {tuple(y.shape)}), "
-                        f"got shape {tuple(values.shape)}."
-                    )
-                out.append(-values.detach().double())
-            return torch.cat(out).cpu().numpy() if out else np.zeros(0)
-        finally:
-            model.train(was_training)
-
-
-def make_input_canaries(
-    train: Dataset,
-    source: Dataset,
-    num_canaries: int,
-    *,
-    num_classes: int,
-    seed: int,
-) -> tuple[Dataset, InputCanaries]:
-    """Training set augmented with mislabelled canaries, and the record of their coins.
-
-    ``num_canaries`` distinct examples ``(x, y)`` are drawn from ``source`` (a data set of
-    examples *not* in ``train``, e.g. a held-out split: a copy of a training example would
-    be in the data whatever its coin), each relabelled to a uniformly drawn wrong class, and
-    each appended to ``train`` if its fair coin says so. All draws come from ``seed``; the
-    global random number generators are not used.
-
-    Returns:
-        ``(ConcatDataset([train, included canaries]), InputCanaries)``.
-    """
-    m = check_int("num_canaries", num_canaries, minimum=1)
-    k = check_int("num_classes", num_classes, minimum=2)
-    s = _check_seed(seed)
-    try:
-        n_source = len(source)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError("`source` must be a map-style data set with a length.") from None
-    if m > n_source:
-        raise ValueError(
-            f"`num_canaries` must be at most len(source) = {n_source}, got {m}."
-        )
-    rng = np.random.default_rng(np.random.SeedSequence(s, spawn_key=(1,)))
-    idx = np.sort(rng.choice(n_source, size=m, replace=False)).astype(np.int64)
-    shift = rng.integers(1, k, size=m)
-    xs, ys = [], []
-    for i, j in zip(idx, shift, strict=True):
-        x, y = source[int(i)]
-        label = int(y)
-        if not 0 <= label < k:
-            raise ValueError(f"label {label} of source example {int(i)} is not in [0, {k}).")
-        xs.append(torch.as_tensor(x))
-        ys.append((label + int(j)) % k)
-    features = torch.stack(xs)
-    labels = torch.tensor(ys, dtype=torch.int64)
-    coins = _coins(s, m, salt=2)
-    canaries = InputCanaries(features, labels, coins, idx)
-    keep = torch.from_numpy(np.flatnonzero(coins))
-    augmented: Dataset = ConcatDataset([train, TensorDataset(features[keep], labels[keep])])
-    return augmented, canaries
-
-
 # ------------------------------------------------------------------------------ gradient canaries
 
 
@@ -438,7 +337,8 @@ class InTrainingCanaryAudit:
         seed: seed of the coordinates, coins and per-step sampling.
         accountant: the PrivacyEngine's accountant (``engine.accountant``), whose history
             gives the reference epsilons; None: the steps recorded by this audit.
-        input_canaries: the record returned by :func:`make_input_canaries`, if any.
+        input_canaries: the record returned by
+            :func:`~opacus_lastiterate.auditing.input_space.make_input_canaries`, if any.
         candidates: flat parameter indices the canary coordinates are drawn from (None:
             all), e.g. coordinates the real data do not move.
         enabled: False makes the audit inert (nothing attached; training unchanged).
@@ -455,7 +355,7 @@ class InTrainingCanaryAudit:
         sample_rate: float,
         seed: int,
         accountant: Any = None,
-        input_canaries: InputCanaries | None = None,
+        input_canaries: canary_set.InputCanaries | None = None,
         candidates: ArrayLike | None = None,
         enabled: bool = True,
     ) -> None:
@@ -470,7 +370,7 @@ class InTrainingCanaryAudit:
         m = check_int("num_canaries", num_canaries)
         self._sample_rate = check_sample_rate(sample_rate)
         self._seed = _check_seed(seed)
-        if input_canaries is not None and not isinstance(input_canaries, InputCanaries):
+        if input_canaries is not None and not isinstance(input_canaries, canary_set.InputCanaries):
             raise TypeError(
                 "`input_canaries` must be an InputCanaries (from make_input_canaries) or None, "
                 f"got {type(input_canaries).__name__}."
@@ -500,7 +400,7 @@ class InTrainingCanaryAudit:
 
         rng = np.random.default_rng(np.random.SeedSequence(self._seed, spawn_key=(0,)))
         self._coordinates = rng.choice(pool, size=m, replace=False).astype(np.int64)
-        self._coins = _coins(self._seed, m, salt=3)
+        self._coins = canary_set.fair_coins(self._seed, m, salt=3)
         self._device = params[0].device
         sampling_seed = int(np.random.SeedSequence(self._seed, spawn_key=(4,)).generate_state(1)[0])
         self._generator = torch.Generator(device=self._device).manual_seed(sampling_seed)
@@ -678,7 +578,11 @@ class InTrainingCanaryAudit:
         if self._input is not None:
             if model is None:
                 raise ValueError("`model` is required to score the input canaries.")
-            scores = self._input.scores(model, loss=input_loss or _per_example_cross_entropy)
+            scores = (
+                self._input.scores(model)
+                if input_loss is None
+                else self._input.scores(model, loss=input_loss)
+            )
             audits.append(_canary_audit("input", scores, self._input.included, d, c))
         heuristic, robust, upper = self._reference_epsilons(d, standard)
         return InTrainingAuditReport(

@@ -55,27 +55,6 @@ def _strategy(name: str, seed: int) -> Any:
     }[name]()
 
 
-def _result_dict(result: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return {
-        "epsilon": result.epsilon,
-        "delta": result.delta,
-        "confidence": result.confidence,
-        "method": result.method,
-        "kind": result.kind,
-        "statistically_valid": result.statistically_valid,
-        "counts": asdict(result.counts),
-        "threshold": result.threshold,
-        "selection": result.selection or (
-            result.threshold_strategy.describe() if result.threshold_strategy else ""
-        ),
-        "mu": result.mu,
-        "notes": list(result.notes),
-        "summary": str(result),
-    }
-
-
 def _plot_scores(records: Any, result: Any, path: Path, title: str) -> None:
     from opacus_lastiterate.figures._plotting import pyplot, save
 
@@ -148,7 +127,7 @@ def records_command(
     n_in, n_out = len(records.in_scores), len(records.out_scores)
     if as_json:
         emit_json({"records": str(path), "runs": n_in + n_out, "runs_with_canary": n_in,
-                   "runs_without_canary": n_out, "audit": _result_dict(result)})
+                   "runs_without_canary": n_out, "audit": result.as_dict()})
         return
     click.echo(f"{path}: {n_in + n_out} runs, {n_in} with the canary, {n_out} without")
     click.echo(f"  {result}")
@@ -235,7 +214,7 @@ def digits_command(
         "standard": "standard composition (all iterates released): an UPPER bound",
     }
     if as_json:
-        emit_json({"configuration": configuration, "audit": _result_dict(result),
+        emit_json({"configuration": configuration, "audit": result.as_dict(),
                    "heuristic": heuristic, "standard": standard, "labels": labels,
                    "records": None if records_path is None else str(records_path),
                    "trained": runner.last_trained})

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
-from opacus_lastiterate.figures._base import json_safe
+from opacus_lastiterate._json import json_safe
 from opacus_lastiterate.figures._plotting import IMAGE_SUFFIXES
 
 __all__ = [

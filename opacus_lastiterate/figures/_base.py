@@ -8,19 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opacus_lastiterate._json import json_safe  # moved there; re-exported here
+
 __all__ = ["Column", "FigureResult", "json_safe"]
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` with every non-finite float written as a string ("inf", "-inf", "nan"), so
-    that the result is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ theta_t. The figure shows eps_25 / eps_1 against the batch size B for several si
 (sigma, B) we print:
 
 * exact: eps_1, eps_25 and their ratio for the simulated process (density evolution on a
-  grid, :mod:`opacus_lastiterate.auditing.exact`, with its discretisation error);
+  grid, :mod:`opacus_lastiterate.auditing.gradient_space.exact`, with its discretisation error);
 * GDP: eps_25 and the ratio of the Gaussian-DP ESTIMATE from ``trials`` simulated runs per
   side (the paper's auditing; it assumes a Gaussian trade-off, and the step-25 law is
   bimodal, so it overstates);
@@ -57,7 +57,7 @@ def compute(size: str = "default", *, trials: int | None = None, seed: int = 0) 
         audit_scores,
         simulate_worst_case_landscape,
     )
-    from opacus_lastiterate.auditing.exact import worst_case_landscape_epsilons
+    from opacus_lastiterate.auditing.gradient_space.exact import worst_case_landscape_epsilons
 
     n = TRIALS[size] if trials is None else trials
     grid = GRID[size]

@@ -1,6 +1,6 @@
 """The Opacus version model: the 26 releases, the exact 1.x divisor, each version's own
 epsilon, and agreement with the committed real-code probes of every release (the probe of
-the installed Opacus runs in ``tests/auditing/test_opacus_probe.py``)."""
+the installed Opacus runs in ``tests/auditing/opacus_releases/test_probe.py``)."""
 
 from __future__ import annotations
 
@@ -188,7 +188,7 @@ def _probe_records() -> dict[tuple[str, str], dict]:
 
 
 def test_committed_probes_cover_every_release_and_agree_with_the_model() -> None:
-    from opacus_lastiterate.auditing.probe_agreement import check_probe
+    from opacus_lastiterate.auditing.opacus_releases.agreement import check_probe
 
     data = json.loads(PROBES.read_text())
     assert data["command"].startswith("python scripts/probe_opacus_versions.py")
@@ -228,7 +228,7 @@ def test_committed_probes_cover_every_release_and_agree_with_the_model() -> None
 def test_probes_tell_neighbouring_releases_apart(measured: str, model: str, difference: str) -> None:
     """A record checked against the next release's row disagrees: the checks can fail, and
     the committed records pin down each row of the table ({difference})."""
-    from opacus_lastiterate.auditing.probe_agreement import check_probe
+    from opacus_lastiterate.auditing.opacus_releases.agreement import check_probe
 
     record = dict(_probe_records()[("current", measured)], opacus=model)
     assert not check_probe(record).agrees

@@ -94,7 +94,7 @@ def test_paired_auroc_difference_counts_pairs_and_brackets_the_point(
     pytest.importorskip("torch")
     pytest.importorskip("sklearn")
     mod = _load("digits_input_audit", monkeypatch)
-    from opacus_lastiterate.auditing.run_records import RunRecord, RunRecords
+    from opacus_lastiterate.auditing.runner.records import RunRecord, RunRecords
 
     rng = np.random.default_rng(3)
     member = rng.random(300) < 0.5

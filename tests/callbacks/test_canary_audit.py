@@ -18,12 +18,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import opacus_lastiterate.accountants  # noqa: F401  (registers accountant="last_iterate")
-from opacus_lastiterate.callbacks import (
-    InputCanaries,
-    InTrainingAuditReport,
-    InTrainingCanaryAudit,
-    make_input_canaries,
-)
+from opacus_lastiterate.auditing.input_space import make_input_canaries
+from opacus_lastiterate.callbacks import InTrainingAuditReport, InTrainingCanaryAudit
 from tests.callbacks.conftest import DEVICES
 
 DELTA = 1e-5
@@ -330,32 +326,7 @@ def test_mixed_precision_autocast(device: str) -> None:
 # ------------------------------------------------------------------------------ input canaries
 
 
-def _classification_sets(n: int = 120, held_out: int = 60) -> tuple[TensorDataset, TensorDataset]:
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(n + held_out, 8, generator=g)
-    y = torch.randint(0, 3, (n + held_out,), generator=g)
-    return TensorDataset(x[:n], y[:n]), TensorDataset(x[n:], y[n:])
-
-
-def test_make_input_canaries_records_coins_and_wrong_labels() -> None:
-    train, source = _classification_sets()
-    augmented, canaries = make_input_canaries(train, source, 40, num_classes=3, seed=5)
-    assert isinstance(canaries, InputCanaries) and canaries.num_canaries == 40
-    assert len(augmented) == len(train) + int(canaries.included.sum())  # type: ignore[arg-type]
-    assert 0 < canaries.included.sum() < 40
-    true_labels = source.tensors[1][torch.from_numpy(canaries.source_indices)]
-    assert torch.all(canaries.labels != true_labels)
-    assert torch.equal(canaries.features, source.tensors[0][torch.from_numpy(canaries.source_indices)])
-    # the included canaries are appended in order, after the training set
-    inc = np.flatnonzero(canaries.included)
-    x_last, y_last = augmented[len(augmented) - 1]  # type: ignore[arg-type]
-    assert torch.equal(x_last, canaries.features[inc[-1]]) and int(y_last) == int(canaries.labels[inc[-1]])
-    # deterministic in the seed, and without touching the global RNG
-    state = torch.get_rng_state()
-    _, again = make_input_canaries(train, source, 40, num_classes=3, seed=5)
-    assert torch.equal(torch.get_rng_state(), state)
-    assert np.array_equal(again.included, canaries.included)
-    assert np.array_equal(again.source_indices, canaries.source_indices)
+from tests.auditing.input_space.test_canary_set import _classification_sets  # noqa: E402
 
 
 def test_input_canaries_end_to_end_report() -> None:
@@ -447,11 +418,6 @@ def test_argument_checks() -> None:
     audit.detach()
     assert "add_noise" not in vars(opt)
     InTrainingCanaryAudit(opt, num_canaries=2, sample_rate=0.1, seed=1)  # attachable again
-    train, source = _classification_sets()
-    with pytest.raises(ValueError, match="`num_canaries`"):
-        make_input_canaries(train, source, 61, num_classes=3, seed=0)
-    with pytest.raises(ValueError, match="`num_classes`"):
-        make_input_canaries(train, source, 5, num_classes=1, seed=0)
 
 
 def test_detach_stops_insertion() -> None:

@@ -13,6 +13,23 @@ Typical use::
     print(plan_multi_run_audit(1000, delta=1e-5))          # before training
     audit = ScoreAudit(in_scores, out_scores)              # validated and sorted once
     print(audit.clopper_pearson(delta=1e-5), audit.auroc())
+
+One audit surface: :class:`ScoreAudit`. Every other entry point that turns scores into an
+:class:`AuditResult` is one call on it:
+
+- :func:`audit_clopper_pearson`, :func:`audit_gaussian_dp`, :func:`audit_one_run`:
+  ``ScoreAudit(ins, outs).clopper_pearson / gaussian_dp / one_run(...)``;
+- ``auditing.gradient_space.audit_scores``: its ``clopper_pearson`` and ``gaussian_dp``;
+- ``auditing.runner.audit_records`` (and ``AuditRunner.audit``, ``run_audit``):
+  ``RunRecords.score_audit().clopper_pearson(...)`` or ``.gaussian_dp(...)``;
+- the in-training canary audit (``callbacks.InTrainingCanaryAudit.report``):
+  :meth:`ScoreAudit.from_canaries` then ``one_run`` and ``one_run_fdp``; the input-space and
+  real-Opacus audits (``auditing.input_space.run_input_audit``,
+  ``auditing.opacus_releases.audit_installed_opacus``) call ``audit_records`` / ScoreAudit.
+
+Below it, the counts-level statistics that ScoreAudit applies at its selected threshold
+(:func:`epsilon_bound_from_counts`, :func:`gaussian_dp_estimate_from_counts`,
+:func:`one_run_epsilon_bound`, :func:`one_run_fdp_bound`) audit given counts (no scores).
 """
 
 from opacus_lastiterate.analysis.audit.clopper_pearson import (
@@ -51,9 +68,11 @@ from opacus_lastiterate.analysis.audit.pure_dp import (
 )
 from opacus_lastiterate.analysis.audit.result import (
     AUDIT_KINDS,
+    AUDIT_RESULT_FIELDS,
     AuditCounts,
     AuditKind,
     AuditResult,
+    DescribedStrategy,
     MultiRunCounts,
     OneRunCounts,
 )
@@ -81,6 +100,7 @@ from opacus_lastiterate.analysis.audit.warning_types import (
 
 __all__ = [
     "AUDIT_KINDS",
+    "AUDIT_RESULT_FIELDS",
     "DEFAULT_THRESHOLD_STRATEGY",
     "FDP_FAMILIES",
     "ONE_RUN_DELTA_WARNING_LEVEL",
@@ -90,6 +110,7 @@ __all__ = [
     "AuditResult",
     "AuditWarning",
     "Bonferroni",
+    "DescribedStrategy",
     "ErrorCurve",
     "ExplicitThreshold",
     "HeldOutSplit",

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from opacus_lastiterate.analysis._validation import check_in_interval, check_int
 
-if TYPE_CHECKING:
-    from opacus_lastiterate.analysis.audit.threshold_strategies import ThresholdStrategy
-
-__all__ = ["AuditCounts", "AuditKind", "AuditResult", "MultiRunCounts", "OneRunCounts"]
+__all__ = [
+    "AUDIT_RESULT_FIELDS",
+    "AuditCounts",
+    "AuditKind",
+    "AuditResult",
+    "DescribedStrategy",
+    "MultiRunCounts",
+    "OneRunCounts",
+]
 
 #: ``"bound"``: valid lower bound at the stated confidence, no assumption on the mechanism;
 #: ``"estimate"``: valid only under a stated assumption (a Gaussian trade-off curve);
@@ -89,6 +95,44 @@ class OneRunCounts:
 AuditCounts = MultiRunCounts | OneRunCounts
 
 
+@runtime_checkable
+class DescribedStrategy(Protocol):
+    """What a result keeps of the strategy that selected its threshold: an object that says
+    in words what it did. Every
+    :class:`~opacus_lastiterate.analysis.audit.threshold_strategies.ThresholdStrategy` is one
+    (this module does not import the strategies, which build results)."""
+
+    def describe(self) -> str: ...
+
+AUDIT_RESULT_FIELDS: tuple[str, ...] = (
+    "epsilon",
+    "delta",
+    "confidence",
+    "method",
+    "kind",
+    "statistically_valid",
+    "counts",
+    "threshold",
+    "selection",
+    "mu",
+    "notes",
+    "summary",
+)
+"""The keys of :meth:`AuditResult.as_dict` by default, in order: the attributes, ``counts``
+as a dict, ``selection`` (the strategy's description when the audit stated none) and
+``summary`` (``str(result)``)."""
+
+_COUNT_FIELDS: tuple[str, ...] = (
+    "num_in",
+    "num_out",
+    "false_positives",
+    "false_negatives",
+    "num_canaries",
+    "num_guesses",
+    "num_correct",
+)
+
+
 @dataclass(frozen=True)
 class AuditResult:
     """An audit's epsilon and everything needed to read it honestly.
@@ -119,7 +163,7 @@ class AuditResult:
     method: str
     kind: AuditKind
     counts: AuditCounts
-    threshold_strategy: ThresholdStrategy | None = None
+    threshold_strategy: DescribedStrategy | None = None
     threshold: float | None = None
     selection: str = ""
     mu: float | None = None
@@ -139,6 +183,39 @@ class AuditResult:
                 f"kind={self.kind!r}, statistically_valid={self.statistically_valid!r}."
             )
         object.__setattr__(self, "notes", tuple(self.notes))
+
+    def as_dict(self, fields: Sequence[str] = AUDIT_RESULT_FIELDS) -> dict[str, Any]:
+        """A JSON-friendly dict of the result (non-finite floats stay floats).
+
+        Args:
+            fields: the keys, in order: any of :data:`AUDIT_RESULT_FIELDS`, or the name of a
+                field of either counts type (``num_in``, ``num_out``, ``false_positives``,
+                ``false_negatives``, ``num_canaries``, ``num_guesses``, ``num_correct``): that
+                field of :attr:`counts`, None when the counts have no such field.
+        """
+        if isinstance(fields, str) or not isinstance(fields, Sequence):
+            raise TypeError(f"`fields` must be a sequence of field names, got {fields!r}.")
+        values: dict[str, Any] = {}
+        for name in fields:
+            if name == "counts":
+                values[name] = asdict(self.counts)
+            elif name == "selection":
+                strategy = self.threshold_strategy
+                values[name] = self.selection or (strategy.describe() if strategy else "")
+            elif name == "notes":
+                values[name] = list(self.notes)
+            elif name == "summary":
+                values[name] = str(self)
+            elif name in AUDIT_RESULT_FIELDS:
+                values[name] = getattr(self, name)
+            elif name in _COUNT_FIELDS:
+                values[name] = getattr(self.counts, name, None)
+            else:
+                raise ValueError(
+                    f"`fields` must name fields of {AUDIT_RESULT_FIELDS + _COUNT_FIELDS}, "
+                    f"got {name!r}."
+                )
+        return values
 
     @property
     def is_bound(self) -> bool:

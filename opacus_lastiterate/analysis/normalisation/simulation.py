@@ -35,7 +35,7 @@ from opacus_lastiterate.analysis._validation import (
 from opacus_lastiterate.analysis.normalisation.asgm import asgm_privacy_loss
 from opacus_lastiterate.analysis.normalisation.divisor_leak import divisor_leak_loss
 
-__all__ = ["simulate_asgm", "simulate_divisor_leak"]
+__all__ = ["asgm_dimension_llr", "simulate_asgm", "simulate_divisor_leak"]
 
 _CHUNK = 2_000_000  # floats per vectorised block
 _PMF_FLOOR = 1e-40  # batch sizes rarer than this are left out of the likelihoods
@@ -69,8 +69,13 @@ def _projection_and_residual(
     return u, v
 
 
-def _asgm_dimension_llr(u: NDArray, v: NDArray, n: int, q: float, sigma: float, d: int) -> NDArray:
-    """Exact log(f_with(O) / f_without(O)) of a non-empty d-dimensional ASGM output."""
+def asgm_dimension_llr(u: NDArray, v: NDArray, n: int, q: float, sigma: float, d: int) -> NDArray:
+    """Exact log(f_with(O) / f_without(O)) of a non-empty d-dimensional ASGM output.
+
+    ``u``, ``v``: the output's summary statistics (as :func:`simulate_asgm` draws them),
+    ``n`` other examples, sampling rate ``q``, noise multiplier ``sigma``, dimension ``d``
+    (the real-code ASGM audit scores real Opacus outputs with it).
+    """
     without = stats.binom(n, q)
     m = np.arange(1, n + 2, dtype=np.float64)
     log_k = without.logpmf(m)  # P(K = m), -inf at m = n + 1
@@ -132,7 +137,7 @@ def simulate_asgm(
         u, v = _projection_and_residual(
             rng, b[full].astype(np.float64) / mm, s / mm, d, full_vectors
         )
-        total[full] += _asgm_dimension_llr(u, v, n, q, s, d)
+        total[full] += asgm_dimension_llr(u, v, n, q, s, d)
     return total
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from opacus_lastiterate.analysis.audit import (
+    AUDIT_RESULT_FIELDS,
     AuditResult,
     MultiRunCounts,
     NaiveMax,
@@ -79,3 +80,47 @@ def test_result_validation() -> None:
     assert str(AuditResult(float("inf"), 0.0, 0.95, "one-run", "bound", counts)).startswith(
         "epsilon >= inf"
     )
+
+
+def test_as_dict_writes_every_field_and_the_counts() -> None:
+    counts = MultiRunCounts(num_in=10, num_out=12, false_positives=1, false_negatives=2)
+    result = AuditResult(
+        epsilon=0.75, delta=1e-5, confidence=0.95, method="clopper-pearson", kind="bound",
+        counts=counts, threshold=0.5, selection="chosen", notes=("a", "b"),
+    )
+    assert result.as_dict() == {
+        "epsilon": 0.75, "delta": 1e-5, "confidence": 0.95, "method": "clopper-pearson",
+        "kind": "bound", "statistically_valid": True,
+        "counts": {"num_in": 10, "num_out": 12, "false_positives": 1, "false_negatives": 2},
+        "threshold": 0.5, "selection": "chosen", "mu": None, "notes": ["a", "b"],
+        "summary": str(result),
+    }
+    assert list(result.as_dict()) == list(AUDIT_RESULT_FIELDS)
+
+
+def test_as_dict_selects_fields_in_order_and_flattens_counts() -> None:
+    one_run = AuditResult(
+        epsilon=1.5, delta=0.0, confidence=0.95, method="one-run", kind="bound",
+        counts=OneRunCounts(num_canaries=20, num_guesses=6, num_correct=5),
+    )
+    fields = ("kind", "num_correct", "num_guesses", "num_in", "epsilon")
+    assert one_run.as_dict(fields) == {
+        "kind": "bound", "num_correct": 5, "num_guesses": 6, "num_in": None, "epsilon": 1.5,
+    }
+    assert list(one_run.as_dict(fields)) == list(fields)
+    # no strategy and no selection: the selection is empty
+    assert one_run.as_dict(("selection",)) == {"selection": ""}
+    with pytest.raises(ValueError, match="`fields`"):
+        one_run.as_dict(("epsilon", "nonsense"))
+    with pytest.raises(TypeError, match="`fields`"):
+        one_run.as_dict("epsilon")  # type: ignore[arg-type]
+
+
+def test_as_dict_selection_falls_back_to_the_strategy_description() -> None:
+    strategy = NaiveMax()
+    result = AuditResult(
+        epsilon=0.5, delta=1e-5, confidence=0.95, method="clopper-pearson", kind="invalid",
+        counts=MultiRunCounts(num_in=4, num_out=4, false_positives=0, false_negatives=1),
+        threshold_strategy=strategy, statistically_valid=False,
+    )
+    assert result.as_dict(("selection",)) == {"selection": strategy.describe()}

@@ -205,7 +205,7 @@ def test_resume_after_the_driver_is_killed(cluster: str, tmp_path: Path) -> None
     proc = subprocess.Popen(
         # from the repository root: Ray puts the driver's working directory on its workers'
         # path, and they import this test module by name to unpickle the training function
-        [sys.executable, "-c", child], cwd=Path(__file__).resolve().parents[2],
+        [sys.executable, "-c", child], cwd=Path(__file__).resolve().parents[3],
         stderr=log.open("w"), stdout=subprocess.DEVNULL,
     )
     try:

@@ -23,13 +23,13 @@ from opacus_lastiterate.analysis.opacus_versions import (
     release,
     reported_epsilon,
 )
-from opacus_lastiterate.auditing import opacus_probe
-from opacus_lastiterate.auditing.opacus_audit import (
+from opacus_lastiterate.auditing.opacus_releases import probe as opacus_probe
+from opacus_lastiterate.auditing.opacus_releases.agreement import check_probe
+from opacus_lastiterate.auditing.opacus_releases.real_code_audit import (
     audit_installed_opacus,
     feasgm_scores,
     summarise_audit,
 )
-from opacus_lastiterate.auditing.probe_agreement import check_probe
 
 
 def test_probe_module_imports_only_the_standard_library_torch_numpy_and_opacus() -> None:

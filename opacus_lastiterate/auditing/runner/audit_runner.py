@@ -13,9 +13,9 @@ lower bound with a valid threshold strategy by default). Run ``i``'s coin and tr
 come from ``numpy.random.SeedSequence(seed, spawn_key=(i,))``: they depend on the master seed
 and ``i`` only, so an audit is reproducible run by run and can be extended to more runs.
 
-Backends: an in-process loop (``workers=0``), a local spawn-safe process pool (default), or
-Ray (``backend="ray"``, extra ``opacus-lastiterate[ray]``): one Ray task per run, with the
-resources of ``cpus_per_run`` / ``gpus_per_run``, retried up to ``max_retries`` times when its
+Backends: an in-process loop (``workers=0``), a local spawn-safe process pool (default,
+:mod:`~opacus_lastiterate.auditing.runner.process_pool`), or Ray (:mod:`~opacus_lastiterate.auditing.runner.ray_backend`, ``backend="ray"``, extra
+``opacus-lastiterate[ray]``): one Ray task per run, with the resources of ``cpus_per_run`` / ``gpus_per_run``, retried up to ``max_retries`` times when its
 worker process or node dies (``docs/auditing.md``, "Running on a Ray cluster"). Whatever the
 backend, only the driver (the process that calls :meth:`AuditRunner.run`) writes records, one
 per finished run, so a retried run is recorded once. A progress bar is shown when tqdm is
@@ -25,7 +25,7 @@ Spawned pool workers import the main script; a script that starts an audit at im
 (no ``if __name__ == "__main__":`` guard) is refused in the worker with an error that says so,
 and the driver names the cause when its workers die that way.
 
-Run records (``path``, format in :mod:`.run_records`) are JSON lines appended with ``fsync``;
+Run records (``path``, format in :mod:`~opacus_lastiterate.auditing.runner.records`) are JSON lines appended with ``fsync``;
 a line cut short by a kill is dropped with a :class:`TruncatedRecordWarning`; an interrupted
 audit resumes by skipping the recorded runs; a file written with another configuration is
 refused. A finished file can be re-audited with another threshold strategy,
@@ -34,363 +34,52 @@ confidence or delta by :func:`audit_records`, without training anything.
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
-import multiprocessing
-import multiprocessing.context
 import os
-import pickle
-import signal
-import sys
-import time
 from collections.abc import Generator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
-import numpy as np
-
-from opacus_lastiterate.analysis._validation import check_in_interval, check_int, check_real
+from opacus_lastiterate.analysis._validation import check_in_interval, check_int
 from opacus_lastiterate.analysis.audit import (
     DEFAULT_THRESHOLD_STRATEGY,
     AuditResult,
-    ScoreAudit,
     ThresholdStrategy,
 )
-from opacus_lastiterate.auditing.run_records import (
+from opacus_lastiterate.auditing.runner.contract import (
+    ScoreFunction,
+    Task,
+    TrainFunction,
+    _check_signature,
+    _checked_score,
+    _serial,
+    run_assignment,
+)
+from opacus_lastiterate.auditing.runner.identity import (
+    callable_identity,
+    canonical_json,
+    check_json,
+    config_hash,
+)
+from opacus_lastiterate.auditing.runner.process_pool import (
+    _check_picklable,
+    _process_pool,
+    _refuse_audit_in_bootstrapping_worker,
+)
+from opacus_lastiterate.auditing.runner.ray_backend import _import_ray, _ray
+from opacus_lastiterate.auditing.runner.records import (
     RECORD_FORMAT,
     RunRecord,
     RunRecords,
-    TruncatedRecordWarning,
-    _callable_identity,
-    _canonical,
-    _check_json,
-    _config_hash,
     _RecordFile,
     read_records,
 )
 
-__all__ = [
-    "RECORD_FORMAT",
-    "AuditRunner",
-    "RunRecord",
-    "RunRecords",
-    "ScoreFunction",
-    "TrainFunction",
-    "TruncatedRecordWarning",
-    "audit_records",
-    "read_records",
-    "run_assignment",
-    "run_audit",
-]
+__all__ = ["AuditRunner", "audit_records", "run_audit"]
 
 Backend = Literal["process", "ray"]
 Method = Literal["clopper-pearson", "gaussian-dp"]
-_SEED_BOUND = 2**31  # training seeds lie in [0, 2**31): valid for numpy, torch and random
-
-
-@runtime_checkable
-class TrainFunction(Protocol):
-    """Trains one model on D (``include_canary=False``) or D' and returns the final model.
-
-    All randomness (initialisation excepted, if it is fixed on purpose) must come from
-    ``seed``, so that a run can be repeated. Must be picklable (a top-level function or an
-    instance of a top-level class) for the process pool and Ray. ``isinstance`` checks only
-    that an object is callable; :class:`AuditRunner` also checks that it accepts the two
-    positional arguments.
-    """
-
-    def __call__(self, include_canary: bool, seed: int) -> Any: ...
-
-
-@runtime_checkable
-class ScoreFunction(Protocol):
-    """Scores a final model: a finite real number, higher meaning "the canary was in".
-
-    :class:`AuditRunner` checks that it accepts one positional argument.
-    """
-
-    def __call__(self, model: Any) -> float: ...
-
-
-def _check_signature(name: str, fn: object, params: Sequence[str]) -> None:
-    """Raise TypeError unless ``fn`` is callable as ``fn(*params)`` (positional arguments).
-
-    Callables whose signature Python cannot inspect (some builtins, C extensions) pass.
-    """
-    call = f"{name}({', '.join(params)})"
-    if not callable(fn):
-        raise TypeError(f"`{name}` must be callable as {call}, got {fn!r}.")
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return
-    try:
-        sig.bind(*params)
-    except TypeError as exc:
-        raise TypeError(
-            f"`{name}` must be callable as {call} with {len(params)} positional "
-            f"argument{'s' if len(params) > 1 else ''}, got {fn!r} with signature {sig} "
-            f"({exc})."
-        ) from None
-
-
-# --------------------------------------------------------------------------- configuration
-
-
-def run_assignment(seed: int, index: int) -> tuple[int, bool]:
-    """``(training seed, include_canary)`` of run ``index`` of an audit with master ``seed``.
-
-    Drawn from ``numpy.random.default_rng(SeedSequence(seed, spawn_key=(index,)))``: the coin
-    is a fair ``integers(0, 2)``, the training seed is uniform in [0, 2**31).
-    """
-    s = check_int("seed", seed)
-    i = check_int("index", index)
-    rng = np.random.default_rng(np.random.SeedSequence(s, spawn_key=(i,)))
-    include = bool(rng.integers(0, 2))
-    train_seed = int(rng.integers(0, _SEED_BOUND))
-    return train_seed, include
-
-
-# --------------------------------------------------------------------------- execution
-
-
-def _checked_score(value: Any, index: int) -> float:
-    name = f"score of run {index}"
-    if hasattr(value, "item") and not isinstance(value, (int, float)):
-        value = value.item()  # numpy / torch scalars
-    x = check_real(name, value)
-    if not math.isfinite(x):
-        raise ValueError(f"`{name}` must be finite, got {x!r}.")
-    return x
-
-
-def _execute_run(
-    train: TrainFunction, score: ScoreFunction, index: int, seed: int, include_canary: bool
-) -> tuple[int, float]:
-    """Train and score one run (runs in a worker)."""
-    model = train(include_canary, seed)
-    return index, _checked_score(score(model), index)
-
-
-def _init_worker(threads: int | None) -> None:
-    """Limit this worker's intra-op threads (process-pool initializer, start of a Ray run)."""
-    if threads is None:
-        return
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(threads)
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-
-
-def _execute_ray_run(
-    train: TrainFunction,
-    score: ScoreFunction,
-    index: int,
-    seed: int,
-    include_canary: bool,
-    threads: int,
-) -> tuple[int, float]:
-    """One run as a Ray task: set the worker's threads, then train and score."""
-    _init_worker(threads)
-    return _execute_run(train, score, index, seed, include_canary)
-
-
-Task = tuple[int, int, bool]  # (index, seed, include_canary)
-
-
-def _serial(
-    train: TrainFunction, score: ScoreFunction, tasks: Sequence[Task]
-) -> Generator[tuple[int, float], None, None]:
-    for index, seed, include in tasks:
-        yield _execute_run(train, score, index, seed, include)
-
-
-# Exit status of a spawned worker that found the audit started while it imported the main
-# script (see _refuse_audit_in_bootstrapping_worker); the driver turns it into its message.
-_MAIN_REIMPORTED_EXIT = 86
-_GUARD_HINT = (
-    "Worker processes are spawned and each one imports the main script, so the code that "
-    'starts the audit must sit under `if __name__ == "__main__":` (see '
-    'docs/auditing.md, "Auditing your own training").'
-)
-
-
-def _refuse_audit_in_bootstrapping_worker() -> None:
-    """Stop a spawned worker that is running the audit while it imports the main script.
-
-    A ``spawn`` (or ``forkserver``) child imports the parent's main module before it can run
-    anything; a script without the ``__main__`` guard therefore starts the audit again in
-    every worker. Continuing would train in the worker or fail on the record file's lock, so
-    the worker prints what happened and exits with a status the driver recognises.
-    """
-    if not getattr(multiprocessing.current_process(), "_inheriting", False):
-        return
-    module = sys.modules.get("__mp_main__") or sys.modules.get("__main__")
-    main = getattr(module, "__file__", None) or "the main script"
-    print(
-        f"opacus_lastiterate: AuditRunner.run() was called while this worker process was "
-        f"importing {main} (before it could run anything): the script starts an audit when "
-        f"it is imported. {_GUARD_HINT}",
-        file=sys.stderr,
-        flush=True,
-    )
-    raise SystemExit(_MAIN_REIMPORTED_EXIT)
-
-
-class _TrackedSpawnContext(multiprocessing.context.SpawnContext):
-    """The ``spawn`` context, remembering the processes it creates (to read exit codes)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.processes: list[multiprocessing.context.SpawnProcess] = []
-
-    def Process(  # type: ignore[override]
-        self, *args: Any, **kwargs: Any
-    ) -> multiprocessing.context.SpawnProcess:
-        proc = multiprocessing.context.SpawnProcess(*args, **kwargs)
-        self.processes.append(proc)
-        return proc
-
-
-def _settled_exit_codes(ctx: _TrackedSpawnContext, timeout: float = 10.0) -> list[int | None]:
-    """The workers' exit codes once every worker has exited (the executor terminates the
-    others once one has died), or at ``timeout``. Polled: the executor's own thread may be
-    reaping a worker at the same moment, and then this thread reads no code until that
-    thread has stored it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        for proc in ctx.processes:
-            proc.join(timeout=0.1)
-        codes = [p.exitcode for p in ctx.processes]
-        if all(c is not None for c in codes) or time.monotonic() > deadline:
-            return codes
-
-
-def _broken_pool_message(ctx: _TrackedSpawnContext, task: Task) -> str:
-    """What stopped the pool: the exit codes of its dead workers, in words."""
-    codes = _settled_exit_codes(ctx)
-    index, seed, _ = task
-    if _MAIN_REIMPORTED_EXIT in codes:
-        main = getattr(sys.modules.get("__main__"), "__file__", None) or "the main script"
-        return (
-            f"the worker processes stopped while importing {main}: that script starts the "
-            f"audit when it is imported, so every worker started it again. {_GUARD_HINT}"
-        )
-    # the executor terminates the other workers (SIGTERM) once one has died
-    died = [c for c in codes if c not in (None, 0, -signal.SIGTERM)] or [
-        c for c in codes if c not in (None, 0)
-    ]
-    if not died:
-        cause = "a worker process died"
-    elif died[0] < 0:
-        sig = signal.Signals(-died[0]).name
-        cause = f"a worker process was killed by {sig}" + (
-            " (killed from outside, or by the out-of-memory killer)" if sig == "SIGKILL" else ""
-        )
-    else:
-        cause = (
-            f"a worker process exited with status {died[0]} outside a run (while starting, or "
-            "by os._exit or a crash in native code; its output above says more)"
-        )
-    return (
-        f"{cause}; the pool cannot go on, so run {index} (seed {seed}) and the other unfinished "
-        "runs were not recorded. The finished runs are: with a record `path`, running the "
-        "audit again resumes."
-    )
-
-
-def _process_pool(
-    train: TrainFunction,
-    score: ScoreFunction,
-    tasks: Sequence[Task],
-    workers: int,
-    threads: int,
-) -> Generator[tuple[int, float], None, None]:
-    ctx = _TrackedSpawnContext()
-    pool = ProcessPoolExecutor(
-        max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(threads,)
-    )
-    try:
-        futures: dict[Future[tuple[int, float]], Task] = {
-            pool.submit(_execute_run, train, score, i, s, c): (i, s, c) for i, s, c in tasks
-        }
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in sorted(done, key=lambda f: futures[f][0]):
-                exc = fut.exception()
-                if isinstance(exc, BrokenProcessPool):
-                    raise RuntimeError(_broken_pool_message(ctx, futures[fut])) from exc
-                if exc is not None:
-                    i, s, _ = futures[fut]
-                    raise RuntimeError(f"run {i} (seed {s}) failed: {exc!r}") from exc
-                yield fut.result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError(
-            "backend='ray' needs Ray, which is not installed: pip install opacus-lastiterate[ray]"
-        ) from exc
-    return ray
-
-
-_RAY_DEFAULT_IN_FLIGHT = 1000  # runs submitted at once when `workers` is None
-
-
-def _ray(
-    train: TrainFunction,
-    score: ScoreFunction,
-    tasks: Sequence[Task],
-    in_flight: int | None,
-    options: Mapping[str, Any],
-    threads: int,
-) -> Generator[tuple[int, float], None, None]:
-    """One Ray task per run; results in completion order.
-
-    ``options`` (``num_cpus``, ``num_gpus``, ``max_retries``) go to ``.options()``: Ray
-    schedules a run where its resources are free and re-executes it, up to ``max_retries``
-    times, when its worker process or node dies. Exceptions raised by ``train`` or ``score``
-    are not retried (a deterministic run would fail again).
-    """
-    ray = _import_ray()
-    if not ray.is_initialized():
-        ray.init()  # honours RAY_ADDRESS; call ray.init(...) yourself to pick a cluster
-    remote = ray.remote(_execute_ray_run).options(retry_exceptions=False, **options)
-    train_ref, score_ref = ray.put(train), ray.put(score)
-    window = min(len(tasks), _RAY_DEFAULT_IN_FLIGHT if in_flight is None else max(1, in_flight))
-    queue = list(reversed(tasks))
-    pending: dict[Any, Task] = {}
-    try:
-        while queue or pending:
-            while queue and len(pending) < window:
-                i, s, c = queue.pop()
-                pending[remote.remote(train_ref, score_ref, i, s, c, threads)] = (i, s, c)
-            done, _ = ray.wait(list(pending), num_returns=1)
-            i, s, _c = pending.pop(done[0])
-            try:
-                result = ray.get(done[0])
-            except ray.exceptions.RayTaskError as exc:  # raised by train or score
-                cause = getattr(exc, "cause", None) or exc
-                raise RuntimeError(f"run {i} (seed {s}) failed: {cause!r}") from exc
-            except ray.exceptions.RayError as exc:  # the worker, its node or Ray failed
-                raise RuntimeError(
-                    f"run {i} (seed {s}) failed in Ray ({options['max_retries']} retries "
-                    f"allowed, max_retries): {exc}. The finished runs are recorded: with a "
-                    "record `path`, running the audit again resumes."
-                ) from exc
-            yield result
-    finally:
-        for ref in pending:
-            ray.cancel(ref)
 
 
 def _progress_bar(total: int, initial: int, enabled: bool) -> Any:
@@ -401,20 +90,6 @@ def _progress_bar(total: int, initial: int, enabled: bool) -> Any:
     except ImportError:  # tqdm is optional (extra "progress"): no bar
         return None
     return tqdm(total=total, initial=initial, desc="audit runs", unit="run")
-
-
-def _check_picklable(name: str, obj: Any) -> None:
-    try:
-        pickle.dumps(obj)
-    except Exception as exc:
-        raise TypeError(
-            f"`{name}` must be picklable (a top-level function or an instance of a top-level "
-            f"class) to run in worker processes, got {obj!r} ({exc}). Use workers=0 to run "
-            "in this process."
-        ) from exc
-
-
-# --------------------------------------------------------------------------- the runner
 
 
 class AuditRunner:
@@ -489,7 +164,7 @@ class AuditRunner:
         if not isinstance(progress, bool):
             raise TypeError(f"`progress` must be a bool, got {progress!r}.")
         self.progress = progress
-        self.user_config = _check_json("config", config)
+        self.user_config = check_json("config", config)
         self.threads_per_worker = (
             None
             if threads_per_worker is None
@@ -516,17 +191,17 @@ class AuditRunner:
             "max_retries": 3 if max_retries is None else check_int("max_retries", max_retries),
         }
         self.config: dict[str, Any] = json.loads(
-            _canonical(
+            canonical_json(
                 {
                     "format": RECORD_FORMAT,
                     "seed": self.seed,
-                    "train": _callable_identity(train),
-                    "score": _callable_identity(score),
+                    "train": callable_identity(train),
+                    "score": callable_identity(score),
                     "user": self.user_config,
                 }
             )
         )
-        self.config_hash = _config_hash(self.config)
+        self.config_hash = config_hash(self.config)
         self._records: dict[int, RunRecord] = {}
         #: number of runs trained by the last :meth:`run` (the others were resumed).
         self.last_trained = 0
@@ -650,6 +325,10 @@ def audit_records(
 ) -> AuditResult:
     """Audit recorded runs (a :class:`RunRecords` or a record file), training nothing.
 
+    One call on :class:`~opacus_lastiterate.analysis.audit.ScoreAudit`:
+    ``records.score_audit().clopper_pearson(...)`` (or ``.gaussian_dp(...)``), after reading
+    the file and checking the arguments.
+
     Args:
         records: the runs, or the path of a record file.
         delta: delta of the audit.
@@ -666,13 +345,7 @@ def audit_records(
     if num_runs is not None:
         records = records.first(num_runs)
     _check_audit_args(delta, confidence, threshold_strategy, method)
-    ins, outs = records.in_scores, records.out_scores
-    if ins.size == 0 or outs.size == 0:
-        raise ValueError(
-            f"`records` must contain runs with and without the canary, got {ins.size} with and "
-            f"{outs.size} without; train more runs."
-        )
-    audit = ScoreAudit(ins, outs)
+    audit = records.score_audit()
     analysis = audit.clopper_pearson if method == "clopper-pearson" else audit.gaussian_dp
     return analysis(delta=delta, confidence=confidence, threshold_strategy=threshold_strategy)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -436,13 +437,13 @@ def test_an_audit_started_while_a_worker_imports_the_script_stops_that_worker(
     child as ``_inheriting`` while it imports the parent's main script."""
     import multiprocessing
 
-    from opacus_lastiterate.auditing import runner as runner_module
+    from opacus_lastiterate.auditing.runner import process_pool
 
     runner = AuditRunner(gaussian_train, identity_score, num_runs=2, workers=0, progress=False)
     monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
     with pytest.raises(SystemExit) as exit_info:
         runner.run()
-    assert exit_info.value.code == runner_module._MAIN_REIMPORTED_EXIT
+    assert exit_info.value.code == process_pool._MAIN_REIMPORTED_EXIT
     assert 'must sit under `if __name__ == "__main__":`' in capsys.readouterr().err
     assert runner.last_trained == 0
     monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", False)
@@ -614,3 +615,19 @@ def test_opacus_digits_with_a_process_pool(tmp_path: Path) -> None:
     assert _records(path) == list(serial.records)
     assert result == audit_records(path, delta=DELTA)
     assert result.epsilon <= trainer.heuristic_epsilon(DELTA)
+
+
+def test_audit_records_is_one_call_on_the_records_score_audit() -> None:
+    from opacus_lastiterate.analysis.audit import HeldOutSplit
+
+    records = AuditRunner(gaussian_train, identity_score, num_runs=60, workers=0, progress=False).run()
+    audit = records.score_audit()
+    assert np.array_equal(audit.in_scores, np.sort(records.in_scores))
+    assert audit.num_in + audit.num_out == 60
+    strategy = HeldOutSplit(seed=1)
+    kw = {"delta": 1e-5, "confidence": 0.9, "threshold_strategy": strategy}
+    assert audit_records(records, **kw) == audit.clopper_pearson(**kw)  # type: ignore[arg-type]
+    assert audit_records(records, method="gaussian-dp", **kw) == audit.gaussian_dp(**kw)  # type: ignore[arg-type]
+    only_in = dataclasses.replace(records, records=tuple(r for r in records.records if r.include_canary))
+    with pytest.raises(ValueError, match="with and without the canary"):
+        only_in.score_audit()

@@ -1,4 +1,4 @@
-"""Exact epsilons (opacus_lastiterate.auditing.exact): A_S^{h*} by density evolution, the
+"""Exact epsilons (opacus_lastiterate.auditing.gradient_space.exact): A_S^{h*} by density evolution, the
 malicious data set in closed form (checked against dp_accounting, brute force, simulation)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from opacus_lastiterate.auditing import (
     simulate_malicious_dataset,
     simulate_worst_case_landscape,
 )
-from opacus_lastiterate.auditing.exact import (
+from opacus_lastiterate.auditing.gradient_space.exact import (
     discrete_epsilon,
     malicious_dataset_epsilon,
     malicious_dataset_test_rates,

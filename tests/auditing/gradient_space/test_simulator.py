@@ -235,3 +235,15 @@ def test_seeded_reproducibility() -> None:
     a = simulate_adversarial_dataset(attack, arith, steps=5, trials=10, rng=np.random.default_rng(1), canary_in=True)
     b = simulate_adversarial_dataset(attack, arith, steps=5, trials=10, rng=np.random.default_rng(1), canary_in=True)
     np.testing.assert_array_equal(a, b)
+
+
+def test_audit_scores_is_both_score_audit_analyses() -> None:
+    from opacus_lastiterate.analysis.audit import NaiveMax, ScoreAudit
+
+    rng = np.random.default_rng(4)
+    ins, outs = rng.normal(1.0, 1.0, 200), rng.normal(0.0, 1.0, 200)
+    kw = {"delta": 1e-5, "confidence": 0.9, "threshold_strategy": NaiveMax()}
+    result = audit_scores(ins, outs, **kw)  # type: ignore[arg-type]
+    audit = ScoreAudit(ins, outs)
+    assert result.bound == audit.clopper_pearson(**kw)  # type: ignore[arg-type]
+    assert result.estimate == audit.gaussian_dp(**kw)  # type: ignore[arg-type]

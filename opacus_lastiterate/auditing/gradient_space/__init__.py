@@ -1,0 +1,119 @@
+"""Gradient-space attacks on DP-SGD's final model, simulated in numpy (few coordinates).
+
+- :mod:`.canaries`: gradient canaries (Dirac A_GC-R, simulated coordinate A_GC-S, random
+  direction) with craft / insert / score, for numpy arrays and torch tensors;
+- :mod:`.insertion`: Poisson-sampled or every-k-steps canary insertion;
+- :mod:`.adversaries`: adversarial data set (other gradients zero), A_S^{h*} (worst-case
+  landscape after one insertion, Cebere et al.), malicious data set (last-iterate paper,
+  Appendix C);
+- :mod:`.arithmetic`: one DP-SGD step as configured (SGM / EASGM / ASGM);
+- :mod:`.simulator`: vectorised, seeded simulation of the attacks, plus :func:`audit_scores`;
+- :mod:`.exact`: the exact epsilons of those attacks' test statistics
+  (``docs/audit_reproductions.md``).
+
+numpy and scipy only; names resolve lazily on first access.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from opacus_lastiterate._lazy import lazy_attributes
+
+if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
+    from opacus_lastiterate.auditing.gradient_space.adversaries import (
+        AdversarialDataset,
+        MaliciousDataset,
+        WorstCaseLandscape,
+    )
+    from opacus_lastiterate.auditing.gradient_space.arithmetic import (
+        DPSGDArithmetic,
+        Normalisation,
+    )
+    from opacus_lastiterate.auditing.gradient_space.canaries import (
+        DiracCanary,
+        DiracCanaryAdversary,
+        GradientCanary,
+        RandomDirectionAdversary,
+        RandomDirectionCanary,
+        SimulatedCoordinateAdversary,
+    )
+    from opacus_lastiterate.auditing.gradient_space.exact import (
+        ExactEpsilon,
+        ExactEpsilons,
+        discrete_epsilon,
+        malicious_dataset_epsilon,
+        malicious_dataset_test_rates,
+        worst_case_landscape_epsilons,
+    )
+    from opacus_lastiterate.auditing.gradient_space.insertion import (
+        Insertion,
+        PeriodicInsertion,
+        PoissonInsertion,
+    )
+    from opacus_lastiterate.auditing.gradient_space.simulator import (
+        SimulatedAudit,
+        audit_scores,
+        simulate_adversarial_dataset,
+        simulate_malicious_dataset,
+        simulate_worst_case_landscape,
+    )
+
+_LAZY: dict[str, str] = {
+    "AdversarialDataset": "adversaries",
+    "DPSGDArithmetic": "arithmetic",
+    "DiracCanary": "canaries",
+    "DiracCanaryAdversary": "canaries",
+    "ExactEpsilon": "exact",
+    "ExactEpsilons": "exact",
+    "GradientCanary": "canaries",
+    "Insertion": "insertion",
+    "MaliciousDataset": "adversaries",
+    "Normalisation": "arithmetic",
+    "PeriodicInsertion": "insertion",
+    "PoissonInsertion": "insertion",
+    "RandomDirectionAdversary": "canaries",
+    "RandomDirectionCanary": "canaries",
+    "SimulatedAudit": "simulator",
+    "SimulatedCoordinateAdversary": "canaries",
+    "WorstCaseLandscape": "adversaries",
+    "audit_scores": "simulator",
+    "discrete_epsilon": "exact",
+    "malicious_dataset_epsilon": "exact",
+    "malicious_dataset_test_rates": "exact",
+    "simulate_adversarial_dataset": "simulator",
+    "simulate_malicious_dataset": "simulator",
+    "simulate_worst_case_landscape": "simulator",
+    "worst_case_landscape_epsilons": "exact",
+}
+"""Public name -> defining submodule; resolved on first access."""
+
+__all__ = [
+    "AdversarialDataset",
+    "DPSGDArithmetic",
+    "DiracCanary",
+    "DiracCanaryAdversary",
+    "ExactEpsilon",
+    "ExactEpsilons",
+    "GradientCanary",
+    "Insertion",
+    "MaliciousDataset",
+    "Normalisation",
+    "PeriodicInsertion",
+    "PoissonInsertion",
+    "RandomDirectionAdversary",
+    "RandomDirectionCanary",
+    "SimulatedAudit",
+    "SimulatedCoordinateAdversary",
+    "WorstCaseLandscape",
+    "audit_scores",
+    "discrete_epsilon",
+    "malicious_dataset_epsilon",
+    "malicious_dataset_test_rates",
+    "simulate_adversarial_dataset",
+    "simulate_malicious_dataset",
+    "simulate_worst_case_landscape",
+    "worst_case_landscape_epsilons",
+]
+
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())

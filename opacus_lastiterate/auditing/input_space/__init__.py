@@ -1,0 +1,151 @@
+"""Input-space audits: real examples as canaries, scored on final models
+(``docs/input_audits.md``).
+
+- :mod:`.canaries`: input canaries (in-distribution, mislabelled, blank, clip-backdoor,
+  user-supplied) and their loss / logit-margin scores;
+- :mod:`.canary_set`: m mislabelled canaries with fair coins, for one-run audits
+  (:func:`make_input_canaries`, used by the in-training canary audit);
+- :mod:`.adversarial_samples`: crafted adversarial samples (uniform and adaptive expansion);
+- :mod:`.worst_case_init`: worst-case initialisation;
+- :mod:`.training`: an Opacus trainer on digits with an input canary;
+- :mod:`.audit`: canary vs crafted samples on the same evaluation runs, crafted on disjoint
+  runs; :mod:`.model_cache`: final models kept on disk.
+
+Names resolve lazily on first access (torch loads then).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from opacus_lastiterate._lazy import lazy_attributes
+
+if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
+    from opacus_lastiterate.auditing.input_space.adversarial_samples import (
+        CRAFTING_OBJECTIVES,
+        DEFAULT_MARGIN,
+        CraftedSample,
+        CraftingObjective,
+        ModelPopulation,
+        adaptive_expansion_objective,
+        craft_adversarial_sample,
+        uniform_expansion_objective,
+    )
+    from opacus_lastiterate.auditing.input_space.audit import (
+        CraftingMode,
+        InputAuditReport,
+        SampleAudit,
+        check_disjoint_runs,
+        run_input_audit,
+    )
+    from opacus_lastiterate.auditing.input_space.canaries import (
+        CANARY_TYPES,
+        SCORE_STATISTICS,
+        CanaryType,
+        InputCanary,
+        InputScore,
+        ScoreStatistic,
+        blank_canary,
+        clip_backdoor_canary,
+        in_distribution_canary,
+        least_likely_label,
+        mislabelled_canary,
+        sample_scores,
+    )
+    from opacus_lastiterate.auditing.input_space.canary_set import (
+        InputCanaries,
+        fair_coins,
+        make_input_canaries,
+    )
+    from opacus_lastiterate.auditing.input_space.model_cache import (
+        CachedTrain,
+    )
+    from opacus_lastiterate.auditing.input_space.training import (
+        Architecture,
+        Initialisation,
+        OpacusInputTrainer,
+        digits_data,
+    )
+    from opacus_lastiterate.auditing.input_space.worst_case_init import (
+        canary_gradient_norm,
+        worst_case_initialisation,
+    )
+
+_LAZY: dict[str, str] = {
+    "Architecture": "training",
+    "CANARY_TYPES": "canaries",
+    "CRAFTING_OBJECTIVES": "adversarial_samples",
+    "CachedTrain": "model_cache",
+    "CanaryType": "canaries",
+    "CraftedSample": "adversarial_samples",
+    "CraftingMode": "audit",
+    "CraftingObjective": "adversarial_samples",
+    "DEFAULT_MARGIN": "adversarial_samples",
+    "Initialisation": "training",
+    "InputAuditReport": "audit",
+    "InputCanaries": "canary_set",
+    "InputCanary": "canaries",
+    "InputScore": "canaries",
+    "ModelPopulation": "adversarial_samples",
+    "OpacusInputTrainer": "training",
+    "SCORE_STATISTICS": "canaries",
+    "SampleAudit": "audit",
+    "ScoreStatistic": "canaries",
+    "adaptive_expansion_objective": "adversarial_samples",
+    "blank_canary": "canaries",
+    "canary_gradient_norm": "worst_case_init",
+    "check_disjoint_runs": "audit",
+    "clip_backdoor_canary": "canaries",
+    "craft_adversarial_sample": "adversarial_samples",
+    "digits_data": "training",
+    "in_distribution_canary": "canaries",
+    "fair_coins": "canary_set",
+    "least_likely_label": "canaries",
+    "make_input_canaries": "canary_set",
+    "mislabelled_canary": "canaries",
+    "run_input_audit": "audit",
+    "sample_scores": "canaries",
+    "uniform_expansion_objective": "adversarial_samples",
+    "worst_case_initialisation": "worst_case_init",
+}
+"""Public name -> defining submodule; resolved on first access."""
+
+__all__ = [
+    "CANARY_TYPES",
+    "CRAFTING_OBJECTIVES",
+    "DEFAULT_MARGIN",
+    "SCORE_STATISTICS",
+    "Architecture",
+    "CachedTrain",
+    "CanaryType",
+    "CraftedSample",
+    "CraftingMode",
+    "CraftingObjective",
+    "Initialisation",
+    "InputAuditReport",
+    "InputCanaries",
+    "InputCanary",
+    "InputScore",
+    "ModelPopulation",
+    "OpacusInputTrainer",
+    "SampleAudit",
+    "ScoreStatistic",
+    "adaptive_expansion_objective",
+    "blank_canary",
+    "canary_gradient_norm",
+    "check_disjoint_runs",
+    "clip_backdoor_canary",
+    "craft_adversarial_sample",
+    "digits_data",
+    "fair_coins",
+    "in_distribution_canary",
+    "least_likely_label",
+    "make_input_canaries",
+    "mislabelled_canary",
+    "run_input_audit",
+    "sample_scores",
+    "uniform_expansion_objective",
+    "worst_case_initialisation",
+]
+
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
