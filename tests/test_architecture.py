@@ -98,7 +98,7 @@ PACKAGE = "opacus_lastiterate"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", (f"{PACKAGE}.exceptions", f"{PACKAGE}._warn", f"{PACKAGE}._lazy")),
+    ("base", (f"{PACKAGE}.exceptions", f"{PACKAGE}._warn", f"{PACKAGE}._lazy", f"{PACKAGE}._json")),
     ("analysis", (f"{PACKAGE}.analysis",)),
     ("schedules", (f"{PACKAGE}.schedules",)),
     ("accountants", (f"{PACKAGE}.accountants",)),
@@ -111,6 +111,19 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 """Lowest first. An entry covers its subpackages; the top-level package only its __init__."""
 
 PRIVATE_ACCESS_FOLDERS = ("callbacks", "auditing")
+THIRD_PARTY_PRIVATE: dict[str, str] = {
+    # "path:expression" -> why there is no public way; each is a documented exception
+    "opacus_lastiterate/auditing/opacus_releases/probe.py:engine._set_seed": (
+        "Opacus 0.x, probed as released: its PrivacyEngine has no public way to seed the noise"
+    ),
+    "opacus_lastiterate/auditing/runner/process_pool.py:"
+    'getattr(multiprocessing.current_process(), "_inheriting", False)': (
+        "the flag multiprocessing itself reads to refuse a start while the main module is "
+        "imported (_check_not_importing_main); there is no public equivalent"
+    ),
+}
+"""Private attributes of other libraries that a module must read, with the reason."""
+
 SHARED_PRIVATE_MODULES = (f"{PACKAGE}.analysis._validation", f"{PACKAGE}._warn", f"{PACKAGE}._lazy")
 
 
@@ -173,10 +186,28 @@ def test_no_private_access_across_modules(modules: dict[str, Module]) -> None:
         folder = name.split(".")[1] if "." in name else ""
         if folder in PRIVATE_ACCESS_FOLDERS:
             found = private_access_violations(modules[name], modules, SHARED_PRIVATE_MODULES)
-            lines.extend(str(v) for v in found)
+            lines.extend(str(v) for v in found if _allowance(str(v)) is None)
     assert not lines, _report(
         f"private names of other modules used in {', '.join(PRIVATE_ACCESS_FOLDERS)}", lines
     )
+
+
+def _allowance(violation: str) -> str | None:
+    """The documented reason for a third-party private access (``path:line: expr``)."""
+    path, _, rest = violation.partition(":")
+    _, _, expression = rest.partition(": ")
+    return THIRD_PARTY_PRIVATE.get(f"{path}:{expression}")
+
+
+def test_third_party_exceptions_are_still_needed(modules: dict[str, Module]) -> None:
+    """Each documented exception still matches a use (a stale one would excuse a new one)."""
+    found = {
+        f"{str(v).partition(':')[0]}:{str(v).partition(': ')[2]}"
+        for name, module in modules.items()
+        if (name.split(".")[1] if "." in name else "") in PRIVATE_ACCESS_FOLDERS
+        for v in private_access_violations(module, modules, SHARED_PRIVATE_MODULES)
+    }
+    assert set(THIRD_PARTY_PRIVATE) <= found, set(THIRD_PARTY_PRIVATE) - found
 
 
 def test_lazy_tables_are_read(modules: dict[str, Module]) -> None:
