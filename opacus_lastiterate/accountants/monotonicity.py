@@ -1,7 +1,7 @@
 """The last-iterate accountant's check that the heuristic is monotone in the number of steps.
 
 The heuristic eps_T of T steps can be smaller than the eps_t of its last t < T steps alone
-(``docs/last_iterate.md``, "Monotonicity"); a regulariser that zeroes the model would then
+(``docs/last_iterate.md``, "Robust variant"); a regulariser that zeroes the model would then
 expose the larger value. :class:`MonotonicityWatch` warns once per delta
 (:class:`~opacus_lastiterate.exceptions.NonMonotoneHeuristicWarning`) when that happens,
 without stalling a training step:
