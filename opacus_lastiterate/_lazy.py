@@ -84,3 +84,14 @@ def moved_attributes(
         return sorted(namespace)
 
     return __getattr__, __dir__
+
+
+def moved_name(old: str, name: str, new: str) -> Any:
+    """``name`` of module ``new``, asked for at its former home ``old`` (a module's
+    ``__getattr__``): the object, with a ``DeprecationWarning`` naming the new path."""
+    warn(
+        f"{old}.{name} moved to {new}.{name}; the old path is deprecated and goes in the next "
+        "release.",
+        DeprecationWarning,
+    )
+    return getattr(importlib.import_module(new), name)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from opacus_lastiterate._lazy import moved_name
 from opacus_lastiterate.callbacks.canary_audit import (
     CanaryAuditResult,
     InTrainingAuditReport,
@@ -83,18 +84,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """The framework adapters, imported on first access (PEP 562); moved names."""
     if name == "IncrementalRDP":
-        import warnings
-
-        from opacus_lastiterate.accountants import IncrementalRDP
-
-        warnings.warn(
-            "opacus_lastiterate.callbacks.IncrementalRDP moved to "
-            "opacus_lastiterate.accountants.IncrementalRDP; the old path goes in the next "
-            "release.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return IncrementalRDP
+        return moved_name(__name__, name, "opacus_lastiterate.accountants")
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value

@@ -45,12 +45,16 @@ from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants import (
     ASGMAccountant,
     FEASGMAccountant,
-    IncrementalRDP,
     RunAccountant,
 )
 from opacus_lastiterate.accountants.base import trim_history
 from opacus_lastiterate.callbacks.cadence import Cadences, OverheadBudget
-from opacus_lastiterate.callbacks.evaluator import InlineEvaluator, QueuedStep
+from opacus_lastiterate.callbacks.evaluator import (
+    InlineEvaluator,
+    QueuedStep,
+    evaluated_state,
+    extend_history,
+)
 from opacus_lastiterate.callbacks.records import EpsilonRecord
 from opacus_lastiterate.exceptions import MonitorWarning
 
@@ -207,13 +211,9 @@ class ProcessEvaluator:
         if corrected is None and isinstance(accountant, (ASGMAccountant, FEASGMAccountant)):
             self._corrected = accountant
         self._overhead = overhead
-        self.history: list[list[Any]] = [list(h) for h in trim_history(accountant.history, dropped)]
-        self.evaluated = sum(int(h[2]) for h in self.history)
-        self.rdp = IncrementalRDP()
-        if rdp is not None and len(rdp) == self.rdp.orders.size:
-            self.rdp.rdp = np.asarray(rdp, dtype=float)
-        else:
-            self.rdp.reset((s, q, n) for s, q, n in self.history)
+        self.history, self.evaluated, self.rdp = evaluated_state(
+            trim_history(accountant.history, dropped), rdp
+        )
         self.last_lr = last_lr
         # batches sent and not answered, with the RDP vector and the learning rate before each
         self._in_flight: list[tuple[list[QueuedStep], np.ndarray, float | None]] = []
@@ -309,12 +309,8 @@ class ProcessEvaluator:
         assert self._worker is not None
         self._in_flight.append((queue, self.rdp.rdp, self.last_lr))
         self.rdp.advance([(sigma, q) for _, sigma, q, _, _ in queue], self.delta)
-        history = self.history
         for _, sigma, q, _, _ in queue:
-            if history and history[-1][0] == sigma and history[-1][1] == q:
-                history[-1][2] += 1
-            else:
-                history.append([sigma, q, 1])
+            extend_history(self.history, sigma, q)
         self.evaluated += len(queue)
         self.last_lr = queue[-1][3]
         configuration = None

@@ -38,7 +38,15 @@ from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettin
 from opacus_lastiterate.callbacks.cadence import Cadences, OverheadBudget, due
 from opacus_lastiterate.callbacks.records import EpsilonRecord
 
-__all__ = ["MIN_RUN", "Evaluator", "InlineEvaluator", "QueuedStep", "weighted_grid_points"]
+__all__ = [
+    "MIN_RUN",
+    "Evaluator",
+    "InlineEvaluator",
+    "QueuedStep",
+    "evaluated_state",
+    "extend_history",
+    "weighted_grid_points",
+]
 
 QueuedStep = tuple[int, float, float, float | None, SGDSettings | None]
 """A recorded step waiting for its record: (step, sigma, q, lr, SGD settings)."""
@@ -57,6 +65,29 @@ def weighted_grid_points(cadences: Cadences) -> float:
     if every is None or every == "doubling" or every >= _SPARSE_CADENCE:  # type: ignore[operator]
         return SPARSE_FINE_POINTS
     return FINE_POINTS
+
+
+def evaluated_state(
+    history: Sequence[Sequence[Any]], rdp: Sequence[float] | np.ndarray | None
+) -> tuple[list[list[Any]], int, IncrementalRDP]:
+    """An evaluator's start: the run-length history of the evaluated steps (lists, extended
+    in place), their number, and their RDP vector (``rdp`` if given, a checkpoint's; else
+    composed from the history)."""
+    steps = [list(h) for h in history]
+    bound = IncrementalRDP()
+    if rdp is not None and len(rdp) == bound.orders.size:
+        bound.rdp = np.asarray(rdp, dtype=float)
+    else:
+        bound.reset((s, q, n) for s, q, n in steps)
+    return steps, sum(int(h[2]) for h in steps), bound
+
+
+def extend_history(history: list[list[Any]], sigma: float, q: float) -> None:
+    """One more step at (sigma, q) in a run-length history [[sigma, q, steps], ...]."""
+    if history and history[-1][0] == sigma and history[-1][1] == q:
+        history[-1][2] += 1
+    else:
+        history.append([sigma, q, 1])
 
 
 class Evaluator(Protocol):
@@ -141,13 +172,7 @@ class InlineEvaluator:
             history = replica.history
         else:
             history = trim_history(accountant.history, dropped)
-        self.history: list[list[Any]] = [list(h) for h in history]
-        self.evaluated = sum(int(h[2]) for h in self.history)
-        self.rdp = IncrementalRDP()
-        if rdp is not None and len(rdp) == self.rdp.orders.size:
-            self.rdp.rdp = np.asarray(rdp, dtype=float)
-        else:
-            self.rdp.reset((s, q, n) for s, q, n in self.history)
+        self.history, self.evaluated, self.rdp = evaluated_state(history, rdp)
         self.last_lr = last_lr
 
     # -- the Evaluator protocol -------------------------------------------------------------
@@ -266,12 +291,8 @@ class InlineEvaluator:
     # -- one step ---------------------------------------------------------------------------
 
     def _extend(self, sigma: float, q: float) -> None:
-        """One more evaluated step in the run-length history."""
-        history = self.history
-        if history and history[-1][0] == sigma and history[-1][1] == q:
-            history[-1][2] += 1
-        else:
-            history.append([sigma, q, 1])
+        """One more evaluated step."""
+        extend_history(self.history, sigma, q)
         self.evaluated += 1
 
     def _constant_run(self, queue: list[QueuedStep], i: int, need: str | None) -> int:

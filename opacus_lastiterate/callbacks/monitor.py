@@ -49,6 +49,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
+from opacus_lastiterate._lazy import moved_name
 from opacus_lastiterate.accountants import (
     ASGMAccountant,
     FEASGMAccountant,
@@ -98,18 +99,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """Names that moved (PEP 562): kept for one release with a DeprecationWarning."""
     if name == "IncrementalRDP":
-        import warnings
-
-        from opacus_lastiterate.accountants import IncrementalRDP
-
-        warnings.warn(
-            "opacus_lastiterate.callbacks.monitor.IncrementalRDP moved to "
-            "opacus_lastiterate.accountants.IncrementalRDP; the old path goes in the next "
-            "release.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return IncrementalRDP
+        return moved_name(__name__, name, "opacus_lastiterate.accountants")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -844,3 +844,12 @@ def test_former_field_names_still_read_with_a_deprecation_warning() -> None:
     assert budget.metric == "robust_heuristic_epsilon"
     with pytest.raises(AttributeError):
         record.robust
+
+
+def test_incremental_rdp_moved_to_accountants_and_its_old_paths_warn() -> None:
+    import opacus_lastiterate.callbacks as callbacks
+    import opacus_lastiterate.callbacks.monitor as monitor_module
+
+    for old in (callbacks, monitor_module):
+        with pytest.warns(DeprecationWarning, match=r"opacus_lastiterate\.accountants\.Incr"):
+            assert old.IncrementalRDP is IncrementalRDP
