@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         MaliciousDataset,
         WorstCaseLandscape,
     )
-    from opacus_lastiterate.auditing.gradient_space.arithmetic import DPSGDArithmetic, Normalisation
+    from opacus_lastiterate.auditing.gradient_space.arithmetic import DPSGDArithmetic, StepDivisor
     from opacus_lastiterate.auditing.gradient_space.canaries import (
         DiracCanary,
         DiracCanaryAdversary,
@@ -148,7 +148,8 @@ _LAZY: dict[str, str] = {
     "Insertion": "gradient_space.insertion",
     "MaliciousDataset": "gradient_space.adversaries",
     "ModelPopulation": "input_space.adversarial_samples",
-    "Normalisation": "gradient_space.arithmetic",
+    "StepDivisor": "gradient_space.arithmetic",
+    "Normalisation": "gradient_space.arithmetic",  # the former name of StepDivisor (warns)
     "OpacusDigitsTrainer": "opacus_training",
     "OpacusInputTrainer": "input_space.training",
     "PeriodicInsertion": "gradient_space.insertion",
@@ -223,7 +224,6 @@ __all__ = [
     "Insertion",
     "MaliciousDataset",
     "ModelPopulation",
-    "Normalisation",
     "OpacusDigitsTrainer",
     "OpacusInputTrainer",
     "PeriodicInsertion",
@@ -239,6 +239,7 @@ __all__ = [
     "ScoreStatistic",
     "SimulatedAudit",
     "SimulatedCoordinateAdversary",
+    "StepDivisor",
     "TrainFunction",
     "TruncatedRecordWarning",
     "WorstCaseLandscape",

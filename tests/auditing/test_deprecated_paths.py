@@ -62,3 +62,16 @@ def test_the_package_names_do_not_warn() -> None:
         warnings.simplefilter("error")
         for name in auditing.__all__:
             getattr(auditing, name)
+
+
+def test_the_step_divisor_literal_has_its_own_name() -> None:
+    """``Normalisation`` is the run description's dataclass; the simulator's divisor literal
+    is ``StepDivisor``, its former name still read for one release with a warning."""
+    import opacus_lastiterate.auditing as auditing
+    from opacus_lastiterate.analysis.run import Normalisation
+    from opacus_lastiterate.auditing.gradient_space import arithmetic
+
+    assert arithmetic.StepDivisor is auditing.StepDivisor
+    with pytest.warns(DeprecationWarning, match="StepDivisor"):
+        assert arithmetic.Normalisation is arithmetic.StepDivisor
+    assert arithmetic.StepDivisor is not Normalisation

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     )
     from opacus_lastiterate.auditing.gradient_space.arithmetic import (
         DPSGDArithmetic,
-        Normalisation,
+        StepDivisor,
     )
     from opacus_lastiterate.auditing.gradient_space.canaries import (
         DiracCanary,
@@ -69,7 +69,8 @@ _LAZY: dict[str, str] = {
     "GradientCanary": "canaries",
     "Insertion": "insertion",
     "MaliciousDataset": "adversaries",
-    "Normalisation": "arithmetic",
+    "StepDivisor": "arithmetic",
+    "Normalisation": "arithmetic",  # the former name of StepDivisor (warns)
     "PeriodicInsertion": "insertion",
     "PoissonInsertion": "insertion",
     "RandomDirectionAdversary": "canaries",
@@ -98,13 +99,13 @@ __all__ = [
     "GradientCanary",
     "Insertion",
     "MaliciousDataset",
-    "Normalisation",
     "PeriodicInsertion",
     "PoissonInsertion",
     "RandomDirectionAdversary",
     "RandomDirectionCanary",
     "SimulatedAudit",
     "SimulatedCoordinateAdversary",
+    "StepDivisor",
     "WorstCaseLandscape",
     "audit_scores",
     "discrete_epsilon",
