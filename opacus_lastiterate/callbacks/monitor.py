@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from opacus_lastiterate._lazy import moved_name
+from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants import (
     ASGMAccountant,
     FEASGMAccountant,
@@ -232,6 +233,7 @@ class PrivacyMonitor:
         self.stop_reason: str | None = None
         self._skip_update = False
         self._optimizer: Any = None
+        self._was_attached = False
         self._inner_hook: Callable[[Any], None] | None = None
         self._evaluator: Evaluator | None = None
         self._sync()
@@ -379,6 +381,7 @@ class PrivacyMonitor:
         inner.step = step  # instance attribute: DPOptimizer.step calls original_optimizer.step()
         _ATTACHED[optimizer] = self
         self._optimizer = optimizer
+        self._was_attached = True
         self._overhead.restart()
         return self
 
@@ -514,11 +517,32 @@ class PrivacyMonitor:
         :attr:`audit_result`) and close the sinks that have a ``close`` method (on every
         rank, also those that ``sink_rank`` kept silent). Returns the final record (None
         before any step). A second call without new steps (an adapter may have finished
-        already) returns the same record and emits nothing."""
+        already) returns the same record and emits nothing.
+
+        Raises:
+            RuntimeError: if the accountant recorded steps that the monitor did not see (it
+                was not attached while they were taken): its records would describe another
+                run. Nothing is emitted or closed then.
+        """
         self._drain()
         self.flush()
         evaluator = self._evaluator
         assert evaluator is not None
+        unseen = steps_of(self.accountant) - evaluator.evaluated
+        if unseen > 0:
+            raise RuntimeError(
+                f"PrivacyMonitor.finish(): the accountant recorded {unseen} step(s) after the "
+                f"{evaluator.evaluated} this monitor saw, so it would report another run. Attach "
+                "the monitor before training: PrivacyMonitor(..., optimizer=optimizer) or "
+                "monitor.attach(optimizer) (the adapters attach it themselves)."
+            )
+        if not evaluator.evaluated and not self._was_attached:
+            warn(
+                "PrivacyMonitor.finish(): no step was recorded and the monitor was never "
+                "attached to an optimizer, so it has nothing to report; pass "
+                "optimizer=optimizer (or call monitor.attach(optimizer)) before training.",
+                MonitorWarning,
+            )
         if self._final is not None and self._final[0] == evaluator.evaluated:
             return self._final[1]
         record = None

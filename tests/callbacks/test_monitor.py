@@ -853,3 +853,24 @@ def test_incremental_rdp_moved_to_accountants_and_its_old_paths_warn() -> None:
     for old in (callbacks, monitor_module):
         with pytest.warns(DeprecationWarning, match=r"opacus_lastiterate\.accountants\.Incr"):
             assert old.IncrementalRDP is IncrementalRDP
+
+
+def test_a_monitor_that_was_not_attached_does_not_report_in_silence() -> None:
+    """The README mistake: a monitor built without the optimizer. Steps it did not see make
+    finish() raise (its record would be of another run), with the fix in the message; a
+    monitor that saw nothing at all warns."""
+    from opacus_lastiterate.callbacks import MonitorWarning
+
+    engine, model, opt, loader = make_dp()
+    records: list[EpsilonRecord] = []
+    monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[records.append])  # not attached
+    with pytest.warns(MonitorWarning, match="never attached"):
+        assert monitor.finish() is None
+    train(model, opt, loader, 3)
+    with pytest.raises(RuntimeError, match=r"3 step\(s\).*monitor\.attach\(optimizer\)"):
+        monitor.finish()
+    assert records == []
+    attached = PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt)
+    train(model, opt, loader, 2)
+    final = attached.finish()
+    assert final is not None and final.step == 5 and [r.step for r in records] == [4, 5, 5]
