@@ -21,7 +21,8 @@ import numpy as np
 from opacus_lastiterate.analysis.last_iterate.budget_horizon import steps_within_limit
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
 from opacus_lastiterate.callbacks.evaluator import InlineEvaluator, QueuedStep
-from opacus_lastiterate.callbacks.records import RENAMED_FIELDS, renamed_field
+from opacus_lastiterate.callbacks.records import RENAMED_FIELDS, EpsilonRecord, renamed_field
+from opacus_lastiterate.exceptions import PrivacyBudgetExceededError
 
 __all__ = ["BUDGET_METRICS", "BudgetGuard", "BudgetMetric", "PrivacyBudget"]
 
@@ -110,6 +111,39 @@ class BudgetGuard:
         return self.budget.metric == "heuristic_epsilon" and self._bound_allows(
             step, sigma, settings, queue, evaluator
         )
+
+    def check(
+        self, entry: QueuedStep, queue: list[QueuedStep], evaluator: InlineEvaluator
+    ) -> tuple[list[EpsilonRecord] | None, PrivacyBudgetExceededError | None]:
+        """Decide ``entry``, the last of ``queue`` (the steps not evaluated yet).
+
+        Returns:
+            ``(None, None)`` when a bound certifies it (nothing evaluated); otherwise the
+            records of ``queue`` (``entry``'s own value decides) and, if that value exceeds
+            the limit, the error that refuses it: ``entry`` is then taken back from
+            ``evaluator`` and its record dropped (the caller takes it back from the
+            accountants).
+        """
+        if self.certifies(entry, queue, evaluator):
+            return None, None
+        budget = self.budget
+        records = evaluator.evaluate(queue, need=budget.metric)
+        value = getattr(records[-1], budget.metric)
+        if not value > budget.epsilon:
+            return records, None
+        records.pop()
+        evaluator.take_back_last()
+        self.reset()
+        step = entry[0]
+        message = (
+            f"PrivacyMonitor: step {step} would bring {budget.metric} to {value:.6g} > the "
+            f"budget {budget.epsilon:g} at delta={self.delta:g}; the step was not taken (the "
+            f"model and accountant are as after step {step - 1})."
+        )
+        refusal = PrivacyBudgetExceededError(
+            message, step=step, metric=budget.metric, value=value, limit=budget.epsilon
+        )
+        return records, refusal
 
     def _rdp_limit(self, evaluator: InlineEvaluator) -> float:
         """The RDP epsilon that certifies the budget: the limit itself for the RDP metric;

@@ -437,39 +437,20 @@ class PrivacyMonitor:
     def _check_budget(self, entry: QueuedStep) -> None:
         guard, evaluator = self._guard, self._evaluator
         assert guard is not None and isinstance(evaluator, InlineEvaluator)
-        if guard.certifies(entry, self._queue, evaluator):
-            return
-        metric = guard.budget.metric
         queue, self._queue = self._queue, []
-        self._ready.extend(evaluator.evaluate(queue, need=metric))  # this step's value decides
-        record = self._ready[-1]
-        value = getattr(record, metric)
-        if value > guard.budget.epsilon:
-            self._ready.pop()
-            self._take_back()
-            self._refuse(entry[0], value)
-
-    def _take_back(self) -> None:
-        """Undo the evaluated last step everywhere (accountants, evaluator, guard)."""
-        take_back_steps(self.accountant, 1)
+        records, refusal = guard.check(entry, queue, evaluator)
+        if records is None:  # certified by a bound: the steps stay queued
+            self._queue = queue
+            return
+        self._ready.extend(records)
+        if refusal is None:
+            return
+        take_back_steps(self.accountant, 1)  # the step, undone everywhere
         if self._own_corrected:
             self._corrected.take_back(1)
-        assert isinstance(self._evaluator, InlineEvaluator) and self._guard is not None
-        self._evaluator.take_back_last()
-        self._guard.reset()
-
-    def _refuse(self, step: int, value: float) -> None:
-        assert self.budget is not None
-        msg = (
-            f"PrivacyMonitor: step {step} would bring {self.budget.metric} to {value:.6g} > "
-            f"the budget {self.budget.epsilon:g} at delta={self.delta:g}; the step was not "
-            f"taken (the model and accountant are as after step {step - 1})."
-        )
-        self.stop_reason = msg
-        if self.budget.action == "raise":
-            raise PrivacyBudgetExceededError(
-                msg, step=step, metric=self.budget.metric, value=value, limit=self.budget.epsilon
-            )
+        self.stop_reason = str(refusal)
+        if guard.budget.action == "raise":
+            raise refusal
         self.should_stop = True
         self._skip_update = True
 
