@@ -290,13 +290,47 @@ class _NormalisationAccountant(RunAccountant):
 
 
 def _opacus_standard_epsilon(history: History, delta: float, standard: str) -> float:
-    """The SGM epsilon from Opacus's own ``"rdp"`` or ``"prv"`` accountant."""
+    """The SGM epsilon from Opacus's own ``"rdp"`` or ``"prv"`` accountant, as Opacus gives
+    it (which can be negative at a large delta, and for ``"prv"`` a ``RuntimeError`` for a
+    delta near 1)."""
     from opacus.accountants import PRVAccountant, RDPAccountant
 
     cls = {"rdp": RDPAccountant, "prv": PRVAccountant}[standard]
     acc = cls()
     acc.history = list(history)
     return float(acc.get_epsilon(delta))
+
+
+def _opacus_rdp_delta(history: History, epsilon: float) -> float:
+    """The SGM delta(epsilon) that inverts Opacus's ``RDPAccountant.get_epsilon``.
+
+    Opacus converts the RDP curve at its ``DEFAULT_ALPHAS`` with Balle et al. (AISTATS 2020,
+    Theorem 21), ``eps(delta) = min_a [rdp_a - (log delta + log a) / (a - 1)
+    + log((a - 1) / a)]`` (every Opacus 1.x release). Solved for delta at each order,
+    ``log delta_a(eps) = (a - 1) (rdp_a + log((a - 1) / a) - eps) - log a``, and
+    ``delta(eps) = min(1, min_a delta_a(eps))``: the same theorem read the other way, so
+    that ``get_epsilon(get_delta(e)) == e`` and ``get_delta(get_epsilon(d)) == d`` up to
+    floating point (where the epsilon is >= 0 and the delta < 1).
+    """
+    import numpy as np
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis import rdp as rdp_analysis
+
+    orders = RDPAccountant.DEFAULT_ALPHAS
+    rdp = sum(  # exactly what RDPAccountant.get_privacy_spent sums
+        [
+            rdp_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=orders)
+            for sigma, q, steps in history
+        ]
+    )
+    a = np.asarray(orders, dtype=float)
+    r = np.asarray(rdp, dtype=float)
+    with np.errstate(over="ignore", invalid="ignore"):
+        log_delta = (a - 1) * (r + np.log((a - 1) / a) - epsilon) - np.log(a)
+    finite = log_delta[~np.isnan(log_delta)]
+    if not finite.size:
+        return 1.0
+    return float(min(1.0, math.exp(min(0.0, float(finite.min())))))
 
 
 class FEASGMAccountant(_NormalisationAccountant):
@@ -366,16 +400,18 @@ class FEASGMAccountant(_NormalisationAccountant):
                 "constant, set it with use_public_divisor(optimizer, expected_batch_size=...).",
             )
 
-    def get_epsilon(self, delta: float, **kwargs: Any) -> float:
+    def get_epsilon(self, delta: float) -> float:
         """Corrected epsilon (``docs/normalisation.md``, "FEASGM / EASGM with a
         data-dependent divisor"): the ``standard`` SGM epsilon of the history if the verdict
         is safe, ``inf`` if unsafe (reason: ``verdict.reason``).
 
         Args:
             delta: in (0, 1).
-            **kwargs: ignored (Opacus forwards ``make_private_with_epsilon``'s keywords).
 
         Raises:
+            TypeError: for any keyword argument (Opacus's ``make_private_with_epsilon``
+                forwards its extra keywords here; this accountant takes none, and a
+                misspelt one is not ignored).
             ValueError: if N or L is not configured (the message names them).
         """
         d = check_delta(delta)
@@ -400,20 +436,42 @@ class FEASGMAccountant(_NormalisationAccountant):
         return self._standard[1]
 
     def get_delta(self, epsilon: float) -> float:
-        """Corrected delta(epsilon): the SGM delta of the history from dp_accounting's PLD
-        (whatever ``standard`` says; Opacus's RDP and PRV accountants give no delta) when
-        the verdict is safe, 1 when it is unsafe or a step had no noise.
+        """Corrected delta(epsilon), from the same ``standard`` accountant as
+        :meth:`get_epsilon`, so that the two are one (epsilon, delta) curve: the SGM delta
+        of the history when the verdict is safe, 1 when it is unsafe or a step had no
+        noise, 0 for an empty history.
+
+        * ``"pld"``: dp_accounting's PLD delta, read off the same PLD as the epsilon.
+        * ``"rdp"``: the inverse of Opacus's RDP-to-DP conversion at its orders
+          (:func:`_opacus_rdp_delta`): ``get_epsilon(get_delta(e)) == e`` up to floating
+          point.
+        * ``"prv"``: not available (``NotImplementedError``). Opacus's ``PRVAccountant``
+          has no delta(epsilon) with error bounds: its discretisation is chosen from
+          ``delta_error = delta / 1000`` of the delta asked for, and
+          ``DiscretePRV.compute_delta_estimate`` is an estimate, not a bound.
 
         Raises:
+            TypeError, ValueError: for an ``epsilon`` that is not a number in [0, inf).
             ValueError: if N or L is not configured.
+            NotImplementedError: for ``standard="prv"`` (use ``configure(standard="pld")``
+                or ``"rdp"`` for a delta).
         """
         e = check_epsilon(epsilon)
         if not self._num_steps:
             return 0.0
         config = self._require("dataset_size", "batch_size")
+        if config["standard"] == "prv":
+            raise NotImplementedError(
+                "FEASGMAccountant.get_delta is not available with standard='prv': Opacus's "
+                "PRVAccountant gives an epsilon at a delta, with error bounds, but no delta at "
+                "an epsilon. Call accountant.configure(standard='pld') (the default) or "
+                "configure(standard='rdp') for a delta consistent with get_epsilon."
+            )
         self._check_consistency(self.history, config)
         if self.run.has_zero_noise or not self.verdict.safe:
             return 1.0
+        if config["standard"] == "rdp":
+            return _opacus_rdp_delta(self.history, e)
         return self._standard_model().delta(e)
 
     def curve_model(
@@ -597,15 +655,17 @@ class ASGMAccountant(_NormalisationAccountant):
             self._model = (base, n, ASGM(run, value_discretization_interval=DEFAULT_INTERVAL))
         return self._model[2]
 
-    def get_epsilon(self, delta: float, **kwargs: Any) -> float:
+    def get_epsilon(self, delta: float) -> float:
         """ASGM epsilon of the recorded steps (an upper bound; inf when the all-sampled mass
         exceeds delta, or when a step had no noise).
 
         Args:
             delta: in (0, 1).
-            **kwargs: ignored (Opacus forwards ``make_private_with_epsilon``'s keywords).
 
         Raises:
+            TypeError: for any keyword argument (Opacus's ``make_private_with_epsilon``
+                forwards its extra keywords here; this accountant takes none, and a
+                misspelt one is not ignored).
             ValueError: if ``dataset_size`` is not configured.
         """
         d = check_delta(delta)

@@ -138,13 +138,44 @@ def test_feasgm_safe_gives_the_standard_epsilon_of_the_users_choice() -> None:
     history = [(SIGMA, _q(n, b), 30)]
     acc = _feasgm(n, b, history)
     assert acc.verdict == feasgm_verdict(n, b) and acc.verdict.safe
-    assert acc.get_epsilon(DELTA, target_epsilon=1.0) == pytest.approx(  # **kwargs accepted
+    assert acc.get_epsilon(DELTA) == pytest.approx(
         StandardComposition(history).epsilon(DELTA), rel=1e-12
     )
+    with pytest.raises(TypeError, match="target_epsilon"):  # a keyword is not ignored
+        acc.get_epsilon(DELTA, target_epsilon=1.0)
     rdp = RDPAccountant()
     rdp.history = list(history)
     acc.configure(standard="rdp")
     assert acc.get_epsilon(DELTA) == pytest.approx(rdp.get_epsilon(DELTA), rel=1e-12)
+
+
+@pytest.mark.parametrize("history", [[(SIGMA, 0.05, 30)], [(0.8, 0.5, 3), (2.0, 0.01, 100)]])
+def test_feasgm_rdp_delta_inverts_opacus_s_rdp_epsilon(history: list) -> None:
+    """standard="rdp": get_delta is the delta at which Opacus's own RDPAccountant reports
+    that epsilon (before, get_delta was the PLD delta whatever the standard, and
+    get_epsilon(get_delta(1.0)) was 1.56 on the first history)."""
+    acc = _feasgm(*SAFE, history, standard="rdp")
+    rdp = RDPAccountant()
+    rdp.history = list(history)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Optimal order is the largest alpha"
+        for eps in (0.0, 0.3, 1.0, 5.0):
+            delta = acc.get_delta(eps)
+            assert 0.0 < delta < 1.0
+            assert rdp.get_epsilon(delta) == pytest.approx(eps, rel=1e-10, abs=1e-12)
+            assert acc.get_epsilon(delta) == pytest.approx(eps, rel=1e-10, abs=1e-12)
+        for delta in (1e-8, DELTA, 0.1):
+            assert acc.get_delta(rdp.get_epsilon(delta)) == pytest.approx(delta, rel=1e-10)
+
+
+def test_feasgm_prv_has_no_delta_and_says_what_to_use() -> None:
+    acc = _feasgm(*SAFE, [(SIGMA, _q(*SAFE), 3)], standard="prv")
+    with pytest.raises(NotImplementedError, match=r"standard='prv'.*configure\(standard='pld'\)"):
+        acc.get_delta(1.0)
+    with pytest.raises(ValueError, match="`epsilon`"):  # bad input is still bad input
+        acc.get_delta(-1.0)
+    assert FEASGMAccountant().configure(standard="prv").get_delta(1.0) == 0.0  # nothing recorded
+    assert math.isfinite(acc.get_epsilon(DELTA))
 
 
 def test_feasgm_unsafe_is_inf_with_the_reason_and_the_curve_is_finite() -> None:
@@ -315,6 +346,25 @@ def test_asgm_matches_the_analysis_function_and_composes_segments() -> None:
     low = asgm_epsilon(DELTA, **dict(kwargs, sample_rate=0.05))
     assert low < mixed.get_epsilon(DELTA) < acc.get_epsilon(DELTA)
     assert "ASGM (batch size revealed" in acc.describe(DELTA)
+
+
+@pytest.mark.parametrize(
+    "history",
+    [
+        [(1.0, 1.0, 1), (2.0, 1.0, 1)],
+        [(1.0, 0.5, 1), (2.0, 1.0, 1)],
+        [(1.0, 1.0, 1), (2.0, 0.5, 1)],
+        [(1.0, 0.5, 1), (1.0, 0.99999, 6)],  # finite mass 1e-30: truncated away
+    ],
+)
+def test_asgm_step_that_samples_everything_reveals_the_target(history: list) -> None:
+    """A step with q = 1 releases the batch size N or N - 1: the target is revealed with
+    probability 1, so epsilon = inf and delta = 1 for every history containing one (before,
+    composing such a segment with another raised IndexError inside dp_accounting)."""
+    acc = ASGMAccountant().configure(dataset_size=20)
+    acc.history = history
+    assert acc.get_epsilon(DELTA) == math.inf
+    assert acc.get_delta(1.0) == acc.get_delta(100.0) == 1.0
 
 
 def test_asgm_warns_on_an_optimizer_that_divides_by_expected_batch_size(

@@ -277,8 +277,7 @@ def asgm_pld(
     if t == 0:
         return identity_pld(interval)
     if q == 1.0:  # the batch is everything: its size is the data set size
-        certain = pld_pmf.create_pmf({0: 0.0}, interval, 1.0, pessimistic_estimate=True)
-        return PrivacyLossDistribution(certain, certain)
+        return _certain_pld(interval)
     model = _BatchSizeModel(n, q, s)
     one = pld_from_tails(
         model.remove_tails(), model.add_tails(), interval=interval, discretization_method=disc
@@ -354,6 +353,21 @@ def asgm_delta(
     return worst_delta(plds, e)
 
 
+_TAIL_TRUNCATION = 1e-15
+"""dp_accounting's ``PrivacyLossDistribution.compose`` truncates tails of this mass."""
+
+
+def _finite_mass(pld: PrivacyLossDistribution) -> float:
+    """The smaller finite mass of the PLD's two directions (1 - its infinite-loss mass)."""
+    return max(0.0, 1.0 - float(pld.get_delta_for_epsilon(math.inf)))
+
+
+def _certain_pld(interval: float) -> PrivacyLossDistribution:
+    """An infinite privacy loss with probability 1 (epsilon = inf, delta = 1)."""
+    certain = pld_pmf.create_pmf({0: 0.0}, interval, 1.0, pessimistic_estimate=True)
+    return PrivacyLossDistribution(certain, certain)
+
+
 class ASGM(WorstOfPLDs):
     """Division by the realised batch size (Opacus 0.x) for a run: the exact "batch size
     revealed" model (:data:`ASGM_MODEL`), worst of both neighbours of the N-record data set
@@ -402,6 +416,14 @@ class ASGM(WorstOfPLDs):
                 ]
                 composed = plds[0]
                 for pld in plds[1:]:
+                    # A step with q = 1, or with q near 1 composed many times, leaves (almost)
+                    # no finite loss: the batch size reveals the target. When the composition
+                    # would keep at most the tail that dp_accounting truncates, it has no finite
+                    # part left (and dp_accounting fails on it): an infinite loss with
+                    # probability >= 1 - 1e-15, pessimistically 1.
+                    if _finite_mass(composed) * _finite_mass(pld) <= _TAIL_TRUNCATION:
+                        composed = _certain_pld(self.interval)
+                        break
                     composed = composed.compose(pld)
                 out.append(composed)
             self._plds = out
