@@ -120,3 +120,38 @@ def test_inf_is_strict_json(capsys: pytest.CaptureFixture[str]) -> None:
     out = json.loads(capsys.readouterr().out, parse_constant=reject)
     assert out["corrected"]["epsilon"] == "inf" and out["asgm"]["epsilon"] == "inf"
     assert math.isfinite(out["sgm"]["epsilon"])
+
+
+def _refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    return captured.err
+
+
+def test_batch_larger_than_the_data_set_is_a_usage_error_like_plan(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    err = _refused(capsys, _args(50000, 60000, 1.0, 1, 1e-5))
+    assert ("Invalid value for '--batch-size': must be in [1, --dataset-size] = [1, 50000], "
+            "got 60000.") in err
+    # plan refuses the same batch size with the same message
+    err = _refused(capsys, ["plan", "--dataset-size", "50000", "--batch-sizes", "60000",
+                            "--target-epsilon", "2", "--delta", "1e-5", "--steps", "10"])
+    assert ("Invalid value for '--batch-sizes': must be in [1, --dataset-size] = [1, 50000], "
+            "got 60000.") in err
+
+
+def test_drop_last_needs_a_batch_below_the_data_set_size(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    err = _refused(capsys, [*_args(50000, 50000, 1.0, 1, 1e-5), "--drop-last"])
+    assert ("Invalid value for '--batch-size': must be in [1, --dataset-size - 1] = "
+            "[1, 49999] with --drop-last") in err and "got 50000." in err
+
+
+def test_batch_equal_to_the_data_set_is_accepted(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _json(capsys, *_args(1000, 1000, 1.0, 1, 1e-5))
+    assert out["steps_per_epoch"] == 1

@@ -39,7 +39,7 @@ def test_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (["--batch-sizes", "500,9000"], "at most --dataset-size"),
+        (["--batch-sizes", "500,9000"], "must be in [1, --dataset-size] = [1, "),
         (["--batch-sizes", "a,b"], "comma-separated integers"),
         (["--steps", "10"], "exactly one of --epochs and --steps"),
     ],

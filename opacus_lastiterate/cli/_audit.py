@@ -24,6 +24,7 @@ from opacus_lastiterate.cli._options import (
     POSITIVE,
     PROBABILITY,
     Interval,
+    OutputPath,
     emit_json,
     json_option,
     plot_option,
@@ -160,7 +161,7 @@ def records_command(
 @click.option("--workers", type=click.IntRange(min=0), default=None,
               help="Worker processes (0: in this process) [default: one per CPU; 0 with "
               "--quick].")
-@click.option("--records", "records_path", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--records", "records_path", type=OutputPath(),
               default=None, metavar="FILE",
               help="Keep the runs in FILE (JSON lines): a rerun resumes, 'audit records' "
               "re-audits.")

@@ -12,6 +12,7 @@ from opacus_lastiterate.cli._options import (
     COUNT,
     POSITIVE,
     PROBABILITY,
+    check_batch_size,
     emit_json,
     fmt_eps,
     json_option,
@@ -41,11 +42,7 @@ def normalisation_report(
     )
 
     n, b, sigma, dim = dataset_size, batch_size, noise_multiplier, dimension
-    if drop_last and n - 1 < b:
-        raise click.UsageError(
-            f"--batch-size must be below --dataset-size with --drop-last (the neighbour "
-            f"N - 1 must fill a batch), got {b} and {n}."
-        )
+    check_batch_size(b, n, drop_last=drop_last)
     row = opacus1x_batch_arithmetic(n, b, drop_last=drop_last)
     steps = epochs * row.steps_per_epoch  # len(DPDataLoader) batches per epoch
     verdict = feasgm_verdict(n, b, drop_last=drop_last)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,6 +22,9 @@ from opacus_lastiterate.figures._plotting import IMAGE_SUFFIXES
 __all__ = [
     "DEFAULT_INTERVAL",
     "Interval",
+    "OutputPath",
+    "check_batch_size",
+    "check_output_path",
     "deprecated_choice",
     "dp_sgd_options",
     "emit_json",
@@ -170,7 +174,9 @@ def plot_option(what: str, default_name: str) -> Callable[[F], F]:
     :class:`~pathlib.Path` (:func:`plot_path`), checked before anything is computed."""
 
     def resolve(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
-        return None if value is None else plot_path(value, default_name)
+        if value is None:
+            return None
+        return check_output_path(plot_path(value, default_name), "--plot")
 
     return click.option(
         "--plot", "plot", type=click.Path(path_type=str), default=None, metavar="FILE",
@@ -203,3 +209,73 @@ def plot_path(text: str | Path, default_name: str) -> Path:
             param_hint="'--plot'",
         )
     return path
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists() or path.is_symlink()
+    except OSError:  # e.g. a component is not a folder, or a folder cannot be searched
+        return False
+
+
+def _output_problem(path: Path, folder: bool) -> str | None:
+    """Why nothing can be written at ``path`` (a file, or a ``folder``), or None."""
+    if _exists(path):
+        if folder and not path.is_dir():
+            return f"{str(path)!r} exists and is not a folder"
+        if not folder and path.is_dir():
+            return f"{str(path)!r} is an existing folder, not a file"
+        if not os.access(path, os.W_OK | (os.X_OK if folder else 0)):
+            return f"{str(path)!r} is not writable"
+        return None
+    ancestor = path.parent
+    while not _exists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if ancestor.is_file():
+        return f"{str(ancestor)!r} is a file, so {str(path)!r} cannot be created under it"
+    if not ancestor.is_dir():
+        return f"{str(ancestor)!r} is not a folder"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"the folder {str(ancestor)!r} is not writable"
+    return None
+
+
+def check_output_path(path: Path, option: str, *, folder: bool = False) -> Path:
+    """``path`` if a file (or a ``folder``) can be written there, else a usage error naming
+    ``option``: the path must not be a folder (a file), its nearest existing ancestor must be
+    a writable folder (missing folders in between are created later, by the writer). Creates
+    nothing; called while the command line is parsed, before anything is computed."""
+    problem = _output_problem(Path(path), folder)
+    if problem is not None:
+        raise click.BadParameter(f"cannot write there: {problem}.", param_hint=f"'{option}'")
+    return Path(path)
+
+
+class OutputPath(click.Path):
+    """A file (or a ``folder``) the command will write: checked by :func:`check_output_path`
+    when the command line is parsed, given to the command as a :class:`~pathlib.Path`."""
+
+    def __init__(self, *, folder: bool = False) -> None:
+        super().__init__(file_okay=not folder, dir_okay=folder, path_type=Path)
+        self.folder = folder
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        option = param.opts[0] if param is not None and param.opts else "PATH"
+        return check_output_path(Path(value), option, folder=self.folder)
+
+
+def check_batch_size(batch_size: int, dataset_size: int, *, option: str = "--batch-size",
+                     drop_last: bool = False) -> None:
+    """A usage error naming ``option``, ``--dataset-size`` and the valid range unless the
+    batch size is in [1, N] (N = the data set size), or [1, N - 1] with ``drop_last`` (the
+    neighbouring data set of N - 1 records must still fill a batch)."""
+    if drop_last:
+        high, bound = dataset_size - 1, "--dataset-size - 1"
+        why = " with --drop-last (the neighbour data set of N - 1 records must fill a batch)"
+    else:
+        high, bound, why = dataset_size, "--dataset-size", ""
+    if not 1 <= batch_size <= high:
+        raise click.BadParameter(
+            f"must be in [1, {bound}] = [1, {high}]{why}, got {batch_size}.",
+            param_hint=f"'{option}'",
+        )

@@ -12,6 +12,7 @@ from opacus_lastiterate.cli._options import (
     COUNT,
     POSITIVE,
     PROBABILITY,
+    check_batch_size,
     deprecated_choice,
     emit_json,
     interval_option,
@@ -97,12 +98,8 @@ def plan(
     accountant = deprecated_choice(accountant, "robust", "robust_heuristic", "--accountant")
     if (epochs is None) == (steps is None):
         raise click.UsageError("Pass exactly one of --epochs and --steps.")
-    too_big = [b for b in batch_sizes if b > dataset_size]
-    if too_big:
-        raise click.BadParameter(
-            f"must be at most --dataset-size ({dataset_size}), got {too_big[0]}.",
-            param_hint="'--batch-sizes'",
-        )
+    for size in batch_sizes:
+        check_batch_size(size, dataset_size, option="--batch-sizes")
     rows = [
         p.as_dict()
         for p in plan_batch_sizes(

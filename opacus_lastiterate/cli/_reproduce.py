@@ -14,6 +14,8 @@ import click
 from opacus_lastiterate.cli._options import (
     COUNT,
     POSITIVE,
+    OutputPath,
+    check_output_path,
     emit_json,
     json_option,
     plot_path,
@@ -41,7 +43,7 @@ def _size(quick: bool, full: bool) -> str:
     return "quick" if quick else ("full" if full else "default")
 
 
-def _run(name: str, size: str, plot: str | Path | None, no_plot: bool, **kwargs: Any) -> dict[str, Any]:
+def _run(name: str, size: str, plot: Path | None, no_plot: bool, **kwargs: Any) -> dict[str, Any]:
     """Compute figure ``name``, save its plot; return the result and where it went."""
     from opacus_lastiterate.figures import load
 
@@ -52,8 +54,10 @@ def _run(name: str, size: str, plot: str | Path | None, no_plot: bool, **kwargs:
         if plot is None and importlib.util.find_spec("matplotlib") is None:
             note = ("plot skipped: matplotlib is not installed "
                     "(pip install 'opacus-lastiterate[plot]', or pass --no-plot)")
-        else:  # checked before the (possibly long) computation
-            saved = plot_path(plot if plot is not None else f"{name}.png", f"{name}.png")
+        elif plot is None:  # checked before the (possibly long) computation
+            saved = check_output_path(plot_path(f"{name}.png", f"{name}.png"), "--plot")
+        else:  # checked when the command line was parsed
+            saved = Path(plot)
     start = time.perf_counter()
     result = load(name).compute(size, **kwargs)
     if saved is not None:
@@ -77,13 +81,19 @@ def _report(run: dict[str, Any], as_json: bool) -> None:
     click.echo(f"({run['elapsed']:.1f} s)")
 
 
-def _common(f: Any, simulated: bool) -> Any:
+def _common(f: Any, name: str, simulated: bool) -> Any:
+    def resolve(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
+        if value is None:
+            return None
+        return check_output_path(plot_path(value, f"{name}.png"), "--plot")
+
     options = [
         click.option("--quick", is_flag=True,
                      help="A few seconds: fewer points (and trials), coarser grids."),
         click.option("--full", is_flag=True,
                      help="The papers' settings where known (slow for simulated figures)."),
         click.option("--plot", type=click.Path(path_type=str), default=None, metavar="FILE",
+                     callback=resolve,
                      help="Where to save the picture (.png, .pdf or .svg; a folder gets "
                      "NAME.png inside) [default: ./NAME.png]."),
         click.option("--no-plot", is_flag=True, help="Print the numbers only."),
@@ -101,7 +111,7 @@ def _common(f: Any, simulated: bool) -> Any:
 
 
 def _figure_command(name: str, module: str, description: str) -> click.Command:
-    def callback(quick: bool, full: bool, plot: str | None, no_plot: bool, as_json: bool,
+    def callback(quick: bool, full: bool, plot: Path | None, no_plot: bool, as_json: bool,
                  **kwargs: Any) -> None:
         _report(_run(name, _size(quick, full), plot, no_plot, **kwargs), as_json)
 
@@ -113,7 +123,7 @@ def _figure_command(name: str, module: str, description: str) -> click.Command:
     )
     for option in reversed(_EXTRA.get(name, [])):
         callback = option(callback)
-    command = click.command(name, short_help=summary)(_common(callback, name in _SIMULATED))
+    command = click.command(name, short_help=summary)(_common(callback, name, name in _SIMULATED))
     return command
 
 
@@ -134,7 +144,7 @@ for _name, (_module, _description) in FIGURES.items():
 @reproduce.command("all", short_help="Every figure and table, pictures in one folder.")
 @click.option("--quick", is_flag=True, help="Every figure in its quick size.")
 @click.option("--full", is_flag=True, help="Every figure at the papers' settings (slow).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+@click.option("--out", type=OutputPath(folder=True), default=Path("."),
               show_default=True, help="Folder for the pictures (NAME.png each).")
 @click.option("--no-plot", is_flag=True, help="Print the numbers only.")
 @json_option

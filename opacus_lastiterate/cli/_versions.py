@@ -22,6 +22,24 @@ from opacus_lastiterate.cli._options import (
 __all__ = ["compare_versions"]
 
 
+def _release_spans(versions: list[str]) -> str:
+    """``versions`` (in release order) as text: a run of three or more consecutive releases
+    as "first-last" (consecutive among all known releases, so that a range never covers a
+    release the list leaves out), the others one by one: "0.9.0-0.11.0, 0.14.0"."""
+    from opacus_lastiterate.analysis.opacus_versions import OPACUS_RELEASES
+
+    index = {rel.version: i for i, rel in enumerate(OPACUS_RELEASES)}
+    runs: list[list[str]] = []
+    for version in versions:
+        if runs and version in index and runs[-1][-1] in index \
+                and index[version] == index[runs[-1][-1]] + 1:
+            runs[-1].append(version)
+        else:
+            runs.append([version])
+    parts = [f"{run[0]}-{run[-1]}" if len(run) >= 3 else ", ".join(run) for run in runs]
+    return ", ".join(parts)
+
+
 @click.command("compare-versions", short_help="Reported vs corrected epsilon per Opacus release.")
 @click.option("--dataset-size", type=COUNT, required=True, help="N = len(dataset).")
 @click.option("--batch-size", type=COUNT, required=True, help="DataLoader batch size L.")
@@ -94,18 +112,25 @@ def compare_versions(
         f"loss_reduction = {config.loss_reduction}; installed opacus: {installed_version()}"
     )
     curve = any(r.curve is not None for r in rows)
+    notes = list(dict.fromkeys(w for r in rows for w in r.warnings))  # first-seen order
+    number = {note: i for i, note in enumerate(notes, 1)}
     click.echo(f"{'version':<8} {'mechanism':<17} {'accountant':<13} {'q':>10} {'steps':>6} "
                f"{'divisor':<26} {'reported':>9} {'corrected':>10} {'heuristic':>9}"
-               + (f" {'curve':>9}" if curve else ""))
+               + (f" {'curve':>9}" if curve else "") + (" notes" if notes else ""))
     for r in rows:
         line = (f"{r.version:<8} {r.mechanism:<17} {r.accountant:<13} {r.sample_rate:>10.6g} "
                 f"{r.steps:>6} {r.divisor:<26} {fmt_eps(r.reported)[1:]} {fmt_eps(r.corrected)} "
                 f"{fmt_eps(r.heuristic)[1:]}")
         if curve:
             line += " " + (fmt_eps(r.curve)[1:] if r.curve is not None else f"{'-':>9}")
+        if r.warnings:
+            line += " " + ",".join(str(number[w]) for w in r.warnings)
         click.echo(line)
-        for w in r.warnings:
-            click.echo(f"         ! {w}")
+    if notes:
+        click.echo("notes (the releases each applies to):")
+        for note in notes:
+            where = _release_spans([r.version for r in rows if note in r.warnings])
+            click.echo(f"  {number[note]}. {where}: {note}")
     click.echo("corrected models:")
     for model in dict.fromkeys(r.corrected_model for r in rows):
         click.echo(f"  - {model}")
