@@ -112,8 +112,9 @@ _SUM14 = (
     "per-example gradients are computed as |B| g_i and clipped at C, the noisy sum is not "
     "divided (unclipped gradients come out |B| times too large)"
 )
-# loss_reduction="sum": per-example (clip scale, weight) as powers of the realised |B|
-SUM_REDUCTION_RULES = {_SUM9: (-1, 0), _SUM14: (-1, 1)}
+SUM_REDUCTION_RULES: dict[str, tuple[int, int]] = {_SUM9: (-1, 0), _SUM14: (-1, 1)}
+"""``loss_reduction="sum"`` bug of a release (:attr:`OpacusRelease.sum_reduction_bug`) ->
+(clip scale, weight) of each example, as powers of the realised batch size."""
 
 #: The 26 PyPI releases, oldest first.
 OPACUS_RELEASES: tuple[OpacusRelease, ...] = (
