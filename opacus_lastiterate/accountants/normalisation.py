@@ -22,14 +22,18 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opacus.optimizers import DPOptimizer
 
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants.base import RunAccountant
-from opacus_lastiterate.accountants.public_divisor import public_divisor_of
+from opacus_lastiterate.accountants.opacus_sgm import opacus_rdp_delta, opacus_sgm_epsilon
+from opacus_lastiterate.accountants.public_divisor import (
+    public_divisor_of,
+    public_divisor_verdict_at_opacus_rate,
+)
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_epsilon,
@@ -289,50 +293,6 @@ class _NormalisationAccountant(RunAccountant):
 # -- FEASGM -------------------------------------------------------------------------------------
 
 
-def _opacus_standard_epsilon(history: History, delta: float, standard: str) -> float:
-    """The SGM epsilon from Opacus's own ``"rdp"`` or ``"prv"`` accountant, as Opacus gives
-    it (which can be negative at a large delta, and for ``"prv"`` a ``RuntimeError`` for a
-    delta near 1)."""
-    from opacus.accountants import PRVAccountant, RDPAccountant
-
-    cls = {"rdp": RDPAccountant, "prv": PRVAccountant}[standard]
-    acc = cls()
-    acc.history = list(history)
-    return float(acc.get_epsilon(delta))
-
-
-def _opacus_rdp_delta(history: History, epsilon: float) -> float:
-    """The SGM delta(epsilon) that inverts Opacus's ``RDPAccountant.get_epsilon``.
-
-    Opacus converts the RDP curve at its ``DEFAULT_ALPHAS`` with Balle et al. (AISTATS 2020,
-    Theorem 21), ``eps(delta) = min_a [rdp_a - (log delta + log a) / (a - 1)
-    + log((a - 1) / a)]`` (every Opacus 1.x release). Solved for delta at each order,
-    ``log delta_a(eps) = (a - 1) (rdp_a + log((a - 1) / a) - eps) - log a``, and
-    ``delta(eps) = min(1, min_a delta_a(eps))``: the same theorem read the other way, so
-    that ``get_epsilon(get_delta(e)) == e`` and ``get_delta(get_epsilon(d)) == d`` up to
-    floating point (where the epsilon is >= 0 and the delta < 1).
-    """
-    import numpy as np
-    from opacus.accountants import RDPAccountant
-    from opacus.accountants.analysis import rdp as rdp_analysis
-
-    orders = RDPAccountant.DEFAULT_ALPHAS
-    rdp = sum(  # exactly what RDPAccountant.get_privacy_spent sums
-        [
-            rdp_analysis.compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=orders)
-            for sigma, q, steps in history
-        ]
-    )
-    a = np.asarray(orders, dtype=float)
-    r = np.asarray(rdp, dtype=float)
-    with np.errstate(over="ignore", invalid="ignore"):
-        log_delta = (a - 1) * (r + np.log((a - 1) / a) - epsilon) - np.log(a)
-    finite = log_delta[~np.isnan(log_delta)]
-    if not finite.size:
-        return 1.0
-    return float(min(1.0, math.exp(min(0.0, float(finite.min())))))
-
-
 class FEASGMAccountant(_NormalisationAccountant):
     """Opacus 1.x's divisor int(N * q): ``PrivacyEngine(accountant="feasgm")``.
 
@@ -362,7 +322,9 @@ class FEASGMAccountant(_NormalisationAccountant):
         public = self._public_divisor(config)
         if public is None:
             return opacus
-        return _public_verdict(opacus, public, config)
+        return public_divisor_verdict_at_opacus_rate(
+            opacus, public, summed=config["public_divisor"] is None
+        )
 
     @staticmethod
     def _public_divisor(config: Mapping[str, Any]) -> float | None:
@@ -426,7 +388,7 @@ class FEASGMAccountant(_NormalisationAccountant):
             return math.inf
         if config["standard"] == "pld":
             return self._standard_model().epsilon(d)
-        return _opacus_standard_epsilon(history, d, config["standard"])
+        return opacus_sgm_epsilon(history, d, config["standard"])
 
     def _standard_model(self) -> StandardComposition:
         """The PLD model of the recorded run, built once per change of the history."""
@@ -443,7 +405,7 @@ class FEASGMAccountant(_NormalisationAccountant):
 
         * ``"pld"``: dp_accounting's PLD delta, read off the same PLD as the epsilon.
         * ``"rdp"``: the inverse of Opacus's RDP-to-DP conversion at its orders
-          (:func:`_opacus_rdp_delta`): ``get_epsilon(get_delta(e)) == e`` up to floating
+          (:func:`~opacus_lastiterate.accountants.opacus_sgm.opacus_rdp_delta`): ``get_epsilon(get_delta(e)) == e`` up to floating
           point.
         * ``"prv"``: not available (``NotImplementedError``). Opacus's ``PRVAccountant``
           has no delta(epsilon) with error bounds: its discretisation is chosen from
@@ -471,7 +433,7 @@ class FEASGMAccountant(_NormalisationAccountant):
         if self.run.has_zero_noise or not self.verdict.safe:
             return 1.0
         if config["standard"] == "rdp":
-            return _opacus_rdp_delta(self.history, e)
+            return opacus_rdp_delta(self.history, e)
         return self._standard_model().delta(e)
 
     def curve_model(
@@ -567,55 +529,6 @@ class FEASGMAccountant(_NormalisationAccountant):
             f"batch_size={c['batch_size']}, dimension={c['dimension']}, "
             f"public_divisor={c['public_divisor']})"
         )
-
-
-def _fmt(values: Sequence[float]) -> str:
-    return ", ".join(f"{v:.10g}" for v in values)
-
-
-def _public_verdict(
-    opacus: DivisorVerdict, divisor: float, config: Mapping[str, Any]
-) -> DivisorVerdict:
-    """The verdict when the divisor is public but the sample rate is still Opacus's 1/k."""
-    n = opacus.dataset_size
-    source = (
-        "loss_reduction='sum': the noisy sum itself is released"
-        if config["public_divisor"] is None
-        else f"the divisor {divisor:g} is a public constant (use_public_divisor / configure)"
-    )
-    same_rate = len(set(opacus.sample_rates)) == 1 and len(set(opacus.accountant_rates)) == 1
-    if same_rate:
-        verdict, reason = (
-            "safe",
-            (
-                f"safe for N = {n}: {source}, and the sampling rate 1/len(DataLoader) = "
-                f"{opacus.sample_rates[1]:.10g} is the same for N - 1, N, N + 1, so the update is a "
-                "public rescaling of SGM and the SGM guarantee holds exactly."
-            ),
-        )
-    else:
-        verdict, reason = (
-            "unsafe",
-            (
-                f"unsafe for N = {n}: {source}, but the sampling rate 1/len(DataLoader) changes "
-                f"between neighbours (N = {_fmt(opacus.dataset_sizes)}: q = "
-                f"{_fmt(opacus.sample_rates)}), and with it the number of steps per epoch "
-                f"({_fmt(opacus.steps_per_epoch or ())}). No finite worst-case guarantee exists "
-                "(epsilon = inf); pick a batch size with the same ceil(N/L) for N - 1, N, N + 1, "
-                "or fix the sample rate and the number of steps."
-            ),
-        )
-    return DivisorVerdict(
-        dataset_size=n,
-        rule="public divisor, opacus-1.x sample rate",
-        dataset_sizes=opacus.dataset_sizes,
-        divisors=(divisor, divisor, divisor),
-        sample_rates=opacus.sample_rates,
-        accountant_rates=opacus.accountant_rates,
-        steps_per_epoch=opacus.steps_per_epoch,
-        verdict=verdict,  # type: ignore[arg-type]
-        reason=reason,
-    )
 
 
 # -- ASGM ---------------------------------------------------------------------------------------

@@ -24,11 +24,19 @@ With ``distributed=True`` the value is per worker, as Opacus's own ``expected_ba
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from opacus.optimizers import DPOptimizer
 
 from opacus_lastiterate.analysis._validation import check_positive
+from opacus_lastiterate.analysis.normalisation.divisor_verdict import DivisorVerdict
 
-__all__ = ["PUBLIC_DIVISOR_ATTRIBUTE", "public_divisor_of", "use_public_divisor"]
+__all__ = [
+    "PUBLIC_DIVISOR_ATTRIBUTE",
+    "public_divisor_of",
+    "public_divisor_verdict_at_opacus_rate",
+    "use_public_divisor",
+]
 
 PUBLIC_DIVISOR_ATTRIBUTE = "_opacus_lastiterate_public_divisor"
 """Attribute set on the optimizer by :func:`use_public_divisor` (read by the accountants)."""
@@ -85,3 +93,54 @@ def public_divisor_of(optimizer: DPOptimizer) -> float | None:
     if marked is None or opt.expected_batch_size != marked:
         return None
     return float(marked)
+
+
+def _fmt(values: Sequence[float]) -> str:
+    return ", ".join(f"{v:.10g}" for v in values)
+
+
+def public_divisor_verdict_at_opacus_rate(
+    opacus: DivisorVerdict, divisor: float, *, summed: bool
+) -> DivisorVerdict:
+    """The verdict when the divisor is public but the sample rate is still Opacus's 1/k
+    (``opacus``: Opacus 1.x's verdict for the same N and L; ``summed``: the noisy sum itself
+    is released, ``loss_reduction="sum"``)."""
+    n = opacus.dataset_size
+    source = (
+        "loss_reduction='sum': the noisy sum itself is released"
+        if summed
+        else f"the divisor {divisor:g} is a public constant (use_public_divisor / configure)"
+    )
+    same_rate = len(set(opacus.sample_rates)) == 1 and len(set(opacus.accountant_rates)) == 1
+    if same_rate:
+        verdict, reason = (
+            "safe",
+            (
+                f"safe for N = {n}: {source}, and the sampling rate 1/len(DataLoader) = "
+                f"{opacus.sample_rates[1]:.10g} is the same for N - 1, N, N + 1, so the update is a "
+                "public rescaling of SGM and the SGM guarantee holds exactly."
+            ),
+        )
+    else:
+        verdict, reason = (
+            "unsafe",
+            (
+                f"unsafe for N = {n}: {source}, but the sampling rate 1/len(DataLoader) changes "
+                f"between neighbours (N = {_fmt(opacus.dataset_sizes)}: q = "
+                f"{_fmt(opacus.sample_rates)}), and with it the number of steps per epoch "
+                f"({_fmt(opacus.steps_per_epoch or ())}). No finite worst-case guarantee exists "
+                "(epsilon = inf); pick a batch size with the same ceil(N/L) for N - 1, N, N + 1, "
+                "or fix the sample rate and the number of steps."
+            ),
+        )
+    return DivisorVerdict(
+        dataset_size=n,
+        rule="public divisor, opacus-1.x sample rate",
+        dataset_sizes=opacus.dataset_sizes,
+        divisors=(divisor, divisor, divisor),
+        sample_rates=opacus.sample_rates,
+        accountant_rates=opacus.accountant_rates,
+        steps_per_epoch=opacus.steps_per_epoch,
+        verdict=verdict,  # type: ignore[arg-type]
+        reason=reason,
+    )

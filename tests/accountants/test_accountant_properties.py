@@ -43,7 +43,7 @@ Tolerances (r_eps, r_delta, a), from each accountant's documented accuracy:
   (exact inverses on that PMF), so only dp_accounting's floating point remains: 1e-9
   relative, 1e-9 absolute.
 * feasgm "rdp": Opacus's closed-form conversion per order and its exact inverse
-  (``_opacus_rdp_delta``): 1e-10 relative, 1e-12 absolute.
+  (``opacus_rdp_delta``): 1e-10 relative, 1e-12 absolute.
 * feasgm "prv": Opacus's PRV epsilon is an upper bound within ``eps_error = 0.01`` of the
   estimate on a grid that depends on delta, so monotonicity holds to 2 eps_error absolute;
   it has no delta (``get_delta`` raises NotImplementedError: no round trip).
