@@ -60,7 +60,6 @@ from opacus_lastiterate.exceptions import MonitorWarning
 
 _STOP = object()  # the writer thread's last request
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
-_WARM_ALLOCATION = 31 << 20  # bytes: below glibc's largest dynamic mmap threshold (32 MiB)
 
 
 # -- the parent's side ----------------------------------------------------------------------
@@ -221,7 +220,9 @@ class ProcessEvaluator:
         self._configuration: Any = None  # the corrected accountant's, as last sent
         self._inline: InlineEvaluator | None = None  # after a failure
         self._worker: EvaluationWorker | None = None
-        self._start(dropped)
+        self._failure = ""
+        if not self._start(dropped):
+            self._fall_back(self._failure, [])
 
     # -- the Evaluator protocol -------------------------------------------------------------
 
@@ -248,15 +249,18 @@ class ProcessEvaluator:
             return False
         return self._worker.wait_ready(timeout)
 
-    def evaluate(self, queue: list[QueuedStep]) -> list[EpsilonRecord]:
+    def evaluate(
+        self, queue: list[QueuedStep], out: list[EpsilonRecord] | None = None
+    ) -> list[EpsilonRecord]:
+        out = [] if out is None else out
         if self._inline is not None:
-            return self._sync_inline(self._inline.evaluate(queue))
+            return self._sync_inline(self._inline.evaluate(queue, out=out))
         if queue and self._worker is None:  # closed by finish(): training went on
-            self._start(dropped=len(queue))
-        if self._inline is not None:  # it could not be started
-            return self._sync_inline(self._inline.evaluate(queue))
+            if not self._start(dropped=len(queue)):  # queue: evaluated inline from now on
+                return self._sync_inline(self._fall_back(self._failure, queue, out))
         self._send(queue)
-        return self._collect(wait=False)
+        out.extend(self._collect(wait=False))
+        return out
 
     def drain(self) -> list[EpsilonRecord]:
         return self._collect(wait=True)
@@ -283,9 +287,10 @@ class ProcessEvaluator:
 
     # -- the process ------------------------------------------------------------------------
 
-    def _start(self, dropped: int) -> None:
+    def _start(self, dropped: int) -> bool:
         """Start a process at the evaluated state (the accountant without its last
-        ``dropped`` steps)."""
+        ``dropped`` steps); False if it could not be started (the reason in
+        ``_failure``)."""
         config = {
             "accountant": self._accountant,
             "corrected": self._own_corrected,
@@ -298,8 +303,10 @@ class ProcessEvaluator:
         try:
             self._worker = EvaluationWorker(pickle.dumps(config, protocol=_PROTOCOL))
             self._configuration = None
+            return True
         except Exception as exc:  # accounting must never stop training
-            self._fall_back(f"it could not be started: {type(exc).__name__}: {exc}", [])
+            self._failure = f"it could not be started: {type(exc).__name__}: {exc}"
+            return False
 
     def _send(self, queue: list[QueuedStep]) -> None:
         """Send ``queue``; the history, the RDP vector and the learning rate move on at once
@@ -344,7 +351,12 @@ class ProcessEvaluator:
         for message, category in caught:
             warn(message, category)
 
-    def _fall_back(self, reason: str, pending: list[QueuedStep]) -> list[EpsilonRecord]:
+    def _fall_back(
+        self,
+        reason: str,
+        pending: list[QueuedStep],
+        out: list[EpsilonRecord] | None = None,
+    ) -> list[EpsilonRecord]:
         """The process failed: evaluate inline from now on. The steps sent and not answered
         (and ``pending``) are evaluated again here, from the accountant's state without
         them; their records are returned."""
@@ -370,7 +382,7 @@ class ProcessEvaluator:
             rdp=rdp,
             last_lr=self.last_lr,
         )
-        return self._sync_inline(self._inline.evaluate(unanswered + pending))
+        return self._sync_inline(self._inline.evaluate(unanswered + pending, out=out))
 
     def _sync_inline(self, records: list[EpsilonRecord]) -> list[EpsilonRecord]:
         """Mirror the inline evaluator's progress (what the monitor reads from here)."""

@@ -65,7 +65,7 @@ class PrivacyBudget:
         ):
             raise ValueError(f"`epsilon` must be a real number > 0, got {self.epsilon!r}.")
         if isinstance(self.metric, str) and self.metric in RENAMED_FIELDS:
-            object.__setattr__(self, "metric", renamed_field(self.metric, stacklevel=4))
+            object.__setattr__(self, "metric", renamed_field(self.metric))
         if self.metric not in BUDGET_METRICS:
             raise ValueError(f"`metric` must be one of {BUDGET_METRICS}, got {self.metric!r}.")
         if self.action not in ("raise", "stop"):
@@ -113,25 +113,29 @@ class BudgetGuard:
         )
 
     def check(
-        self, entry: QueuedStep, queue: list[QueuedStep], evaluator: InlineEvaluator
-    ) -> tuple[list[EpsilonRecord] | None, PrivacyBudgetExceededError | None]:
+        self,
+        entry: QueuedStep,
+        queue: list[QueuedStep],
+        evaluator: InlineEvaluator,
+        out: list[EpsilonRecord],
+    ) -> tuple[bool, PrivacyBudgetExceededError | None]:
         """Decide ``entry``, the last of ``queue`` (the steps not evaluated yet).
 
         Returns:
-            ``(None, None)`` when a bound certifies it (nothing evaluated); otherwise the
-            records of ``queue`` (``entry``'s own value decides) and, if that value exceeds
-            the limit, the error that refuses it: ``entry`` is then taken back from
-            ``evaluator`` and its record dropped (the caller takes it back from the
-            accountants).
+            ``(False, None)`` when a bound certifies it (nothing evaluated); otherwise
+            ``(True, refusal)``: the records of ``queue`` were appended to ``out``
+            (``entry``'s own value decides) and, if that value exceeds the limit, ``refusal``
+            is the error that refuses it: ``entry``'s record is then dropped and the step
+            taken back from ``evaluator`` (the caller takes it back from the accountants).
         """
         if self.certifies(entry, queue, evaluator):
-            return None, None
+            return False, None
         budget = self.budget
-        records = evaluator.evaluate(queue, need=budget.metric)
-        value = getattr(records[-1], budget.metric)
+        evaluator.evaluate(queue, need=budget.metric, out=out)
+        value = getattr(out[-1], budget.metric)
         if not value > budget.epsilon:
-            return records, None
-        records.pop()
+            return True, None
+        out.pop()
         evaluator.take_back_last()
         self.reset()
         step = entry[0]
@@ -143,7 +147,7 @@ class BudgetGuard:
         refusal = PrivacyBudgetExceededError(
             message, step=step, metric=budget.metric, value=value, limit=budget.epsilon
         )
-        return records, refusal
+        return True, refusal
 
     def _rdp_limit(self, evaluator: InlineEvaluator) -> float:
         """The RDP epsilon that certifies the budget: the limit itself for the RDP metric;

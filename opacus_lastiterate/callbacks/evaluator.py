@@ -113,8 +113,11 @@ class Evaluator(Protocol):
         """Wait until the evaluator can evaluate off the thread; False on timeout or if
         it cannot (True inline)."""
 
-    def evaluate(self, queue: list[QueuedStep]) -> list[EpsilonRecord]:
-        """Take ``queue``; return the records that are ready now, in step order."""
+    def evaluate(
+        self, queue: list[QueuedStep], out: list[EpsilonRecord] | None = None
+    ) -> list[EpsilonRecord]:
+        """Take ``queue``; append the records that are ready now, in step order, to ``out``
+        (one at a time, so an interruption loses none that were made) and return it."""
 
     def drain(self) -> list[EpsilonRecord]:
         """Wait for every record of the steps handed over; return those not returned yet."""
@@ -192,11 +195,18 @@ class InlineEvaluator:
     def wait_ready(self, timeout: float | None) -> bool:
         return True
 
-    def evaluate(self, queue: list[QueuedStep], need: str | None = None) -> list[EpsilonRecord]:
-        """The records of ``queue``, in order (``need``: a field that the last one must
-        have, for the budget guard). Runs of steps with the same settings under the
-        constant-rate formula are replayed together."""
-        out: list[EpsilonRecord] = []
+    def evaluate(
+        self,
+        queue: list[QueuedStep],
+        out: list[EpsilonRecord] | None = None,
+        *,
+        need: str | None = None,
+    ) -> list[EpsilonRecord]:
+        """The records of ``queue``, in order, appended to ``out`` as each is made (so an
+        interruption loses none that were made) and returned (``need``: a field that the
+        last one must have, for the budget guard). Runs of steps with the same settings
+        under the constant-rate formula are replayed together."""
+        out = [] if out is None else out
         if not queue:
             return out
         rdp = self.rdp.advance([(sigma, q) for _, sigma, q, _, _ in queue], self.delta)

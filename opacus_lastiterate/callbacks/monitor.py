@@ -437,12 +437,9 @@ class PrivacyMonitor:
     def _check_budget(self, entry: QueuedStep) -> None:
         guard, evaluator = self._guard, self._evaluator
         assert guard is not None and isinstance(evaluator, InlineEvaluator)
-        queue, self._queue = self._queue, []
-        records, refusal = guard.check(entry, queue, evaluator)
-        if records is None:  # certified by a bound: the steps stay queued
-            self._queue = queue
-            return
-        self._ready.extend(records)
+        evaluated, refusal = guard.check(entry, self._queue, evaluator, self._ready)
+        if evaluated:
+            self._queue = []
         if refusal is None:
             return
         take_back_steps(self.accountant, 1)  # the step, undone everywhere
@@ -462,7 +459,7 @@ class PrivacyMonitor:
         evaluation process and emit the records that have come back."""
         assert self._evaluator is not None
         queue, self._queue = self._queue, []
-        self._ready.extend(self._evaluator.evaluate(queue))
+        self._evaluator.evaluate(queue, out=self._ready)
         ready, self._ready = self._ready, []
         for record in ready:
             self._emit(record)
@@ -471,7 +468,7 @@ class PrivacyMonitor:
         """Hand over the queued steps and wait for every record."""
         assert self._evaluator is not None
         queue, self._queue = self._queue, []
-        self._ready.extend(self._evaluator.evaluate(queue))
+        self._evaluator.evaluate(queue, out=self._ready)
         self._ready.extend(self._evaluator.drain())
 
     def _emit(self, record: EpsilonRecord) -> None:
@@ -500,23 +497,37 @@ class PrivacyMonitor:
         before any step). A second call without new steps (an adapter may have finished
         already) returns the same record and emits nothing.
 
+        A monitor sees only the steps taken while it is attached. When the accountant
+        recorded steps that it did not see, the final record covers the steps it saw and a
+        :class:`MonitorWarning` says so.
+
         Raises:
-            RuntimeError: if the accountant recorded steps that the monitor did not see (it
-                was not attached while they were taken): its records would describe another
-                run. Nothing is emitted or closed then.
+            RuntimeError: if the accountant recorded steps and the monitor saw none of them
+                (it was never attached while training): nothing is emitted or closed then,
+                and the message says how to attach it.
         """
-        self._drain()
-        self.flush()
         evaluator = self._evaluator
         assert evaluator is not None
-        unseen = steps_of(self.accountant) - evaluator.evaluated
-        if unseen > 0:
+        seen = evaluator.evaluated + len(self._queue)  # evaluated: sent ones included
+        unseen = steps_of(self.accountant) - seen
+        if unseen > 0 and not seen:
             raise RuntimeError(
-                f"PrivacyMonitor.finish(): the accountant recorded {unseen} step(s) after the "
-                f"{evaluator.evaluated} this monitor saw, so it would report another run. Attach "
-                "the monitor before training: PrivacyMonitor(..., optimizer=optimizer) or "
+                f"PrivacyMonitor.finish(): the accountant recorded {unseen} step(s) and this "
+                "monitor saw none of them, so it has nothing to report. Attach it before "
+                "training: PrivacyMonitor(..., optimizer=optimizer) or "
                 "monitor.attach(optimizer) (the adapters attach it themselves)."
             )
+        self._drain()
+        self.flush()
+        if unseen > 0:
+            warn(
+                f"PrivacyMonitor.finish(): the accountant recorded {unseen} step(s) that this "
+                "monitor did not see (it was not attached while they were taken); its final "
+                f"record covers the {seen} step(s) it saw, not the whole run.",
+                MonitorWarning,
+            )
+        if self._final is not None and self._final[0] == evaluator.evaluated:
+            return self._final[1]
         if not evaluator.evaluated and not self._was_attached:
             warn(
                 "PrivacyMonitor.finish(): no step was recorded and the monitor was never "
@@ -524,8 +535,6 @@ class PrivacyMonitor:
                 "optimizer=optimizer (or call monitor.attach(optimizer)) before training.",
                 MonitorWarning,
             )
-        if self._final is not None and self._final[0] == evaluator.evaluated:
-            return self._final[1]
         record = None
         if evaluator.evaluated:
             record = evaluator.final_record()

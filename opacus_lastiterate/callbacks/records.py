@@ -13,10 +13,11 @@ in-training audit that reads the records as they are emitted.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
+
+from opacus_lastiterate._warn import warn
 
 __all__ = ["FIELDS", "LABELS", "RENAMED_FIELDS", "EpsilonRecord", "MonitorAudit", "Sink"]
 
@@ -28,17 +29,16 @@ RENAMED_FIELDS: dict[str, str] = {
 """Former field name -> field name (read with a DeprecationWarning for one release)."""
 
 
-def renamed_field(name: str, *, stacklevel: int = 3) -> str:
+def renamed_field(name: str) -> str:
     """The field called ``name`` before the renaming (:data:`RENAMED_FIELDS`), with a
     DeprecationWarning; any other name unchanged."""
     new = RENAMED_FIELDS.get(name)
     if new is None:
         return name
-    warnings.warn(
+    warn(
         f"the record field {name!r} is now called {new!r}; the old name goes in the next "
         "release.",
         DeprecationWarning,
-        stacklevel=stacklevel,
     )
     return new
 
@@ -83,6 +83,9 @@ class EpsilonRecord:
         Raises:
             ValueError: unless the keys are exactly the fields.
         """
+        both = [k for k in values if k in RENAMED_FIELDS and RENAMED_FIELDS[k] in values]
+        if both:
+            raise ValueError(f"a record has both the former and the new name of {both}.")
         fields = {renamed_field(k): v for k, v in values.items()}
         if set(fields) != set(FIELDS):
             raise ValueError(f"a record must have the keys {FIELDS}, got {sorted(values)}.")

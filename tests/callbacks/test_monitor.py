@@ -317,9 +317,9 @@ def test_budget_guard_is_exact_while_skipping_most_evaluations(
     exact = {"count": 0}
     evaluate = InlineEvaluator.evaluate
 
-    def counted(self, queue, need=None):  # type: ignore[no-untyped-def]
+    def counted(self, queue, out=None, *, need=None):  # type: ignore[no-untyped-def]
         exact["count"] += need is not None
-        return evaluate(self, queue, need)
+        return evaluate(self, queue, out, need=need)
 
     monkeypatch.setattr(InlineEvaluator, "evaluate", counted)
     engine, model, opt, loader = make_dp(sigma=2.0)
@@ -856,9 +856,10 @@ def test_incremental_rdp_moved_to_accountants_and_its_old_paths_warn() -> None:
 
 
 def test_a_monitor_that_was_not_attached_does_not_report_in_silence() -> None:
-    """The README mistake: a monitor built without the optimizer. Steps it did not see make
-    finish() raise (its record would be of another run), with the fix in the message; a
-    monitor that saw nothing at all warns."""
+    """The README mistake: a monitor built without the optimizer. If it saw none of the
+    accountant's steps, finish() raises with the fix in the message and emits nothing; if it
+    saw some, its final record covers those and a warning says so; a monitor that saw
+    nothing of a run without steps warns."""
     from opacus_lastiterate.callbacks import MonitorWarning
 
     engine, model, opt, loader = make_dp()
@@ -874,3 +875,8 @@ def test_a_monitor_that_was_not_attached_does_not_report_in_silence() -> None:
     train(model, opt, loader, 2)
     final = attached.finish()
     assert final is not None and final.step == 5 and [r.step for r in records] == [4, 5, 5]
+    attached.detach()
+    train(model, opt, loader, 2)  # not seen
+    with pytest.warns(MonitorWarning, match=r"2 step\(s\) that this monitor did not see"):
+        again = attached.finish()
+    assert again is not None and again.step == 5

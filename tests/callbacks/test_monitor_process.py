@@ -187,3 +187,33 @@ def test_child_warnings_are_reissued_and_process_mode_rejects_a_budget() -> None
     del monitor
     gc.collect()
     assert process.wait(timeout=30) == 0
+
+
+def test_a_process_that_cannot_restart_counts_each_step_once(monkeypatch) -> None:
+    """finish() stops the child; when training goes on and a new child cannot be started,
+    the steps handed over are evaluated inline once (not replayed twice), as inline gives."""
+    from opacus_lastiterate.callbacks import _evaluation_process
+
+    expected, inline, *_ = _run("inline", 10, flush_every=5)
+    inline_final = inline.finish()
+    _, monitor, model, opt, loader = _run("process", 10, flush_every=5)
+    monitor.finish()
+
+    def refuse(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise OSError("no process today")
+
+    monkeypatch.setattr(_evaluation_process, "EvaluationWorker", refuse)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(model, opt, loader, 10)
+        final = monitor.finish()
+    assert any(issubclass(w.category, MonitorWarning) for w in caught)
+    assert final is not None and final.step == 20
+    _, reference, m2, o2, l2 = _run("inline", 10, flush_every=5)
+    reference.finish()
+    train(m2, o2, l2, 10)
+    want = reference.finish()
+    assert want is not None and final.heuristic_epsilon == pytest.approx(
+        want.heuristic_epsilon, rel=1e-12
+    )
+    assert inline_final is not None and expected[-1].final
