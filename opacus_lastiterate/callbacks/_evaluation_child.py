@@ -19,8 +19,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from opacus_lastiterate.accountants import ASGMAccountant, FEASGMAccountant
-from opacus_lastiterate.callbacks.evaluator import InlineEvaluator
+from opacus_lastiterate.callbacks.evaluator import InlineEvaluator, corrected_accountant_of
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 _WARM_ALLOCATION = 31 << 20  # bytes: below glibc's largest dynamic mmap threshold (32 MiB)
@@ -30,9 +29,7 @@ def _child_evaluator(config: dict[str, Any]) -> InlineEvaluator:
     """The evaluator at the parent's evaluated state (``config["dropped"]``: steps that the
     accountant recorded after it)."""
     accountant = config["accountant"]
-    corrected = config["corrected"]
-    if corrected is None and isinstance(accountant, (ASGMAccountant, FEASGMAccountant)):
-        corrected = accountant
+    corrected = corrected_accountant_of(accountant, config["corrected"])
     with warnings.catch_warnings():  # the parent's own monitor raised them already
         warnings.simplefilter("ignore")
         evaluator = InlineEvaluator(

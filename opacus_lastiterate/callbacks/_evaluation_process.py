@@ -43,8 +43,6 @@ import numpy as np
 
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants import (
-    ASGMAccountant,
-    FEASGMAccountant,
     RunAccountant,
 )
 from opacus_lastiterate.accountants.base import trim_history
@@ -52,6 +50,7 @@ from opacus_lastiterate.callbacks.cadence import Cadences, OverheadBudget
 from opacus_lastiterate.callbacks.evaluator import (
     InlineEvaluator,
     QueuedStep,
+    corrected_accountant_of,
     evaluated_state,
     extend_history,
 )
@@ -206,9 +205,7 @@ class ProcessEvaluator:
         self.delta = delta
         self.cadences = cadences
         self._own_corrected = corrected
-        self._corrected = corrected
-        if corrected is None and isinstance(accountant, (ASGMAccountant, FEASGMAccountant)):
-            self._corrected = accountant
+        self._corrected = corrected_accountant_of(accountant, corrected)
         self._overhead = overhead
         self.history, self.evaluated, self.rdp = evaluated_state(
             trim_history(accountant.history, dropped), rdp

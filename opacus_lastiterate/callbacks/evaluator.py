@@ -24,6 +24,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from opacus_lastiterate.accountants import (
+    ASGMAccountant,
+    FEASGMAccountant,
     IncrementalRDP,
     LastIterateAccountant,
     RunAccountant,
@@ -40,9 +42,11 @@ from opacus_lastiterate.callbacks.records import EpsilonRecord
 
 __all__ = [
     "MIN_RUN",
+    "NORMALISATION_ACCOUNTANTS",
     "Evaluator",
     "InlineEvaluator",
     "QueuedStep",
+    "corrected_accountant_of",
     "evaluated_state",
     "extend_history",
     "weighted_grid_points",
@@ -88,6 +92,18 @@ def extend_history(history: list[list[Any]], sigma: float, q: float) -> None:
         history[-1][2] += 1
     else:
         history.append([sigma, q, 1])
+
+
+NORMALISATION_ACCOUNTANTS = (ASGMAccountant, FEASGMAccountant)
+"""The accountants whose epsilon is the corrected value."""
+
+
+def corrected_accountant_of(accountant: Any, corrected: Any) -> Any:
+    """The accountant whose epsilon is the corrected value: ``corrected`` if given, else the
+    monitored ``accountant`` when it is a normalisation accountant, else None."""
+    if corrected is None and isinstance(accountant, NORMALISATION_ACCOUNTANTS):
+        return accountant
+    return corrected
 
 
 class Evaluator(Protocol):

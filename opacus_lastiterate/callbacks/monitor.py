@@ -52,8 +52,6 @@ from typing import Any, Literal
 from opacus_lastiterate._lazy import moved_name
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants import (
-    ASGMAccountant,
-    FEASGMAccountant,
     LastIterateAccountant,
     accountant_of,
     last_step_of,
@@ -71,7 +69,13 @@ from opacus_lastiterate.callbacks.cadence import (
     check_cadence,
     check_max_overhead,
 )
-from opacus_lastiterate.callbacks.evaluator import Evaluator, InlineEvaluator, QueuedStep
+from opacus_lastiterate.callbacks.evaluator import (
+    NORMALISATION_ACCOUNTANTS,
+    Evaluator,
+    InlineEvaluator,
+    QueuedStep,
+    corrected_accountant_of,
+)
 from opacus_lastiterate.callbacks.records import (
     FIELDS,
     LABELS,
@@ -204,16 +208,14 @@ class PrivacyMonitor:
         self.cadences = Cadences(heuristic_every, weighted_every, robust_every, standard_every)
         self._overhead = OverheadBudget(check_max_overhead(max_overhead))
         self.flush_every = check_cadence("flush_every", flush_every, doubling=False)
-        normalisation = (ASGMAccountant, FEASGMAccountant)
-        if corrected_accountant is not None and not isinstance(corrected_accountant, normalisation):
+        if corrected_accountant is not None and not isinstance(
+            corrected_accountant, NORMALISATION_ACCOUNTANTS
+        ):
             raise TypeError(
                 "`corrected_accountant` must be an ASGMAccountant or FEASGMAccountant, got "
                 f"{type(corrected_accountant).__name__}."
             )
-        if corrected_accountant is None and isinstance(self.accountant, normalisation):
-            self._corrected: Any = self.accountant
-        else:
-            self._corrected = corrected_accountant
+        self._corrected: Any = corrected_accountant_of(self.accountant, corrected_accountant)
         self._own_corrected = self._corrected is not None and self._corrected is not self.accountant
         self._heuristic = isinstance(self.accountant, LastIterateAccountant)
         if audit is not None and not isinstance(audit, MonitorAudit):
