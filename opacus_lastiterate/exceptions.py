@@ -26,6 +26,7 @@ __all__ = [
     "OpacusLastIterateWarning",
     "OptimizerTraceWarning",
     "PrivacyBudgetExceededError",
+    "SamplingWarning",
     "TruncatedRecordWarning",
     "UnsupportedOptimizerError",
     "WeightedAccuracyWarning",
@@ -63,6 +64,12 @@ class OptimizerTraceWarning(OpacusLastIterateWarning):
 
 class NormalisationWarning(OpacusLastIterateWarning):
     """The recorded training does not match the model a normalisation accountant computes."""
+
+
+class SamplingWarning(OpacusLastIterateWarning):
+    """The run's batches are drawn by a sampler whose privacy the package cannot model, or
+    by one the accountant in use does not account (Opacus's accountants assume Poisson
+    sampling): the numbers say what they assume (``docs/samplers.md``)."""
 
 
 class ZeroNoiseWarning(OpacusLastIterateWarning):

@@ -38,6 +38,7 @@ Layers (:data:`LAYERS`, lowest first; a module may import its own layer and lowe
 * ``analysis``: the mathematics (numpy, scipy, dp_accounting; no torch).
 * ``schedules``: reads rates and momentum from real torch optimisers into the weights of
   ``analysis.last_iterate.optimizer_weights``; used by ``accountants`` (and above).
+  ``samplers`` (the balls-in-bins batch sampler, torch only) shares the layer.
 * ``accountants``: the Opacus accountants.
 * ``package root``: ``opacus_lastiterate/__init__`` (re-exports names of ``analysis`` and
   ``accountants``) and ``_opacus_hook`` (imports ``accountants`` when Opacus is imported).
@@ -100,7 +101,7 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", (f"{PACKAGE}.exceptions", f"{PACKAGE}._warn", f"{PACKAGE}._lazy", f"{PACKAGE}._json")),
     ("analysis", (f"{PACKAGE}.analysis",)),
-    ("schedules", (f"{PACKAGE}.schedules",)),
+    ("schedules", (f"{PACKAGE}.schedules", f"{PACKAGE}.samplers")),
     ("accountants", (f"{PACKAGE}.accountants",)),
     ("package root", (PACKAGE, f"{PACKAGE}._opacus_hook")),
     ("auditing", (f"{PACKAGE}.auditing",)),

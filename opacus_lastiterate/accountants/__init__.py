@@ -1,6 +1,7 @@
 """Opacus accountants of opacus_lastiterate.
 
-Importing this package registers them with Opacus (see :mod:`.registration`), so that
+Importing this package registers them with Opacus (see :mod:`.registration`) and lets
+``make_private`` tell them which batches the run draws (:mod:`.engine_sampling`), so that
 ``PrivacyEngine(accountant="last_iterate")`` (and ``"asgm"``, ``"feasgm"``) works on every
 Opacus 1.x. :func:`use_public_divisor` is the one-line fix for Opacus 1.x's data-dependent divisor
 (``docs/normalisation.md``, "The fix: a public divisor").
@@ -8,10 +9,12 @@ Opacus 1.x. :func:`use_public_divisor` is the one-line fix for Opacus 1.x's data
 
 from __future__ import annotations
 
+from opacus_lastiterate.accountants import engine_sampling
 from opacus_lastiterate.accountants.base import (
     RunAccountant,
     accountant_of,
     last_step_of,
+    sampling_of_new_accountants,
     steps_of,
     take_back_steps,
 )
@@ -39,6 +42,7 @@ from opacus_lastiterate.accountants.registration import (
     register_accountant,
     registered_accountants,
 )
+from opacus_lastiterate.accountants.sampling_detection import DetectedSampling, detect_sampling
 
 ACCOUNTANTS: tuple[type[RunAccountant], ...] = (
     LastIterateAccountant,
@@ -50,6 +54,7 @@ ACCOUNTANTS: tuple[type[RunAccountant], ...] = (
 for _accountant in ACCOUNTANTS:  # the one place where registration happens
     register_accountant(_accountant.mechanism(), _accountant)
 del _accountant
+engine_sampling.install()  # make_private tells our accountants which batches it draws
 
 __all__ = [
     "ACCOUNTANTS",
@@ -60,6 +65,7 @@ __all__ = [
     "PUBLIC_DIVISOR_ATTRIBUTE",
     "STANDARD_ACCOUNTANTS",
     "ASGMAccountant",
+    "DetectedSampling",
     "FEASGMAccountant",
     "HeuristicCalibrationWarning",
     "IncrementalRDP",
@@ -67,10 +73,12 @@ __all__ = [
     "NormalisationWarning",
     "RunAccountant",
     "accountant_of",
+    "detect_sampling",
     "last_step_of",
     "public_divisor_of",
     "register_accountant",
     "registered_accountants",
+    "sampling_of_new_accountants",
     "steps_of",
     "take_back_steps",
     "use_public_divisor",

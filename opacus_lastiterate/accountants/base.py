@@ -13,6 +13,11 @@
   validated completely before anything changes.
 * :attr:`run`: the history as a :class:`~opacus_lastiterate.analysis.run.DPSGDRun`, built
   once per change, which the analysis layer trusts without re-validating.
+* :attr:`sampling`: how the batches are drawn (``docs/samplers.md``): detected from the loader
+  ``make_private`` returns (:mod:`.engine_sampling`), or declared by the user with
+  :meth:`~RunAccountant.declare_sampling`; ``None`` means Poisson at the recorded rates.
+  It is part of :attr:`run`, so every model computed from the accountant is the one of that
+  scheme.
 
 Subclasses set ``_MECHANISM`` and may override the ``_after_step``, ``_after_reset``,
 ``_observe``, ``_extra_state`` and ``_check_extra_state``/``_load_extra_state`` hooks.
@@ -20,11 +25,13 @@ Subclasses set ``_MECHANISM`` and may override the ``_after_step``, ``_after_res
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import inspect
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from opacus.accountants import IAccountant
@@ -36,7 +43,13 @@ from opacus_lastiterate.analysis._validation import (
     check_sample_rate,
 )
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment, as_segments
-from opacus_lastiterate.exceptions import ZeroNoiseWarning
+from opacus_lastiterate.analysis.sampling import (
+    SamplingScheme,
+    check_sampling,
+    check_sampling_matches,
+    sampling_from_dict,
+)
+from opacus_lastiterate.exceptions import SamplingWarning, ZeroNoiseWarning
 
 __all__ = [
     "History",
@@ -44,6 +57,7 @@ __all__ = [
     "ZeroNoiseWarning",
     "accountant_of",
     "last_step_of",
+    "sampling_of_new_accountants",
     "steps_of",
     "take_back_steps",
     "trim_history",
@@ -70,6 +84,23 @@ def _mechanism_name(value: object) -> object:
     ):
         return value()
     return value
+
+
+_NEW_ACCOUNTANT_SAMPLING: contextvars.ContextVar[SamplingScheme | None] = contextvars.ContextVar(
+    "opacus_lastiterate_new_accountant_sampling", default=None
+)
+
+
+@contextmanager
+def sampling_of_new_accountants(scheme: SamplingScheme | None) -> Iterator[None]:
+    """Within this block, a new :class:`RunAccountant` starts with ``scheme`` as its
+    :attr:`~RunAccountant.sampling` (what ``make_private_with_epsilon`` needs: Opacus's
+    calibration creates a fresh accountant by name, which must know the run's scheme)."""
+    token = _NEW_ACCOUNTANT_SAMPLING.set(check_sampling(scheme, "scheme"))
+    try:
+        yield
+    finally:
+        _NEW_ACCOUNTANT_SAMPLING.reset(token)
 
 
 def trim_history(
@@ -113,6 +144,9 @@ class RunAccountant(IAccountant):
         self._run: DPSGDRun | None = None
         self._zero_noise_warned = False
         self._externally_assigned = False
+        self._sampling: SamplingScheme | None = _NEW_ACCOUNTANT_SAMPLING.get()
+        self._sampling_declared = False
+        self._sampling_checked_rate: float | None = None
         # IAccountant.__init__ would assign ``self.history = []``; nothing to validate here.
 
     # -- history ------------------------------------------------------------------------------
@@ -148,8 +182,82 @@ class RunAccountant(IAccountant):
     def run(self) -> DPSGDRun:
         """The recorded history as a :class:`DPSGDRun` (built once per change)."""
         if self._run is None:
-            self._run = DPSGDRun._trusted(tuple(self._segments))
+            self._run = DPSGDRun._trusted(tuple(self._segments), sampling=self._sampling)
         return self._run
+
+    # -- sampling scheme ------------------------------------------------------------------------
+
+    @property
+    def sampling(self) -> SamplingScheme | None:
+        """How the batches are drawn (``None``: Poisson at the recorded rates), as detected
+        from the loader ``make_private`` returned or declared with :meth:`declare_sampling`."""
+        return self._sampling
+
+    @property
+    def sampling_declared(self) -> bool:
+        """Whether :attr:`sampling` was declared by the user (detection then leaves it)."""
+        return self._sampling_declared
+
+    def declare_sampling(self, scheme: SamplingScheme | None) -> None:
+        """Declare how the batches are drawn (for users who know better than detection, or
+        who feed the accountant by hand); it is kept when ``make_private`` detects another.
+
+        Args:
+            scheme: a scheme of :mod:`opacus_lastiterate.analysis.sampling`, or ``None`` for
+                Poisson at the recorded rates.
+
+        Raises:
+            TypeError: if ``scheme`` is not a scheme or None.
+            ValueError: if it does not match the sample rates recorded so far (Opacus records
+                1 / len(data_loader)); nothing changes then.
+        """
+        checked = check_sampling(scheme, "scheme")
+        check_sampling_matches(checked, [s.sample_rate for s in self._segments], "scheme")
+        self._set_sampling(checked)
+        self._sampling_declared = True
+
+    def observe_sampling(self, scheme: SamplingScheme | None) -> None:
+        """Take the scheme detected from the training loader (:mod:`.engine_sampling`),
+        unless one was declared. A scheme that does not match the recorded rates is not taken
+        (a :class:`SamplingWarning` says so): the numbers stay Poisson at the recorded rates."""
+        if self._sampling_declared:
+            return
+        checked = check_sampling(scheme, "scheme")
+        try:
+            check_sampling_matches(checked, [s.sample_rate for s in self._segments], "scheme")
+        except ValueError as exc:
+            warn(
+                f"{type(self).__name__}: the detected sampling does not match the steps "
+                f"recorded so far ({exc}); the numbers assume Poisson sampling at the recorded "
+                "rates.",
+                SamplingWarning,
+            )
+            return
+        self._set_sampling(checked)
+
+    def _set_sampling(self, scheme: SamplingScheme | None) -> None:
+        self._sampling = scheme
+        self._sampling_checked_rate = None
+        self._run = None
+
+    def _check_step_sampling(self, q: float) -> None:
+        """A step at rate ``q`` must fit :attr:`sampling`; if it does not (the loader was
+        changed), the scheme is dropped with a warning, never the step."""
+        if self._sampling is None or q == self._sampling_checked_rate:
+            return
+        try:
+            check_sampling_matches(self._sampling, (q,), "sampling")
+        except ValueError as exc:
+            warn(
+                f"{type(self).__name__}: a step was recorded at a sample rate that does not "
+                f"fit the run's sampling ({exc}). From this step on the numbers assume Poisson "
+                "sampling at the recorded rates (declare_sampling to say otherwise).",
+                SamplingWarning,
+            )
+            self._set_sampling(None)
+            self._sampling_declared = False
+            return
+        self._sampling_checked_rate = q
 
     @property
     def last_step(self) -> tuple[float, float]:
@@ -235,6 +343,7 @@ class RunAccountant(IAccountant):
                 "epsilon is inf.",
                 ZeroNoiseWarning,
             )
+        self._check_step_sampling(q)
         self._extend_segments(sigma, q, 1)
         self._after_step(sigma, q)
 
@@ -311,6 +420,9 @@ class RunAccountant(IAccountant):
             destination = OrderedDict()
         destination["history"] = self.history
         destination["mechanism"] = self.mechanism()
+        if self._sampling is not None:
+            destination["sampling"] = self._sampling.as_dict()
+            destination["sampling_declared"] = self._sampling_declared
         destination.update(self._extra_state())
         return destination
 
@@ -340,11 +452,31 @@ class RunAccountant(IAccountant):
                 f"the state of another accountant cannot be loaded into {type(self).__name__}."
             )
         segments = validate_history(state_dict["history"], "state_dict['history']")
+        sampling = _state_sampling(state_dict, segments)
         extra = self._check_extra_state(state_dict)
+        self._set_sampling(sampling)
+        self._sampling_declared = bool(state_dict.get("sampling_declared", False)) and (
+            sampling is not None
+        )
         self._set_segments(segments)
         self._externally_assigned = False
         self._zero_noise_warned = False
         self._load_extra_state(extra)
+
+
+def _state_sampling(
+    state_dict: Mapping[str, Any], segments: tuple[TrainingSegment, ...]
+) -> SamplingScheme | None:
+    """The validated ``state_dict["sampling"]`` (absent in states of earlier releases)."""
+    data = state_dict.get("sampling")
+    if data is None:
+        return None
+    try:
+        scheme = sampling_from_dict(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"`state_dict['sampling']` is not a sampling scheme: {exc}") from exc
+    check_sampling_matches(scheme, [s.sample_rate for s in segments], "state_dict['sampling']")
+    return scheme
 
 
 def accountant_of(source: object) -> IAccountant:

@@ -1,0 +1,139 @@
+"""Tell the accountant which batches ``make_private`` really draws.
+
+Opacus hands an accountant only ``sample_rate = 1 / len(data_loader)``; the loader itself
+(Poisson ``DPDataLoader``, or the user's own loader when ``poisson_sampling=False``) never
+reaches it. :func:`install` wraps ``PrivacyEngine.make_private`` and
+``PrivacyEngine.make_private_with_epsilon`` once (the wrappers are marked, so installing
+twice is harmless) so that:
+
+* after ``make_private`` returns, the loader it returns is read by
+  :func:`~opacus_lastiterate.accountants.sampling_detection.detect_sampling` and the scheme
+  is given to the engine's accountant when it is one of this package's
+  (:meth:`~opacus_lastiterate.accountants.base.RunAccountant.observe_sampling`; a scheme
+  the user declared with ``declare_sampling`` wins). A sampler the package cannot model
+  gets a :class:`~opacus_lastiterate.exceptions.SamplingWarning` naming it and what to do.
+  With one of Opacus's own accountants (``"rdp"``, ``"prv"``, ``"gdp"``), a run that does
+  not draw Poisson batches gets a warning that Opacus's epsilon assumes Poisson sampling
+  and is not a guarantee for that run.
+* while ``make_private_with_epsilon`` calibrates the noise (Opacus's
+  ``get_noise_multiplier`` creates a fresh accountant by name), accountants of this package
+  created in that call start with the scheme of the loader the call will use, so the noise
+  multiplier is calibrated for the run that is trained.
+
+Reading the loader never aborts ``make_private``: anything unexpected is a warning, and the
+accountant then keeps Opacus's Poisson view (labelled as assumed).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from opacus_lastiterate._warn import warn
+from opacus_lastiterate.accountants.base import RunAccountant, sampling_of_new_accountants
+from opacus_lastiterate.accountants.sampling_detection import DetectedSampling, detect_sampling
+from opacus_lastiterate.analysis.sampling import (
+    PoissonSampling,
+    SamplingScheme,
+    effective_sampling,
+)
+from opacus_lastiterate.exceptions import SamplingWarning
+
+__all__ = ["install", "warn_about_detection"]
+
+_MARK = "__opacus_lastiterate_sampling__"
+
+
+def warn_about_detection(detected: DetectedSampling, accountant: object) -> None:
+    """The warning a detected scheme calls for with ``accountant`` (none for a modelled
+    scheme with one of this package's accountants, or Poisson with any accountant)."""
+    scheme = detected.scheme
+    if not detected.modelled:
+        assumed = effective_sampling(scheme)
+        assumed_text = assumed.describe() if assumed is not None else "Poisson sampling"
+        warn(
+            f"The data loader draws its batches with {detected.sampler}, whose privacy "
+            "opacus_lastiterate cannot model; every epsilon of this run is computed assuming "
+            f"{assumed_text} and labelled so. If you know how the batches are drawn, "
+            "declare it (accountant.declare_sampling(ShuffledBatches(...)) and friends, "
+            "docs/samplers.md), or train with Opacus's Poisson DPDataLoader "
+            "(poisson_sampling=True) or opacus_lastiterate.samplers.balls_in_bins_data_loader.",
+            SamplingWarning,
+        )
+    elif not isinstance(accountant, RunAccountant) and not isinstance(scheme, PoissonSampling):
+        mechanism = getattr(type(accountant), "mechanism", lambda: "?")()
+        warn(
+            f"Opacus's {mechanism!r} accountant assumes Poisson sampling, but this run draws "
+            f"{scheme.describe()}: the epsilon it reports is not a guarantee for this run. "
+            "PrivacyEngine(accountant='last_iterate') and opacus_lastiterate's monitor report "
+            "the numbers of this scheme, labelled for it (docs/samplers.md).",
+            SamplingWarning,
+        )
+
+
+def _give_scheme(engine: Any, data_loader: Any) -> None:
+    accountant = getattr(engine, "accountant", None)
+    try:
+        detected = detect_sampling(data_loader)
+    except Exception as exc:  # never abort make_private
+        warn(
+            f"opacus_lastiterate could not read the data loader's sampler ({exc}); the "
+            "numbers of this run assume Poisson sampling at Opacus's rate.",
+            SamplingWarning,
+        )
+        return
+    if isinstance(accountant, RunAccountant):
+        accountant.observe_sampling(detected.scheme)
+    warn_about_detection(detected, accountant)
+
+
+def _wrap_make_private(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def make_private(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        # (module, optimizer, data_loader), or (..., criterion, data_loader) with ghost
+        # clipping: the loader is always last.
+        if isinstance(result, tuple) and result:
+            _give_scheme(self, result[-1])
+        return result
+
+    setattr(make_private, _MARK, True)
+    return make_private
+
+
+def _wrap_make_private_with_epsilon(original: Callable[..., Any]) -> Callable[..., Any]:
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def make_private_with_epsilon(self: Any, *args: Any, **kwargs: Any) -> Any:
+        scheme: SamplingScheme | None = None
+        if isinstance(getattr(self, "accountant", None), RunAccountant):
+            try:
+                bound = signature.bind_partial(self, *args, **kwargs)
+                poisson = bound.arguments.get("poisson_sampling", True)
+                loader = bound.arguments.get("data_loader")
+                if not poisson and loader is not None:
+                    scheme = detect_sampling(loader).scheme
+            except Exception:  # Opacus reports bad arguments itself
+                scheme = None
+        with sampling_of_new_accountants(scheme):
+            return original(self, *args, **kwargs)
+
+    setattr(make_private_with_epsilon, _MARK, True)
+    return make_private_with_epsilon
+
+
+def install() -> None:
+    """Wrap ``PrivacyEngine.make_private`` and ``make_private_with_epsilon`` (idempotent)."""
+    from opacus import PrivacyEngine
+
+    for name, wrap in (
+        ("make_private", _wrap_make_private),
+        ("make_private_with_epsilon", _wrap_make_private_with_epsilon),
+    ):
+        current = getattr(PrivacyEngine, name, None)
+        if current is None or getattr(current, _MARK, False):
+            continue
+        setattr(PrivacyEngine, name, wrap(current))
