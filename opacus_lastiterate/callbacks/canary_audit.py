@@ -64,7 +64,13 @@ from opacus_lastiterate.analysis._validation import (
 from opacus_lastiterate.analysis.audit.result import AuditResult
 from opacus_lastiterate.analysis.audit.score_audit import ScoreAudit
 from opacus_lastiterate.analysis.run import DPSGDRun
+from opacus_lastiterate.analysis.sampling import (
+    SamplingScheme,
+    check_sampling,
+    check_sampling_matches,
+)
 from opacus_lastiterate.auditing.input_space import canary_set
+from opacus_lastiterate.callbacks.canary_sampling import CanaryInclusion
 
 _MOVED = {"InputCanaries", "make_input_canaries"}  # to auditing.input_space.canary_set
 _NEW_HOME = "opacus_lastiterate.auditing.input_space"
@@ -334,6 +340,10 @@ class InTrainingCanaryAudit:
         num_canaries: m, gradient canaries (0: none; at most the number of parameters).
         sample_rate: q, the training's Poisson rate (``1 / len(data_loader)`` for Opacus's
             DPDataLoader); every included canary is in each step with probability q.
+        sampling: how the loader draws batches (:mod:`opacus_lastiterate.analysis.sampling`);
+            the canaries enter the steps the same way (:mod:`.canary_sampling`: once per
+            epoch for shuffled and balls-in-bins batches). ``None``: the accountant's
+            ``sampling`` when it has one, else Poisson at ``sample_rate``.
         seed: seed of the coordinates, coins and per-step sampling.
         accountant: the PrivacyEngine's accountant (``engine.accountant``), whose history
             gives the reference epsilons; None: the steps recorded by this audit.
@@ -358,6 +368,7 @@ class InTrainingCanaryAudit:
         input_canaries: canary_set.InputCanaries | None = None,
         candidates: ArrayLike | None = None,
         enabled: bool = True,
+        sampling: SamplingScheme | None = None,
     ) -> None:
         if not isinstance(enabled, bool):
             raise TypeError(f"`enabled` must be a bool, got {enabled!r}.")
@@ -380,6 +391,11 @@ class InTrainingCanaryAudit:
                 f"`accountant` must be an Opacus accountant or None, got {type(accountant).__name__}."
             )
         self._accountant = accountant
+        scheme = check_sampling(sampling)
+        if scheme is None:
+            scheme = getattr(accountant, "sampling", None)
+        check_sampling_matches(scheme, [self._sample_rate], "sampling")
+        self._sampling = scheme
         self._input = input_canaries
         params: list[torch.Tensor] = list(optimizer.params)
         dimension = sum(p.numel() for p in params)
@@ -404,6 +420,13 @@ class InTrainingCanaryAudit:
         self._device = params[0].device
         sampling_seed = int(np.random.SeedSequence(self._seed, spawn_key=(4,)).generate_state(1)[0])
         self._generator = torch.Generator(device=self._device).manual_seed(sampling_seed)
+        self._inclusion = CanaryInclusion(
+            m,
+            sample_rate=self._sample_rate,
+            sampling=self._sampling,
+            generator=self._generator,
+            device=self._device,
+        )
         self._included = torch.as_tensor(self._coins, device=self._device)
         self._insertions = torch.zeros(m, dtype=torch.int64, device=self._device)
         # (parameter, local flat indices, canary positions, initial values) per parameter.
@@ -436,10 +459,7 @@ class InTrainingCanaryAudit:
     def _insert(self) -> None:
         """One step's canaries: sample on the device, ``index_add_`` into the clipped sums."""
         opt = self._optimizer
-        sampled = torch.rand(
-            self._num_canaries, generator=self._generator, device=self._device
-        ) < self._sample_rate
-        present = sampled & self._included
+        present = self._inclusion.next_step() & self._included
         self._insertions += present
         if not self._inserts:  # another rank adds them to the global sum
             return
