@@ -44,7 +44,13 @@ from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
 )
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings, sgd_weights
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import WeightedHeuristicResult
+from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.run import DPSGDRun
+from opacus_lastiterate.analysis.sampling import PoissonSampling, effective_sampling
+from opacus_lastiterate.analysis.sampling_heuristic import (
+    RobustSamplingHeuristic,
+    SamplingHeuristic,
+)
 from opacus_lastiterate.exceptions import (  # defined there, re-exported here
     HeuristicCalibrationWarning,
     NonMonotoneHeuristicWarning,
@@ -455,10 +461,24 @@ class LastIterateAccountant(RunAccountant):
                 HeuristicCalibrationWarning,
             )
 
+    def _epoch_scheme_model(self, robust: bool) -> PrivacyModel | None:
+        """The heuristic of a run whose batches come in epochs (shuffled, deterministic,
+        balls-in-bins: :attr:`sampling`, ``docs/samplers.md``); None for Poisson."""
+        scheme = effective_sampling(self.sampling)
+        if scheme is None or isinstance(scheme, PoissonSampling):
+            return None
+        if robust:
+            return RobustSamplingHeuristic(self.run)
+        weights = self._weighted_run().weights if self._weights_in_use() else None
+        run = DPSGDRun._trusted(self.run.segments, weights, sampling=self.sampling)
+        return SamplingHeuristic(run, accuracy=self.weight_accuracy)
+
     def get_epsilon(
         self, delta: float, *, robust: bool = False, check_monotone: bool = True
     ) -> float:
-        """Heuristic epsilon of the final model at ``delta`` (``docs/last_iterate.md``).
+        """Heuristic epsilon of the final model at ``delta`` (``docs/last_iterate.md``), for
+        the run's sampling scheme (:attr:`sampling`: Poisson unless ``make_private`` saw
+        another loader or one was declared; ``docs/samplers.md``).
 
         With optimizer settings recorded by the hook for every step (varying learning rate,
         momentum or weight decay), this is the weighted heuristic, rounded up to within
@@ -494,6 +514,9 @@ class LastIterateAccountant(RunAccountant):
         self._warn_if_calibrating(robust)
         if self._num_steps == 0:
             return 0.0
+        epoch_model = self._epoch_scheme_model(robust)
+        if epoch_model is not None:
+            return float(epoch_model.epsilon(d))
         if robust:
             return float(RobustLastIterateHeuristic(self.run).epsilon(d))
         if self._weights_in_use():
@@ -516,6 +539,9 @@ class LastIterateAccountant(RunAccountant):
         self._warn_if_calibrating(False)
         if self._num_steps == 0:
             return 0.0
+        epoch_model = self._epoch_scheme_model(False)
+        if epoch_model is not None:
+            return float(epoch_model.delta(eps))
         if self._weights_in_use():
             model = LastIterateHeuristic(self._weighted_run(), accuracy=self.weight_accuracy)
             return float(model.delta(eps))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from opacus import PrivacyEngine
@@ -181,3 +182,40 @@ def test_make_private_with_epsilon_calibrates_for_the_detected_scheme() -> None:
     assert engine.accountant.sampling == ShuffledBatches(N, 100, False)
     eps = engine.get_epsilon(1e-5)
     assert 2.0 - 0.02 <= eps <= 2.0
+
+
+def _gaussian_mechanism_epsilon(mu: float, delta: float) -> float:
+    """Independent closed form (Balle and Wang): delta(eps) of the Gaussian mechanism with
+    sensitivity/noise mu, inverted by brentq."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    def excess(eps: float) -> float:
+        return norm.cdf(-eps / mu + mu / 2) - np.exp(eps) * norm.cdf(-eps / mu - mu / 2) - delta
+
+    return brentq(excess, 0.0, 100.0, xtol=1e-12)
+
+
+def test_shuffled_run_reports_the_shuffled_heuristic_and_poisson_is_unchanged() -> None:
+    """3 whole epochs of N = 1000, B = 100, sigma = 1 (T = 30): the record is in exactly one
+    step per epoch, so the final model is a Gaussian mechanism with mu = 3 / sqrt(30); the
+    Poisson run of the same loader keeps the value of an accountant with no scheme."""
+    engine = PrivacyEngine(accountant="last_iterate")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        _train(engine, DataLoader(DATA, batch_size=100, shuffle=True), poisson=False, epochs=3)
+    assert engine.accountant.num_steps == 30
+    expected = _gaussian_mechanism_epsilon(3 / np.sqrt(30), 1e-5)
+    assert engine.get_epsilon(1e-5) == pytest.approx(expected, rel=1e-9)
+
+    poisson = PrivacyEngine(accountant="last_iterate")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        _train(poisson, DataLoader(DATA, batch_size=100, shuffle=True), poisson=True, epochs=3)
+    assert poisson.accountant.sampling == PoissonSampling(0.1)
+    plain = LastIterateAccountant()
+    plain.history = poisson.accountant.history
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert poisson.get_epsilon(1e-5) == plain.get_epsilon(1e-5)
+    assert poisson.get_epsilon(1e-5) > expected  # the Poisson value is not the shuffled one
