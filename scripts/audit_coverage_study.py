@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cells.append(cell)
         print(f"{pair} {param:g} n={n}: {cell['seconds']:.0f} s", flush=True)
     out = {
-        "command": "python scripts/audit_coverage_study.py" + (" --quick" if args.quick else ""),
+        "command": " ".join(["python", "scripts/audit_coverage_study.py", *(argv if argv is not None else sys.argv[1:])]),
         "nominal": 1 - CONFIDENCE,
         "cells": cells,
     }
