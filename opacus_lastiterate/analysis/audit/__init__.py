@@ -27,6 +27,11 @@ One audit surface: :class:`ScoreAudit`. Every other entry point that turns score
   real-Opacus audits (``auditing.input_space.run_input_audit``,
   ``auditing.opacus_releases.audit_installed_opacus``) call ``audit_records`` / ScoreAudit.
 
+The published final-model audits' statistic (a maximum of per-threshold Gaussian-DP values
+over every threshold, no correction; ``kind="invalid"``) is :func:`published_gdp_epsilon`;
+:func:`statistics_side_by_side` shows it beside the Bonferroni Gaussian-DP estimate and the
+Clopper-Pearson bound of the same scores.
+
 Below it, the counts-level statistics that ScoreAudit applies at its selected threshold
 (:func:`epsilon_bound_from_counts`, :func:`gaussian_dp_estimate_from_counts`,
 :func:`one_run_epsilon_bound`, :func:`one_run_fdp_bound`) audit given counts (no scores).
@@ -61,6 +66,11 @@ from opacus_lastiterate.analysis.audit.planning import (
     plan_multi_run_audit,
     plan_one_run_audit,
     runs_needed,
+)
+from opacus_lastiterate.analysis.audit.published import (
+    PUBLISHED_LABEL,
+    published_gdp_epsilon,
+    statistics_side_by_side,
 )
 from opacus_lastiterate.analysis.audit.pure_dp import (
     epsilon_bound_from_counts,
@@ -104,6 +114,7 @@ __all__ = [
     "DEFAULT_THRESHOLD_STRATEGY",
     "FDP_FAMILIES",
     "ONE_RUN_DELTA_WARNING_LEVEL",
+    "PUBLISHED_LABEL",
     "AuditCounts",
     "AuditKind",
     "AuditPlan",
@@ -145,5 +156,7 @@ __all__ = [
     "one_run_p_value",
     "plan_multi_run_audit",
     "plan_one_run_audit",
+    "published_gdp_epsilon",
     "runs_needed",
+    "statistics_side_by_side",
 ]

@@ -8,6 +8,10 @@
 - :mod:`.adversarial_samples`: crafted adversarial samples (uniform and adaptive expansion);
 - :mod:`.worst_case_init`: worst-case initialisation;
 - :mod:`.training`: an Opacus trainer on digits with an input canary;
+- :mod:`.batched_training`: many full-batch DP-GD runs at once (:class:`BatchedDPGD`);
+- :mod:`.protocols`: the published protocols (Yoon et al.; Annamalai-De Cristofaro) as
+  presets of the digits audit (:func:`yoon_protocol`, :func:`annamalai_protocol`,
+  :func:`run_protocol`);
 - :mod:`.audit`: canary vs crafted samples on the same evaluation runs, crafted on disjoint
   runs; :mod:`.model_cache`: final models kept on disk.
 
@@ -22,13 +26,16 @@ from opacus_lastiterate._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
     from opacus_lastiterate.auditing.input_space.adversarial_samples import (
+        ALL_CRAFTING_OBJECTIVES,
         CRAFTING_OBJECTIVES,
         DEFAULT_MARGIN,
+        PUBLISHED_CRAFTING_OBJECTIVES,
         CraftedSample,
         CraftingObjective,
         ModelPopulation,
         adaptive_expansion_objective,
         craft_adversarial_sample,
+        published_objective,
         uniform_expansion_objective,
     )
     from opacus_lastiterate.auditing.input_space.audit import (
@@ -37,6 +44,10 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         SampleAudit,
         check_disjoint_runs,
         run_input_audit,
+    )
+    from opacus_lastiterate.auditing.input_space.batched_training import (
+        BatchedDPGD,
+        BatchedModels,
     )
     from opacus_lastiterate.auditing.input_space.canaries import (
         CANARY_TYPES,
@@ -60,6 +71,13 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     from opacus_lastiterate.auditing.input_space.model_cache import (
         CachedTrain,
     )
+    from opacus_lastiterate.auditing.input_space.protocols import (
+        AuditProtocol,
+        annamalai_protocol,
+        full_batch_noise_multiplier,
+        run_protocol,
+        yoon_protocol,
+    )
     from opacus_lastiterate.auditing.input_space.training import (
         Architecture,
         Initialisation,
@@ -72,6 +90,16 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     )
 
 _LAZY: dict[str, str] = {
+    "ALL_CRAFTING_OBJECTIVES": "adversarial_samples",
+    "AuditProtocol": "protocols",
+    "BatchedDPGD": "batched_training",
+    "BatchedModels": "batched_training",
+    "PUBLISHED_CRAFTING_OBJECTIVES": "adversarial_samples",
+    "annamalai_protocol": "protocols",
+    "full_batch_noise_multiplier": "protocols",
+    "published_objective": "adversarial_samples",
+    "run_protocol": "protocols",
+    "yoon_protocol": "protocols",
     "Architecture": "training",
     "CANARY_TYPES": "canaries",
     "CRAFTING_OBJECTIVES": "adversarial_samples",
@@ -111,11 +139,16 @@ _LAZY: dict[str, str] = {
 """Public name -> defining submodule; resolved on first access."""
 
 __all__ = [
+    "ALL_CRAFTING_OBJECTIVES",
     "CANARY_TYPES",
     "CRAFTING_OBJECTIVES",
     "DEFAULT_MARGIN",
+    "PUBLISHED_CRAFTING_OBJECTIVES",
     "SCORE_STATISTICS",
     "Architecture",
+    "AuditProtocol",
+    "BatchedDPGD",
+    "BatchedModels",
     "CachedTrain",
     "CanaryType",
     "CraftedSample",
@@ -131,6 +164,7 @@ __all__ = [
     "SampleAudit",
     "ScoreStatistic",
     "adaptive_expansion_objective",
+    "annamalai_protocol",
     "blank_canary",
     "canary_gradient_norm",
     "check_disjoint_runs",
@@ -138,14 +172,18 @@ __all__ = [
     "craft_adversarial_sample",
     "digits_data",
     "fair_coins",
+    "full_batch_noise_multiplier",
     "in_distribution_canary",
     "least_likely_label",
     "make_input_canaries",
     "mislabelled_canary",
+    "published_objective",
     "run_input_audit",
+    "run_protocol",
     "sample_scores",
     "uniform_expansion_objective",
     "worst_case_initialisation",
+    "yoon_protocol",
 ]
 
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())

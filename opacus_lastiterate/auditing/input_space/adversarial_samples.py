@@ -15,6 +15,13 @@ per-model losses l_i = loss(M_i(x_a), y_c) and l'_j = loss(M'_j(x_a), y_c):
   loss is m below the out-models' mean, an out-model once its loss is m above the
   in-models' mean, so only the overlapping parts of the two distributions move.
 
+Three further objectives are those of the public code of Yoon et al. (which names neither
+"uniform" nor "adaptive" and has no margin): ``"subtract"`` (the sum over paired in/out
+models of l_i - l'_i; models paired in order, the longer population truncated),
+``"fisher"`` (minus (mean l - mean l')^2 / (var l + var l')) and ``"bhattacharyya"`` (minus
+the Bhattacharyya distance of two Gaussians fitted to the two loss populations); variances
+are the unbiased ones, as there.
+
 The crafted sample is then scored on *other* models (:mod:`~opacus_lastiterate.auditing.input_space.audit` checks that the
 crafting and evaluation runs are disjoint), so the audit's confidence stays honest.
 """
@@ -41,18 +48,24 @@ from opacus_lastiterate.auditing.input_space.canaries import (
 )
 
 __all__ = [
+    "ALL_CRAFTING_OBJECTIVES",
     "CRAFTING_OBJECTIVES",
     "DEFAULT_MARGIN",
+    "PUBLISHED_CRAFTING_OBJECTIVES",
     "CraftedSample",
     "CraftingObjective",
     "ModelPopulation",
     "adaptive_expansion_objective",
     "craft_adversarial_sample",
+    "published_objective",
     "uniform_expansion_objective",
 ]
 
-CraftingObjective = Literal["uniform", "adaptive"]
+CraftingObjective = Literal["uniform", "adaptive", "subtract", "fisher", "bhattacharyya"]
 CRAFTING_OBJECTIVES: tuple[str, ...] = ("uniform", "adaptive")
+#: The objectives of Yoon et al.'s public code (module docstring).
+PUBLISHED_CRAFTING_OBJECTIVES: tuple[str, ...] = ("subtract", "fisher", "bhattacharyya")
+ALL_CRAFTING_OBJECTIVES: tuple[str, ...] = CRAFTING_OBJECTIVES + PUBLISHED_CRAFTING_OBJECTIVES
 #: Margin of the adaptive objective, in loss units (the value the paper reports using).
 DEFAULT_MARGIN = 0.4
 
@@ -89,6 +102,26 @@ def adaptive_expansion_objective(
     return (
         torch.relu(in_losses - out_mean + m).mean() + torch.relu(in_mean - out_losses + m).mean()
     )
+
+
+def published_objective(
+    name: str, in_losses: torch.Tensor, out_losses: torch.Tensor
+) -> torch.Tensor:
+    """``"subtract"``, ``"fisher"`` or ``"bhattacharyya"`` of the module docstring (minimised)."""
+    _check_losses(in_losses, out_losses)
+    if name == "subtract":
+        k = min(in_losses.numel(), out_losses.numel())
+        return (in_losses[:k] - out_losses[:k]).sum()
+    if in_losses.numel() < 2 or out_losses.numel() < 2:
+        raise ValueError(f"the {name!r} objective needs at least 2 losses per population.")
+    mi, vi = in_losses.mean(), in_losses.var()
+    mo, vo = out_losses.mean(), out_losses.var()
+    if name == "fisher":
+        return -((mi - mo) ** 2 / (vi + vo + 1e-8))
+    if name == "bhattacharyya":
+        return -(0.25 * torch.log(0.25 * (vi / vo + vo / vi + 2.0))
+                 + 0.25 * (mi - mo) ** 2 / (vi + vo))
+    raise ValueError(f"`name` must be one of {PUBLISHED_CRAFTING_OBJECTIVES}, got {name!r}.")
 
 
 class ModelPopulation:
@@ -200,7 +233,8 @@ def craft_adversarial_sample(
         in_models: final models trained with the canary (crafting runs, never the ones
             that will be evaluated).
         out_models: final models trained without it.
-        objective: ``"adaptive"`` (default) or ``"uniform"``, see the module docstring.
+        objective: ``"adaptive"`` (default), ``"uniform"``, or one of the published code's
+            ``"subtract"``, ``"fisher"``, ``"bhattacharyya"``; see the module docstring.
         margin: margin m of the adaptive objective, in units of the loss.
         statistic: the per-model loss is minus this score: ``"loss"`` (cross-entropy) or
             ``"margin"`` (minus the logit margin); use the statistic the audit will score.
@@ -216,8 +250,10 @@ def craft_adversarial_sample(
     """
     if not isinstance(canary, InputCanary):
         raise TypeError(f"`canary` must be an InputCanary, got {type(canary).__name__}.")
-    if objective not in CRAFTING_OBJECTIVES:
-        raise ValueError(f"`objective` must be one of {CRAFTING_OBJECTIVES}, got {objective!r}.")
+    if objective not in ALL_CRAFTING_OBJECTIVES:
+        raise ValueError(
+            f"`objective` must be one of {ALL_CRAFTING_OBJECTIVES}, got {objective!r}."
+        )
     check_positive("margin", margin)
     _check_statistic(statistic)
     n_steps = check_int("steps", steps)
@@ -269,6 +305,8 @@ def craft_adversarial_sample(
         out_losses = -pops["fit_out"].scores(x, canary.label, statistic)
         if objective == "uniform":
             loss = uniform_expansion_objective(in_losses, out_losses)
+        elif objective in PUBLISHED_CRAFTING_OBJECTIVES:
+            loss = published_objective(objective, in_losses, out_losses)
         else:
             loss = adaptive_expansion_objective(in_losses, out_losses, margin)
         history.append(float(loss.detach()))

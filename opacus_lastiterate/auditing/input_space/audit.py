@@ -41,6 +41,7 @@ from opacus_lastiterate.analysis.audit import (
     ThresholdStrategy,
 )
 from opacus_lastiterate.auditing.input_space.adversarial_samples import (
+    ALL_CRAFTING_OBJECTIVES,
     CRAFTING_OBJECTIVES,
     CraftedSample,
     craft_adversarial_sample,
@@ -277,8 +278,10 @@ def run_input_audit(
         raise ValueError("`surrogate_runs` > 0 needs a `surrogate_train`.")
     objectives = tuple(objectives)
     for obj in objectives:
-        if obj not in CRAFTING_OBJECTIVES:
-            raise ValueError(f"`objectives` must be drawn from {CRAFTING_OBJECTIVES}, got {obj!r}.")
+        if obj not in ALL_CRAFTING_OBJECTIVES:
+            raise ValueError(
+                f"`objectives` must be drawn from {ALL_CRAFTING_OBJECTIVES}, got {obj!r}."
+            )
     options = dict(crafting_options or {})
     root = Path(directory)
     eval_seed, craft_seed, sur_seed = (

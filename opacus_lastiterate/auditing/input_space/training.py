@@ -39,7 +39,8 @@ from opacus_lastiterate.auditing.opacus_training import (
 __all__ = ["Architecture", "Initialisation", "OpacusInputTrainer", "digits_data"]
 
 Architecture = Literal["mlp", "cnn"]
-Initialisation = Literal["random", "worst-case"]
+Initialisation = Literal["random", "worst-case", "pretrained"]
+Reduction = Literal["mean", "sum"]
 _NUM_FEATURES, _NUM_CLASSES = 64, 10
 
 
@@ -68,7 +69,15 @@ class OpacusInputTrainer(ConstantRunEpsilons):
         init_seed: seed of the random initialisation (the same in every run).
         data_seed: seed of the choice of D (and of the worst-case initialisation's data).
         init_examples: digits outside D used by the worst-case initialisation.
-        init_steps: Adam steps of the worst-case initialisation.
+        init_steps: Adam steps of the worst-case (or pre-trained) initialisation.
+        reduction: ``"mean"`` (default): the clipped sum is divided by the expected batch
+            size of D; ``"sum"``: it is not (the summed gradients of the published
+            full-batch audits; the learning rate then applies to the sum).
+
+    ``initialisation="pretrained"`` pre-trains on ``init_examples`` digits outside D with
+    the clean cross-entropy only (full-batch Adam, ``init_steps``): the worst-case
+    initialisation of Annamalai and De Cristofaro's public code, which pre-trains on the half
+    of the data that is not D. ``"worst-case"`` adds our canary-gradient hinge.
     """
 
     canary: InputCanary
@@ -85,6 +94,7 @@ class OpacusInputTrainer(ConstantRunEpsilons):
     data_seed: int = 0
     init_examples: int = 500
     init_steps: int = 300
+    reduction: Reduction = "mean"
 
     def __post_init__(self) -> None:
         if not isinstance(self.canary, InputCanary):
@@ -104,16 +114,19 @@ class OpacusInputTrainer(ConstantRunEpsilons):
         check_noise_multiplier(self.noise_multiplier)
         check_positive("max_grad_norm", self.max_grad_norm)
         check_positive("learning_rate", self.learning_rate)
-        if self.initialisation not in ("random", "worst-case"):
+        if self.initialisation not in ("random", "worst-case", "pretrained"):
             raise ValueError(
-                f"`initialisation` must be 'random' or 'worst-case', got {self.initialisation!r}."
+                "`initialisation` must be 'random', 'worst-case' or 'pretrained', got "
+                f"{self.initialisation!r}."
             )
+        if self.reduction not in ("mean", "sum"):
+            raise ValueError(f"`reduction` must be 'mean' or 'sum', got {self.reduction!r}.")
         check_int("init_seed", self.init_seed)
         check_int("data_seed", self.data_seed)
         check_int("init_examples", self.init_examples, minimum=1)
         check_int("init_steps", self.init_steps)
         available = len(self._pool())
-        needed = n + (self.init_examples if self.initialisation == "worst-case" else 0)
+        needed = n + (self.init_examples if self.initialisation != "random" else 0)
         if needed > available:
             raise ValueError(
                 f"`num_examples` (+ `init_examples` for a worst-case initialisation) must be at "
@@ -209,7 +222,7 @@ class OpacusInputTrainer(ConstantRunEpsilons):
             noise_multiplier=self.noise_multiplier,
             max_grad_norm=self.max_grad_norm,
             learning_rate=self.learning_rate,
-            expected_batch_size=self.expected_batch_size,
+            expected_batch_size=self.expected_batch_size if self.reduction == "mean" else 1,
         )
 
 
@@ -218,7 +231,7 @@ class OpacusInputTrainer(ConstantRunEpsilons):
 def _initial_state(trainer: OpacusInputTrainer) -> dict[str, torch.Tensor]:
     """State of the initial model (computed once per process and configuration)."""
     model = trainer.random_initial_model()
-    if trainer.initialisation == "worst-case":
+    if trainer.initialisation in ("worst-case", "pretrained"):
         x, y = digits_arrays()
         idx = trainer.init_indices()
         model = worst_case_initialisation(
@@ -228,5 +241,6 @@ def _initial_state(trainer: OpacusInputTrainer) -> dict[str, torch.Tensor]:
             trainer.canary,
             clipping_norm=trainer.max_grad_norm,
             steps=trainer.init_steps,
+            weight=1.0 if trainer.initialisation == "worst-case" else 0.0,
         )
     return {k: v.detach().clone() for k, v in model.state_dict().items()}

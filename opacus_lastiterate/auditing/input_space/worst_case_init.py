@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from opacus_lastiterate.analysis._validation import check_int, check_positive
+from opacus_lastiterate.analysis._validation import check_in_interval, check_int, check_positive
 from opacus_lastiterate.auditing.input_space.canaries import InputCanary
 
 __all__ = ["canary_gradient_norm", "worst_case_initialisation"]
@@ -59,14 +59,15 @@ def worst_case_initialisation(
         clipping_norm: C of the DP-SGD run to come.
         steps: full-batch Adam steps.
         learning_rate: Adam's step size.
-        weight: weight of the canary's gradient-norm hinge.
+        weight: weight of the canary's gradient-norm hinge (0: plain pre-training on the
+            clean examples, the canary's gradient left as it comes).
     """
     if not isinstance(canary, InputCanary):
         raise TypeError(f"`canary` must be an InputCanary, got {type(canary).__name__}.")
     c = check_positive("clipping_norm", clipping_norm)
     n_steps = check_int("steps", steps)
     check_positive("learning_rate", learning_rate)
-    w = check_positive("weight", weight)
+    w = check_in_interval("weight", weight, 0.0, float("inf"), low_open=False)
     x = torch.as_tensor(features, dtype=torch.float32)
     y = torch.as_tensor(labels, dtype=torch.int64)
     if x.shape[0] != y.shape[0] or y.ndim != 1 or y.numel() == 0:
@@ -78,8 +79,9 @@ def worst_case_initialisation(
     optimiser = torch.optim.Adam(out.parameters(), lr=float(learning_rate))
     for _ in range(n_steps):
         clean = nn.functional.cross_entropy(out(x), y)
-        hinge = torch.relu(c - canary_gradient_norm(out, canary, create_graph=True))
-        loss = clean + w * hinge
+        loss = clean
+        if w > 0.0:
+            loss = clean + w * torch.relu(c - canary_gradient_norm(out, canary, create_graph=True))
         optimiser.zero_grad()
         loss.backward()
         optimiser.step()
