@@ -216,6 +216,8 @@ def _train(steps: int, step_s: float, schedule: bool, monitored: bool, log: Path
 def overhead_table(steps: int, repeats: int) -> None:
     print(f"\nmonitor overhead, {steps} steps, default PrivacyMonitor with a JSONL sink "
           "(wall clock, with / without, median of repeats; share of rows with a heuristic)")
+    warnings.simplefilter("ignore")  # Opacus's secure-RNG and backward-hook notices
+    _train(10, 0.002, True, True, None)  # warm-up: imports, first calls
     for step_s in (0.002, 0.02):
         for schedule in (False, True):
             ratios, share = [], 0.0

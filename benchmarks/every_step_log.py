@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_every_step_heuristic import _train  # noqa: E402
+from bench_every_step_heuristic import _train
 
 ROOT = Path(__file__).resolve().parents[1]
 
