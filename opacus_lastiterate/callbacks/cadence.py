@@ -2,8 +2,9 @@
 
 A :data:`Cadence` is every k steps, ``"doubling"`` (steps 100, 200, 400, 800, ...: the total
 cost of a value that grows with T stays within about twice its cost at the end), ``"auto"``
-(those doubling steps that fit in the monitor's overhead budget, :class:`OverheadBudget`) or
-None (only at the end of training).
+(for the robust and standard values: those doubling steps that fit in the monitor's overhead
+budget, :class:`OverheadBudget`; for the weighted heuristic: every step whose value fits in
+that budget, and every doubling step) or None (only at the end of training).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ Cadence = int | Literal["doubling", "auto"] | None
 """How often a value is computed: every k steps, ``"doubling"`` (at steps 100, 200, 400, 800,
 ...: the total cost of a value that grows with T stays within about twice its cost at the
 end), ``"auto"`` (``robust_every`` and ``standard_every`` only: at those doubling steps that
-fit in the monitor's ``max_overhead``), or None (only at ``PrivacyMonitor.finish``)."""
+fit in the monitor's ``max_overhead``; ``weighted_every``: every step whose value fits in
+``max_overhead``, and the doubling steps whatever it costs), or None (only at
+``PrivacyMonitor.finish``)."""
 
 DOUBLING_START = 100
 """First step of the ``"doubling"`` cadence."""
@@ -73,14 +76,14 @@ class Cadences:
     """The monitor's cadences, validated once (``PrivacyMonitor`` documents each)."""
 
     heuristic_every: Cadence = 1
-    weighted_every: Cadence = 100
+    weighted_every: Cadence = "auto"
     robust_every: Cadence = "auto"
     standard_every: Cadence = "auto"
 
     def __post_init__(self) -> None:
         for name, auto in (
             ("heuristic_every", False),
-            ("weighted_every", False),
+            ("weighted_every", True),
             ("robust_every", True),
             ("standard_every", True),
         ):
@@ -88,28 +91,33 @@ class Cadences:
 
     def off_thread(self) -> Cadences:
         """The cadences of an evaluation off the training thread: there is no overhead to
-        keep within, so ``"auto"`` is ``"doubling"``."""
+        keep within, so ``"auto"`` is ``"doubling"`` (every step for the weighted
+        heuristic)."""
 
         def plain(every: Cadence) -> Cadence:
             return "doubling" if every == "auto" else every
 
         return Cadences(
             self.heuristic_every,
-            self.weighted_every,
+            1 if self.weighted_every == "auto" else self.weighted_every,
             plain(self.robust_every),
             plain(self.standard_every),
         )
 
 
 class OverheadBudget:
-    """The wall-clock budget of the ``"auto"`` cadence: a value due at a doubling step is
-    computed when the seconds spent on such values so far, plus the value's last cost, stay
+    """The wall-clock budget of the ``"auto"`` cadence: a value due at a doubling step (for
+    the weighted heuristic, ``"weighted"``: at any step) is computed when the seconds spent on such values so far, plus the value's last cost, stay
     within ``fraction`` of the training time since the monitor was attached (wall time less
     those seconds). Before a value was first timed its cost is taken as ``PRIOR``; its cost
     can grow with T, so the budget is kept to within that growth, not exactly."""
 
-    # seconds, until measured (measured: a robust search 2-40 ms, a PLD epsilon 0.05-0.5 s)
-    PRIOR: ClassVar[Mapping[str, float]] = {"robust": 0.01, "standard": 0.1}
+    # seconds, until measured (measured: a robust search 2-40 ms, a PLD epsilon 0.05-0.5 s,
+    # a weighted heuristic 1-20 ms)
+    PRIOR: ClassVar[Mapping[str, float]] = {"robust": 0.01, "standard": 0.1, "weighted": 0.002}
+    EVERY_STEP: ClassVar[frozenset[str]] = frozenset({"weighted"})
+    """Kinds that ``"auto"`` computes at every step that fits (the others: at the doubling
+    steps that fit); the doubling steps carry them whatever they cost."""
 
     def __init__(self, fraction: float) -> None:
         self.fraction = fraction
@@ -122,7 +130,8 @@ class OverheadBudget:
         self.spent = 0.0
 
     def allows(self, kind: str) -> bool:
-        """Whether a ``kind`` value ("robust" or "standard") fits in the budget now."""
+        """Whether a ``kind`` value ("robust", "standard" or "weighted") fits in the budget
+        now."""
         training = clock() - self.start - self.spent
         return self.spent + self.cost[kind] <= self.fraction * training
 
@@ -133,6 +142,8 @@ class OverheadBudget:
 
     def is_due(self, step: int, kind: str, every: Cadence) -> bool:
         """Whether the ``kind`` value on cadence ``every`` is computed at ``step``."""
+        if every == "auto" and kind in self.EVERY_STEP:
+            return due(step, "doubling") or self.allows(kind)
         return due(step, every) and (every != "auto" or self.allows(kind))
 
     def timed(self, kind: str, every: Cadence, compute: Callable[[], Any]) -> Any:

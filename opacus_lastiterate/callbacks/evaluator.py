@@ -66,6 +66,8 @@ def weighted_grid_points(cadences: Cadences) -> float:
     every 50 steps or less often (``SPARSE_FINE_POINTS``: half the work per step; each
     logged value is still an upper bound within ``weight_accuracy``)."""
     every = cadences.weighted_every
+    if every == "auto":  # every step that fits in the overhead budget
+        return FINE_POINTS
     if every is None or every == "doubling" or every >= _SPARSE_CADENCE:  # type: ignore[operator]
         return SPARSE_FINE_POINTS
     return FINE_POINTS
@@ -352,8 +354,13 @@ class InlineEvaluator:
         if replica is not None:
             replica.replay_step(sigma, q, settings)
             c = self.cadences
-            every = c.weighted_every if replica.uses_weights else c.heuristic_every
-            if need == "heuristic_epsilon" or due(step, every):
+            if replica.uses_weights:  # "auto": every step that fits in the overhead budget
+                every = c.weighted_every
+                if need == "heuristic_epsilon" or self._is_due(step, "weighted", every):
+                    heuristic = float(
+                        self._timed("weighted", every, lambda: replica.get_epsilon(self.delta))
+                    )
+            elif need == "heuristic_epsilon" or due(step, c.heuristic_every):
                 heuristic = float(replica.get_epsilon(self.delta))
         return self._record(entry, rdp, heuristic, need)
 

@@ -140,7 +140,11 @@ class PrivacyMonitor:
         heuristic_every: compute ``heuristic_epsilon`` every k steps while the accountant
             uses the constant-rate formula (and at :meth:`finish`); a :data:`Cadence`.
         weighted_every: the same while it uses the weighted heuristic (a learning-rate
-            schedule, momentum or weight decay: one weighted solve per evaluation).
+            schedule, momentum or weight decay: one weighted solve per evaluation); default
+            ``"auto"``: at every step whose solve fits in ``max_overhead`` (its last measured
+            cost against the training time so far) and at the steps 100, 200, 400, ...
+            whatever it costs; the other records have ``heuristic_epsilon`` None, so the log
+            says which steps carry it (``docs/callbacks.md``, "Cost").
         robust_every: when to compute ``robust_heuristic_epsilon`` (a certified search, tens of ms
             at large T), besides :meth:`finish`; default ``"auto"``: at the steps 100, 200,
             400, ... (``"doubling"``) that fit in ``max_overhead``.
@@ -148,7 +152,7 @@ class PrivacyMonitor:
             (a PLD composition, 0.05-0.5 s), besides :meth:`finish`; default ``"auto"``.
         max_overhead: the ``"auto"`` cadences' budget, a fraction in (0, 1] of the wall
             time since :meth:`attach` (default 0.01): a robust or PLD value due at a
-            doubling step is computed only when the time spent on such values, with its
+            doubling step, or a weighted heuristic at any step, is computed only when the time spent on such values, with its
             last cost, stays within it (``docs/callbacks.md``, "Cost"). Which steps carry
             them then depends on the machine's speed; the final record always does. With
             ``evaluation="process"`` the values are computed off the training thread and
@@ -185,7 +189,7 @@ class PrivacyMonitor:
         delta: float,
         sinks: Iterable[Sink] = (),
         heuristic_every: Cadence = 1,
-        weighted_every: Cadence = 100,
+        weighted_every: Cadence = "auto",
         robust_every: Cadence = "auto",
         standard_every: Cadence = "auto",
         max_overhead: float = 0.01,

@@ -17,6 +17,12 @@ A sink is any callable taking an :class:`~opacus_lastiterate.callbacks.monitor.E
 * :class:`TensorBoardSink`: a ``torch.utils.tensorboard.SummaryWriter`` (optional import);
 * :class:`WandbSink`, :class:`MlflowSink`: Weights & Biases and MLflow, imported only when
   such a sink is created.
+
+**One row per step.** The monitor's final record (``final: true``) usually has the step of
+the last per-step record. The file sinks then *replace* that step's row by the final one
+(the last line is rewritten: the file never holds a step twice); TensorBoard, W&B and MLflow
+get only the values that the step's row did not have yet (robust, PLD, corrected), at the
+same step. A final record of a step with no row yet is an ordinary row with ``final`` true.
 """
 
 from __future__ import annotations
@@ -56,6 +62,24 @@ def _check_every(name: str, value: object) -> int:
 
 def _scalars(record: EpsilonRecord) -> dict[str, float]:
     return {k: v for k in _SCALARS if (v := getattr(record, k)) is not None}
+
+
+class _StepScalars:
+    """The scalars of a record, less those already sent at the same step (module docs,
+    "One row per step"): what a metrics sink sends for it."""
+
+    def __init__(self) -> None:
+        self._step: int | None = None
+        self._sent: dict[str, float] = {}
+
+    def new(self, record: EpsilonRecord) -> dict[str, float]:
+        scalars = _scalars(record)
+        if record.step != self._step:
+            self._step, self._sent = record.step, dict(scalars)
+            return scalars
+        fresh = {k: v for k, v in scalars.items() if self._sent.get(k) != v}
+        self._sent.update(fresh)
+        return fresh
 
 
 class LoggingSink:
@@ -107,6 +131,7 @@ class _AppendFile:
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._buffer: list[str] = []
         self._writes = 0
+        self._last_bytes = 0  # length of the last line written to the file
 
     @property
     def empty(self) -> bool:
@@ -122,6 +147,7 @@ class _AppendFile:
             raise ValueError(f"the sink writing {self.path} is closed.")
         if not self._buffer:
             return
+        self._last_bytes = len(self._buffer[-1].encode())
         data = "".join(self._buffer).encode()
         self._buffer = []
         view = memoryview(data)
@@ -130,6 +156,18 @@ class _AppendFile:
         self._writes += 1
         if self.fsync_every is not None and self._writes % self.fsync_every == 0:
             os.fsync(self._fd)
+
+    def replace_last(self, line: str) -> None:
+        """Replace the last line added (buffered or written) by ``line``."""
+        if self._buffer:
+            self._buffer[-1] = line
+            return
+        if self._fd is None:
+            raise ValueError(f"the sink writing {self.path} is closed.")
+        size = os.fstat(self._fd).st_size
+        os.ftruncate(self._fd, max(0, size - self._last_bytes))
+        self.add(line)
+        self.flush()
 
     def rewind(self, keep: Callable[[str], bool]) -> None:
         """Rewrite the file with the lines that ``keep`` accepts (buffered lines included),
@@ -158,9 +196,18 @@ class _AppendFile:
 
 
 class _FileSink:
-    """A sink writing through an :class:`_AppendFile` (``self._file``)."""
+    """A sink writing through an :class:`_AppendFile` (``self._file``): one row per step
+    (a final record of the last row's step replaces that row, module docs)."""
 
     _file: _AppendFile
+    _last_step: int | None = None
+
+    def _add_row(self, record: EpsilonRecord, line: str) -> None:
+        if record.final and record.step == self._last_step:
+            self._file.replace_last(line)
+        else:
+            self._file.add(line)
+        self._last_step = record.step
 
     def flush(self) -> None:
         """Write buffered records now."""
@@ -187,7 +234,7 @@ class JsonlSink(_FileSink):
         self.path = self._file.path
 
     def __call__(self, record: EpsilonRecord) -> None:
-        self._file.add(json.dumps(record.as_dict()) + "\n")
+        self._add_row(record, json.dumps(record.as_dict()) + "\n")
 
     def rewind(self, step: int) -> None:
         """Drop the records of steps after ``step`` (the monitor calls this when it loads a
@@ -201,6 +248,7 @@ class JsonlSink(_FileSink):
                 return True
 
         self._file.rewind(keep)
+        self._last_step = None  # the next record starts a row
 
 
 class CsvSink(_FileSink):
@@ -245,7 +293,7 @@ class CsvSink(_FileSink):
         return value
 
     def __call__(self, record: EpsilonRecord) -> None:
-        self._file.add(self._row([self._cell(getattr(record, f)) for f in FIELDS]))
+        self._add_row(record, self._row([self._cell(getattr(record, f)) for f in FIELDS]))
 
     def rewind(self, step: int) -> None:
         """Drop the rows of steps after ``step`` (as :meth:`JsonlSink.rewind`); the header
@@ -258,6 +306,7 @@ class CsvSink(_FileSink):
                 return True
 
         self._file.rewind(keep)
+        self._last_step = None  # the next record starts a row
 
 
 class TensorBoardSink:
@@ -283,9 +332,10 @@ class TensorBoardSink:
                 f"`writer` must be a SummaryWriter or a log directory, got {type(writer).__name__}."
             )
         self.writer, self.prefix = writer, prefix
+        self._rows = _StepScalars()
 
     def __call__(self, record: EpsilonRecord) -> None:
-        for key, value in _scalars(record).items():
+        for key, value in self._rows.new(record).items():
             self.writer.add_scalar(f"{self.prefix}/{key}", value, record.step)
 
     def close(self) -> None:
@@ -315,9 +365,10 @@ class WandbSink:
             if run is None:
                 raise ValueError("`run` is None and no wandb run is active: call wandb.init().")
         self.run, self.prefix = run, prefix
+        self._rows = _StepScalars()
 
     def __call__(self, record: EpsilonRecord) -> None:
-        data = {f"{self.prefix}/{k}": v for k, v in _scalars(record).items()}
+        data = {f"{self.prefix}/{k}": v for k, v in self._rows.new(record).items()}
         data[f"{self.prefix}/step"] = record.step
         self.run.log(data, commit=False)
 
@@ -339,10 +390,13 @@ class MlflowSink:
 
             client = mlflow
         self.client, self.prefix = client, prefix
+        self._rows = _StepScalars()
 
     def __call__(self, record: EpsilonRecord) -> None:
         metrics = {
-            f"{self.prefix}_{k}": v for k, v in _scalars(record).items() if math.isfinite(v)
+            f"{self.prefix}_{k}": v
+            for k, v in self._rows.new(record).items()
+            if math.isfinite(v)
         }
         self.client.log_metrics(metrics, step=record.step)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import warnings
 from typing import Any
@@ -94,7 +95,9 @@ def test_finish_twice_emits_one_final_record(tmp_path) -> None:
     again = monitor.finish()
     assert first is not None and again == first
     lines = log.read_text().splitlines()
-    assert len(lines) == 4 and sum('"final": true' in line for line in lines) == 1
+    # one row per step: the final record replaced step 3's row
+    assert len(lines) == 3 and sum('"final": true' in line for line in lines) == 1
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
 
 
 # The weighted heuristic is an upper bound within the accountant's weight_accuracy (1e-3
@@ -509,8 +512,8 @@ def test_arguments_are_checked() -> None:
         PrivacyMonitor(engine, delta=DELTA, standard_every="halving")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`flush_every` must be an integer >= 1 or None"):
         PrivacyMonitor(engine, delta=DELTA, flush_every="doubling")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="`weighted_every` must be an integer >= 1, \"doubling\" or"):
-        PrivacyMonitor(engine, delta=DELTA, weighted_every="auto")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`weighted_every` must be an integer >= 1, \"doubling\", \"auto\" or"):
+        PrivacyMonitor(engine, delta=DELTA, weighted_every="every")  # type: ignore[arg-type]
     for bad in (0.0, 1.5, -0.1, True, "1%"):
         with pytest.raises(ValueError, match=r"`max_overhead` must be a number in \(0, 1\]"):
             PrivacyMonitor(engine, delta=DELTA, max_overhead=bad)  # type: ignore[arg-type]
@@ -600,8 +603,11 @@ def test_fields_are_the_record_fields(tmp_path) -> None:
     assert EpsilonRecord(*(getattr(record, f) for f in FIELDS)) == record
     assert list(record.as_dict()) == list(FIELDS)
     rows = list(csv.reader(path.read_text().splitlines()))
-    assert rows[0] == list(FIELDS) and len(rows) == 1 + len(records)
-    for row, rec in zip(rows[1:], records, strict=True):
+    # one row per step: the final record (step 2) replaced step 2's row
+    per_step = [r for r in records if not r.final][:-1] + [records[-1]]
+    assert rows[0] == list(FIELDS) and len(rows) == 1 + len(per_step)
+    assert rows[-1][-1] == "True"
+    for row, rec in zip(rows[1:], per_step, strict=True):
         assert dict(zip(FIELDS, row, strict=True))["step"] == str(rec.step)
         assert float(dict(zip(FIELDS, row, strict=True))["standard_rdp_epsilon"]) == pytest.approx(
             rec.standard_rdp_epsilon, rel=1e-12

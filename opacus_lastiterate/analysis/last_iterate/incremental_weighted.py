@@ -12,10 +12,11 @@ keeps most of that work between steps.
 Epsilon queries go first to the grid-free route of :mod:`.weighted_fourier` (exact weights,
 characteristic-function inversion with a certified error; ``docs/last_iterate.md``, "Weighted
 heuristic without a grid"): O(T) per query and no work per step. While it answers, no grid
-state is kept. The first time it declines (a bracket wider than ``accuracy``, typically
-epsilon above about 14 at delta = 1e-5, 8 at 1e-8) the engine switches to the grid below
-for good, so that the grid state is built once; so does an engine asked at (nearly) every
-step of a run longer than :data:`FOURIER_EVERY_STEP_LIMIT`. Delta queries use the grid.
+state is kept. It answers however often it is asked (every step, every k steps, after a
+long gap): there is no switch of route, hence no switch stall. The first time it declines (a
+bracket wider than ``accuracy``, typically epsilon above about 14 at delta = 1e-5, 8 at
+1e-8) the engine switches to the grid below for good, so that the grid state is built once.
+Delta queries use the grid.
 
 Scope
 -----
@@ -113,12 +114,10 @@ for 500 steps and 9.3 s instead of 14.7 s for 5000; every 50 steps, 3.2 s instea
 2000; but every 10 steps 3.4 s instead of 3.1 s, and every step 24 s instead of 15 s for 1000
 (``FINE_POINTS`` is the better choice there)."""
 FOURIER_EVERY_STEP_LIMIT = 32
-"""Beyond this many steps an engine asked for epsilon at every step (or every other step)
-leaves the Fourier route for the grid: a Fourier query costs O(T) (2-9 ms at T = 500-2,000,
-about 15 ms at 10^4), a grid step about O(T q / accuracy) amortised (a median 4.4 ms at
-T = 10^4, ``benchmarks/bench_per_step.py``); queried every 3 steps or less often, Fourier is
-cheaper. The switch comes early so that the grid state it builds is still small: switching at
-200 steps stalled that step for 214 ms once (the largest grid step is 46 ms)."""
+"""No longer used (kept for one release): an engine asked at every step used to leave the
+Fourier route for the grid past this many steps, which stalled that query for seconds at
+T = 1,500 (the grid state built at once). The Fourier route now answers however often it is
+asked (``benchmarks/bench_every_step_heuristic.py``)."""
 _FOLD_BUDGET = 1e-32  # mass cut per end and trim of the fine pmfs
 _TRIM_EVERY = 8  # folds between trims
 _BLOCK_WORK = 3_000_000  # frozen steps are folded in blocks of about this many grid updates
@@ -292,7 +291,6 @@ class IncrementalWeightedHeuristic:
         self._fine_points = self.fine_points / self.accuracy
         self._state: _State | None = None
         self._fourier = bool(fourier)  # epsilon by weighted_fourier until it first declines
-        self._last_query = 0  # step of the last epsilon query (Fourier route's cadence)
         # active window (steps frozen..T-1): R_t(T)
         self._r = np.zeros(0)
         self._exponent = 0
@@ -529,9 +527,9 @@ class IncrementalWeightedHeuristic:
         if not self._supported:
             return self._scratch(quantity, argument)
         if self._fourier and quantity == "epsilon":
-            gap, self._last_query = n - self._last_query, n
-            # asked (nearly) every step of a long run, or declined: the grid from here on
-            got = None if n > FOURIER_EVERY_STEP_LIMIT and gap <= 2 else self._fourier_solve(argument)
+            # the same route however often it is asked: no switch (and no stall) while it
+            # answers; the grid from its first decline on
+            got = self._fourier_solve(argument)
             if got is not None:
                 self._state = None  # no grid to keep up to date while this route answers
                 return got

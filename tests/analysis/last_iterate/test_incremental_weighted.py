@@ -30,8 +30,7 @@ def _run(lrs, q, sigma, *, momentum=0.0, dampening=0.0, nesterov=False, weight_d
          delta=1e-5, check=None, accuracy=ACC, fourier=False):  # fmt: skip
     """Feed the steps one by one; keep the results at the steps listed in ``check``. The grid
     route, asked after every step, unless ``fourier``: then asked only at the ``check`` steps
-    (every step when None), as a monitor asks it (asked every step past
-    FOURIER_EVERY_STEP_LIMIT steps, the engine leaves for the grid)."""
+    (every step when None), as a monitor asks it."""
     n = len(lrs)
     q = np.broadcast_to(np.asarray(q, float), (n,))
     sigma = np.broadcast_to(np.asarray(sigma, float), (n,))
@@ -246,15 +245,14 @@ def test_pmf_fold_in_scratch_arrays_equals_fresh_arrays_and_spares_copies() -> N
     assert np.array_equal(back.p, pmf.p) and all(b is None for b in back._scratch)
 
 
-def test_long_run_asked_every_step_leaves_the_fourier_route(monkeypatch):
-    """Past FOURIER_EVERY_STEP_LIMIT steps, a query at every step moves the engine to the grid
-    (cheaper per step there); a query every 10 steps keeps the Fourier route."""
-    from opacus_lastiterate.analysis.last_iterate import incremental_weighted
-
-    monkeypatch.setattr(incremental_weighted, "FOURIER_EVERY_STEP_LIMIT", 40)
+def test_long_run_asked_every_step_stays_on_the_fourier_route():
+    """A query at every step keeps the Fourier route (no grid state built: no switch stall),
+    as does a query every 10 steps, and each answer brackets the from-scratch grid value."""
     lrs = cosine_schedule(0.1, 60)
-    every, _ = _run(lrs, 0.02, 1.0, momentum=0.9, accuracy=FAST, fourier=True)
-    assert not every._fourier and every._state is not None
+    every, got = _run(lrs, 0.02, 1.0, momentum=0.9, accuracy=FAST, fourier=True)
+    assert every._fourier and every._state is None
+    for t in (1, 33, 60):
+        _bracketed(got[t], _scratch(lrs, 0.02, 1.0, t, accuracy=FAST, momentum=0.9))
     sparse = IncrementalWeightedHeuristic(FAST)
     for t, lr in enumerate(lrs, 1):
         sparse.append(1.0, 0.02, float(lr), 0.9)

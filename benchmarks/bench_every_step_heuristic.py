@@ -1,0 +1,253 @@
+"""The weighted heuristic (SGD momentum 0.9, cosine schedule) queried at every step: the
+per-query time of each route and of Opacus's accountants, and the monitor's overhead.
+
+Per-query seconds (``time.perf_counter``; a step's append is counted with its query) at
+T = 10^3, 10^4, 10^5, sigma 2, q 0.045 (the examples' digits rate), delta 1e-5, accuracy
+1e-3, for these query patterns, each over the last ``n`` steps before T:
+
+* ``every``: a query after each step (the steps before: a query every 100 steps);
+* ``every10``: a query every 10 steps;
+* ``gap``: 1,500 steps without a query, then a query after each step;
+* ``load``: ``load_state_dict`` into a new accountant, then a query after each step.
+
+Routes: ``grid-free`` (``fourier_solve`` from scratch at each query), ``grid``
+(``IncrementalWeightedHeuristic(fourier=False)``, skipped where it would take minutes),
+``new`` (``LastIterateAccountant.get_epsilon``: the route the accountant uses), and
+Opacus's ``RDPAccountant`` and ``PRVAccountant`` ``get_epsilon`` at the same (sigma, q, T).
+Each line prints the median and the largest query and the ratios to the new route's median.
+
+Then the monitor's overhead: a tiny model whose step is padded with a busy-wait to 2 ms and
+20 ms (standing in for GPU work), 300 steps without and with a default ``PrivacyMonitor``
+(JSONL sink), plain SGD and momentum 0.9 + cosine; the ratio is with / without (median of
+the repeats), and the share of records carrying a heuristic value.
+
+    python benchmarks/bench_every_step_heuristic.py            # T = 1e3, 1e4, 1e5
+    python benchmarks/bench_every_step_heuristic.py --quick    # CI: T = 1e3, 1e4, shorter
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from opacus_lastiterate.accountants import LastIterateAccountant
+from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
+    IncrementalWeightedHeuristic,
+)
+from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
+    SGDSettings,
+    cosine_schedule,
+    sgd_weights,
+)
+from opacus_lastiterate.analysis.last_iterate.weighted_fourier import fourier_solve
+
+Q, SIGMA, DELTA, ACC, MOMENTUM, LR = 64 / 1437, 2.0, 1e-5, 1e-3, 0.9, 0.5
+GAP = 1_500
+PATTERNS = ("every", "every10", "gap", "load")
+
+
+def _queried(pattern: str, t: int, total: int, n: int) -> bool:
+    """Whether step t (1-based) of a run of ``total`` steps is queried under ``pattern``."""
+    window = total - (10 * n if pattern == "every10" else n)
+    if t > window:
+        return pattern != "every10" or t % 10 == 0
+    if pattern == "gap" and t > window - GAP:
+        return False
+    return t % 100 == 0
+
+
+def _accountant_route(lrs: np.ndarray, pattern: str, n: int) -> list[float]:
+    """Per-query seconds of LastIterateAccountant.get_epsilon (append + query)."""
+    acc = LastIterateAccountant(weight_accuracy=ACC)
+    total = lrs.size
+    times: list[float] = []
+    split = total - n if pattern == "load" else total
+    for t in range(1, split + 1):
+        settings = SGDSettings(float(lrs[t - 1]), MOMENTUM, 0.0, False, 0.0)
+        acc.replay_step(SIGMA, Q, settings)
+        if pattern != "load" and _queried(pattern, t, total, n):
+            t0 = time.perf_counter()
+            acc.get_epsilon(DELTA)
+            if t > total - (10 * n if pattern == "every10" else n):
+                times.append(time.perf_counter() - t0)
+    if pattern == "load":
+        state = acc.state_dict()
+        acc = LastIterateAccountant(weight_accuracy=ACC)
+        acc.load_state_dict(state)
+        for t in range(split + 1, total + 1):
+            settings = SGDSettings(float(lrs[t - 1]), MOMENTUM, 0.0, False, 0.0)
+            t0 = time.perf_counter()
+            acc.replay_step(SIGMA, Q, settings)
+            acc.get_epsilon(DELTA)
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def _grid_route(lrs: np.ndarray, pattern: str, n: int) -> list[float]:
+    eng = IncrementalWeightedHeuristic(ACC, fourier=False)
+    total, times = lrs.size, []
+    for t in range(1, total + 1):
+        t0 = time.perf_counter()
+        eng.append(SIGMA, Q, float(lrs[t - 1]), MOMENTUM)
+        if _queried("every" if pattern == "load" else pattern, t, total, n):
+            eng.epsilon(DELTA)
+            if t > total - (10 * n if pattern == "every10" else n):
+                times.append(time.perf_counter() - t0)
+    return times
+
+
+def _grid_free(lrs: np.ndarray, n: int) -> list[float]:
+    times = []
+    for t in range(lrs.size - min(n, 5) + 1, lrs.size + 1):  # each query is independent
+        w = sgd_weights(lrs[:t], momentum=MOMENTUM)
+        t0 = time.perf_counter()
+        fourier_solve(DELTA, w, np.full(t, Q), np.full(t, SIGMA), ACC)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _opacus(steps: int) -> tuple[float, float]:
+    from opacus.accountants import PRVAccountant, RDPAccountant
+
+    out = []
+    for cls in (RDPAccountant, PRVAccountant):
+        acc = cls()
+        acc.history = [(SIGMA, Q, steps)]
+        ts = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            acc.get_epsilon(DELTA)
+            ts.append(time.perf_counter() - t0)
+        out.append(min(ts))
+    return out[0], out[1]
+
+
+def _ms(x: float) -> str:
+    return f"{1e3 * x:8.3f}"
+
+
+def query_table(steps: list[int], n: int, grid_limit: int) -> None:
+    print(f"per-query ms (median / max), momentum {MOMENTUM} + cosine, sigma {SIGMA}, "
+          f"q {Q:.4f}, delta {DELTA}, accuracy {ACC}; last {n} queried steps")  # fmt: skip
+    print(f"{'T':>7} {'pattern':>8} | {'new med':>8} {'new max':>8} | {'grid med':>8} "
+          f"{'grid max':>8} | {'free med':>8} | {'RDP':>8} {'PRV':>8} | max/med")  # fmt: skip
+    for total in steps:
+        lrs = cosine_schedule(LR, total)
+        rdp, prv = _opacus(total)
+        free = statistics.median(_grid_free(lrs, n))
+        for pattern in PATTERNS:
+            new = _accountant_route(lrs, pattern, n)
+            med = statistics.median(new)
+            if total <= grid_limit and pattern != "every10":
+                grid = _grid_route(lrs, pattern, n)
+                g = f"{_ms(statistics.median(grid))} {_ms(max(grid))}"
+            else:
+                g = f"{'skipped':>8} {'':>8}"
+            print(f"{total:>7} {pattern:>8} | {_ms(med)} {_ms(max(new))} | {g} | {_ms(free)} | "
+                  f"{_ms(rdp)} {_ms(prv)} | {max(new) / med:6.1f}")  # fmt: skip
+        sys.stdout.flush()
+
+
+# -- the monitor's overhead -------------------------------------------------------------------
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _train(steps: int, step_s: float, schedule: bool, monitored: bool, log: Path | None):
+    import torch
+    from opacus import PrivacyEngine
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from opacus_lastiterate.callbacks import JsonlSink, PrivacyMonitor
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(1437, 16), torch.randint(0, 4, (1437,)))
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM if schedule else 0.0)
+    engine = PrivacyEngine(accountant="last_iterate")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, opt, loader = engine.make_private(
+            module=model, optimizer=opt, data_loader=DataLoader(data, batch_size=64),
+            noise_multiplier=SIGMA, max_grad_norm=1.0,
+        )  # fmt: skip
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps) if schedule else None
+    monitor = None
+    if monitored:
+        sinks = [JsonlSink(log)] if log is not None else []
+        monitor = PrivacyMonitor(engine, delta=DELTA, sinks=sinks, optimizer=opt)
+    loss_fn = nn.CrossEntropyLoss()
+    done = 0
+    t0 = time.perf_counter()
+    while done < steps:
+        for x, y in loader:
+            if done == steps:
+                break
+            t_step = time.perf_counter()
+            opt.zero_grad()
+            if len(x):
+                loss_fn(model(x), y).backward()
+            _busy(step_s - (time.perf_counter() - t_step))  # the rest of a step_s step
+            opt.step()
+            if sched is not None:
+                sched.step()
+            done += 1
+    if monitor is not None:
+        monitor.flush()
+    elapsed = time.perf_counter() - t0
+    if monitor is not None:
+        monitor.finish()
+    return elapsed
+
+
+def overhead_table(steps: int, repeats: int) -> None:
+    print(f"\nmonitor overhead, {steps} steps, default PrivacyMonitor with a JSONL sink "
+          "(wall clock, with / without, median of repeats; share of rows with a heuristic)")
+    warnings.simplefilter("ignore")  # Opacus's secure-RNG and backward-hook notices
+    _train(10, 0.002, True, True, None)  # warm-up: imports, first calls
+    for step_s in (0.002, 0.02):
+        for schedule in (False, True):
+            ratios, share = [], 0.0
+            for _ in range(repeats):
+                base = _train(steps, step_s, schedule, False, None)
+                with tempfile.TemporaryDirectory() as tmp:
+                    log = Path(tmp, "log.jsonl")
+                    mon = _train(steps, step_s, schedule, True, log)
+                    rows = [json.loads(line) for line in log.read_text().splitlines()]
+                ratios.append(mon / base)
+                share = sum(r["heuristic_epsilon"] is not None for r in rows) / len(rows)
+            name = "momentum+cosine" if schedule else "plain SGD"
+            print(f"  {1e3 * step_s:4.0f} ms step, {name:>15}: ratio {statistics.median(ratios):.4f} "
+                  f"[{min(ratios):.4f}, {max(ratios):.4f}], heuristic on {100 * share:.0f}% of rows")  # fmt: skip
+            sys.stdout.flush()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="CI: T = 1e3, 1e4; fewer steps")
+    parser.add_argument("--steps", type=int, nargs="+", default=None)
+    parser.add_argument("--no-monitor", action="store_true")
+    args = parser.parse_args()
+    steps = args.steps or ([1_000, 10_000] if args.quick else [1_000, 10_000, 100_000])
+    n = 10 if args.quick else 30
+    query_table(steps, n, grid_limit=2_000 if args.quick else 10_000)
+    if not args.no_monitor:
+        overhead_table(100 if args.quick else 300, 1 if args.quick else 3)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
