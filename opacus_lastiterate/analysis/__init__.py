@@ -4,6 +4,8 @@ Everything in this subpackage uses numpy, scipy and dp_accounting only, so it ca
 (and tested) without a deep-learning stack. One home per concept:
 
 * :mod:`.run`: the description of a DP-SGD run (:class:`DPSGDRun`), validated once;
+* :mod:`.sampling`: how its batches were drawn (Poisson, shuffled, deterministic,
+  balls-in-bins, unknown), part of the run description;
 * :mod:`.privacy_models`: the registry of privacy models (one name each;
   ``privacy_models.privacy_model(name, run)`` builds one: it is not re-exported here, where
   ``privacy_model`` is the module of the :class:`PrivacyModel` protocol);
@@ -120,6 +122,17 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         Normalisation,
         TrainingSegment,
     )
+    from opacus_lastiterate.analysis.sampling import (
+        SAMPLING_NAMES,
+        BallsInBins,
+        DeterministicBatches,
+        PoissonSampling,
+        SamplingName,
+        SamplingScheme,
+        ShuffledBatches,
+        UnknownSampling,
+        sampling_from_dict,
+    )
 
 # Public name -> the submodule that defines it.
 _LAZY: dict[str, str] = {
@@ -133,6 +146,15 @@ _LAZY: dict[str, str] = {
     "VersionConfig": "opacus_versions",
     "compare_versions": "opacus_versions",
     "DPSGDRun": "run",
+    "SAMPLING_NAMES": "sampling",
+    "BallsInBins": "sampling",
+    "DeterministicBatches": "sampling",
+    "PoissonSampling": "sampling",
+    "SamplingName": "sampling",
+    "SamplingScheme": "sampling",
+    "ShuffledBatches": "sampling",
+    "UnknownSampling": "sampling",
+    "sampling_from_dict": "sampling",
     "FEASGM": "normalisation.divisor_leak",
     "PrivacyModel": "privacy_model",
     "PRIVACY_MODELS": "privacy_models",
@@ -198,8 +220,11 @@ __all__ = [
     "OPACUS_RELEASES",
     "PRIVACY_MODELS",
     "PRIVACY_MODEL_NAMES",
+    "SAMPLING_NAMES",
+    "BallsInBins",
     "BatchSizePlan",
     "DPSGDRun",
+    "DeterministicBatches",
     "DivisorRule",
     "DivisorVerdict",
     "EpsilonComparison",
@@ -209,16 +234,21 @@ __all__ = [
     "MonotonicityCheck",
     "Normalisation",
     "OpacusRelease",
+    "PoissonSampling",
     "PrivacyModel",
     "PrivacyModelEntry",
     "QuadraticComparison",
     "QuadraticResult",
     "RDPComposition",
     "RobustLastIterateHeuristic",
+    "SamplingName",
+    "SamplingScheme",
     "ShiftedGaussianMixture",
+    "ShuffledBatches",
     "StandardComposition",
     "SuffixMaximum",
     "TrainingSegment",
+    "UnknownSampling",
     "UnsupportedOptimizerError",
     "VersionComparison",
     "VersionConfig",
@@ -250,6 +280,7 @@ __all__ = [
     "quadratic_regulariser_epsilon",
     "robust_heuristic_delta",
     "robust_heuristic_epsilon",
+    "sampling_from_dict",
     "sgd_weights",
     "standard_delta",
     "standard_epsilon",

@@ -11,6 +11,9 @@ A run is what every privacy model of this package reads (``docs/run_description.
   SGD at a constant learning rate, where every step has the same weight.
 * ``normalisation`` (optional): what the batch-size-normalised mechanisms need and Opacus
   never passes to an accountant (:class:`Normalisation`).
+* ``sampling`` (optional): how the batches were drawn (:mod:`.sampling`, ``docs/samplers.md``).
+  ``None`` means Poisson sampling at the history's rates (what Opacus's ``DPDataLoader``
+  draws, and what every model assumed before schemes existed: its numbers are unchanged).
 
 A run is validated once, where it enters (:meth:`DPSGDRun.from_history`, the constructor,
 :meth:`DPSGDRun.constant`); everything that receives a :class:`DPSGDRun` trusts it.
@@ -31,6 +34,12 @@ from opacus_lastiterate.analysis._validation import (
     check_int,
     check_sample_rate,
     check_steps,
+)
+from opacus_lastiterate.analysis.sampling import (
+    SamplingScheme,
+    advance_sampling,
+    check_sampling,
+    check_sampling_matches,
 )
 
 __all__ = [
@@ -194,11 +203,15 @@ class DPSGDRun:
         weights: per-step weights w_t >= 0 of the noisy gradients in the final model (read-only
             array, one per step), or ``None`` for plain SGD at a constant learning rate.
         normalisation: divisor rule and dataset facts, or ``None`` for the noisy sum (SGM).
+        sampling: the sampling scheme (:mod:`.sampling`), or ``None`` for Poisson sampling at
+            the segments' rates. A scheme must agree with every segment's sample rate
+            (:func:`~.sampling.check_sampling_matches`).
     """
 
     segments: tuple[TrainingSegment, ...]
     weights: np.ndarray | None = None
     normalisation: Normalisation | None = None
+    sampling: SamplingScheme | None = None
     _validated: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -213,6 +226,8 @@ class DPSGDRun:
             raise TypeError(
                 f"`normalisation` must be a Normalisation or None, got {self.normalisation!r}."
             )
+        sampling = check_sampling(self.sampling)
+        check_sampling_matches(sampling, [s.sample_rate for s in segments])
         object.__setattr__(self, "_validated", True)
 
     # -- construction ---------------------------------------------------------------------
@@ -224,19 +239,27 @@ class DPSGDRun:
         *,
         weights: Sequence[float] | np.ndarray | None = None,
         normalisation: Normalisation | None = None,
+        sampling: SamplingScheme | None = None,
     ) -> DPSGDRun:
         """The run of an Opacus-style history ``[(noise_multiplier, sample_rate, steps), ...]``
         (or :class:`TrainingSegment` s); segments with 0 steps are dropped."""
         segments = tuple(s for s in as_segments(history) if s.steps > 0)
-        return cls(segments, weights, normalisation)  # type: ignore[arg-type]  # validated in __post_init__
+        return cls(segments, weights, normalisation, sampling)  # type: ignore[arg-type]  # validated in __post_init__
 
     @classmethod
     def constant(
-        cls, *, steps: int, sample_rate: float, noise_multiplier: float
+        cls,
+        *,
+        steps: int,
+        sample_rate: float,
+        noise_multiplier: float,
+        sampling: SamplingScheme | None = None,
     ) -> DPSGDRun:
-        """T = ``steps`` steps at constant (q, sigma)."""
+        """T = ``steps`` steps at constant (q, sigma), batches drawn by ``sampling``."""
         seg = TrainingSegment(noise_multiplier, sample_rate, steps)  # errors name the argument
-        return cls._trusted((seg,) if seg.steps else ())
+        if sampling is None:
+            return cls._trusted((seg,) if seg.steps else ())
+        return cls((seg,) if seg.steps else (), sampling=sampling)
 
     @classmethod
     def _trusted(
@@ -244,9 +267,10 @@ class DPSGDRun:
         segments: tuple[TrainingSegment, ...],
         weights: np.ndarray | None = None,
         normalisation: Normalisation | None = None,
+        sampling: SamplingScheme | None = None,
     ) -> DPSGDRun:
         """A run from parts that are already valid (internal: no checks, no copies)."""
-        return cls(segments, weights, normalisation, _validated=True)
+        return cls(segments, weights, normalisation, sampling, _validated=True)
 
     # -- derived quantities (computed once) -----------------------------------------------
 
@@ -278,9 +302,15 @@ class DPSGDRun:
         )
 
     def suffix(self, steps: int) -> DPSGDRun:
-        """The last ``steps`` steps (what a regulariser that zeroes the model keeps)."""
+        """The last ``steps`` steps (what a regulariser that zeroes the model keeps); an epoch
+        scheme's ``first_step_in_epoch`` moves to where the suffix starts."""
         weights = None if self.weights is None else self.weights[self.num_steps - steps :]
-        return DPSGDRun._trusted(suffix(self.segments, steps), weights, self.normalisation)
+        sampling = self.sampling
+        if sampling is not None:
+            sampling = advance_sampling(sampling, max(0, self.num_steps - steps))
+        return DPSGDRun._trusted(
+            suffix(self.segments, steps), weights, self.normalisation, sampling
+        )
 
 
 RunLike = DPSGDRun | HistoryLike
