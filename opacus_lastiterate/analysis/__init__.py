@@ -5,7 +5,8 @@ Everything in this subpackage uses numpy, scipy and dp_accounting only, so it ca
 
 * :mod:`.run`: the description of a DP-SGD run (:class:`DPSGDRun`), validated once;
 * :mod:`.sampling`: how its batches were drawn (Poisson, shuffled, deterministic,
-  balls-in-bins, unknown), part of the run description;
+  balls-in-bins, unknown), part of the run description; :mod:`.sampling_heuristic` and
+  :mod:`.sampling_standard` the numbers per scheme;
 * :mod:`.privacy_models`: the registry of privacy models (one name each;
   ``privacy_models.privacy_model(name, run)`` builds one: it is not re-exported here, where
   ``privacy_model`` is the module of the :class:`PrivacyModel` protocol);
@@ -133,6 +134,15 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         UnknownSampling,
         sampling_from_dict,
     )
+    from opacus_lastiterate.analysis.sampling_heuristic import (
+        RobustSamplingHeuristic,
+        SamplingHeuristic,
+    )
+    from opacus_lastiterate.analysis.sampling_standard import (
+        NoAmplificationBound,
+        PoissonAssumed,
+        ShuffleLowerBound,
+    )
 
 # Public name -> the submodule that defines it.
 _LAZY: dict[str, str] = {
@@ -155,6 +165,11 @@ _LAZY: dict[str, str] = {
     "ShuffledBatches": "sampling",
     "UnknownSampling": "sampling",
     "sampling_from_dict": "sampling",
+    "SamplingHeuristic": "sampling_heuristic",
+    "RobustSamplingHeuristic": "sampling_heuristic",
+    "NoAmplificationBound": "sampling_standard",
+    "PoissonAssumed": "sampling_standard",
+    "ShuffleLowerBound": "sampling_standard",
     "FEASGM": "normalisation.divisor_leak",
     "PrivacyModel": "privacy_model",
     "PRIVACY_MODELS": "privacy_models",
@@ -232,8 +247,10 @@ __all__ = [
     "IncrementalHeuristic",
     "LastIterateHeuristic",
     "MonotonicityCheck",
+    "NoAmplificationBound",
     "Normalisation",
     "OpacusRelease",
+    "PoissonAssumed",
     "PoissonSampling",
     "PrivacyModel",
     "PrivacyModelEntry",
@@ -241,9 +258,12 @@ __all__ = [
     "QuadraticResult",
     "RDPComposition",
     "RobustLastIterateHeuristic",
+    "RobustSamplingHeuristic",
+    "SamplingHeuristic",
     "SamplingName",
     "SamplingScheme",
     "ShiftedGaussianMixture",
+    "ShuffleLowerBound",
     "ShuffledBatches",
     "StandardComposition",
     "SuffixMaximum",

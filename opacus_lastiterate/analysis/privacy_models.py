@@ -18,7 +18,16 @@ name                      class                                kind           ke
 ========================  ===================================  =============  ==================
 
 The weighted heuristic (learning-rate schedules, momentum) is ``"heuristic"`` on a run with
-``weights``. ``"asgm"`` and ``"feasgm"`` read what they need beyond the segments from
+``weights``.
+
+**Sampling schemes** (``docs/samplers.md``). On a run whose ``sampling`` is shuffled,
+deterministic or balls-in-bins batches (or an unknown sampler assuming one of them),
+``"heuristic"`` builds :class:`~.sampling_heuristic.SamplingHeuristic`, ``"robust_heuristic"``
+:class:`~.sampling_heuristic.RobustSamplingHeuristic` and ``"standard"`` and
+``"standard_rdp"`` :class:`~.sampling_standard.NoAmplificationBound` (an upper bound without
+amplification, in closed form); each carries the scheme in its label. ``"full_batch"``,
+``"asgm"`` and ``"feasgm"`` are unchanged. A run with ``sampling=None`` or
+:class:`~.sampling.PoissonSampling` gets the classes of the table, unchanged. ``"asgm"`` and ``"feasgm"`` read what they need beyond the segments from
 ``run.normalisation`` (``docs/normalisation.md``).
 
 **The PLD value discretisation interval** (``value_discretization_interval``, dp_accounting's
@@ -51,7 +60,13 @@ from typing import Any, Literal
 
 from opacus_lastiterate.analysis._deprecation import MISSING
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
-from opacus_lastiterate.analysis.run import RunLike
+from opacus_lastiterate.analysis.run import RunLike, as_run
+from opacus_lastiterate.analysis.sampling import (
+    BallsInBins,
+    DeterministicBatches,
+    ShuffledBatches,
+    effective_sampling,
+)
 
 __all__ = [
     "PRIVACY_MODELS",
@@ -105,7 +120,8 @@ class PrivacyModelEntry:
         })
 
     def build(self, run: RunLike, **params: Any) -> PrivacyModel:
-        """The model of ``run`` (:func:`privacy_model`)."""
+        """The model of ``run`` (:func:`privacy_model`), for its sampling scheme (module
+        docstring)."""
         allowed = self.defaults
         unknown = sorted(set(params) - set(allowed))
         if unknown:
@@ -114,7 +130,15 @@ class PrivacyModelEntry:
                 f"privacy model {self.name!r} got unknown parameter(s) {', '.join(unknown)}; "
                 f"its parameters: {known}."
             )
-        return self.cls(run, **params)  # type: ignore[call-arg]
+        checked = as_run(run)
+        epoch_class = _EPOCH_CLASSES.get(self.name)
+        if epoch_class is not None and isinstance(
+            effective_sampling(checked.sampling), (ShuffledBatches, DeterministicBatches, BallsInBins)
+        ):
+            module, _, cls_name = epoch_class.partition(":")
+            cls = getattr(importlib.import_module(module), cls_name)
+            return cls(checked, **params)  # type: ignore[no-any-return]
+        return self.cls(checked, **params)  # type: ignore[call-arg]
 
 
 _PREFIX = "opacus_lastiterate.analysis."
@@ -171,6 +195,14 @@ _ENTRIES = (
         _PREFIX + "normalisation.divisor_leak:FEASGM",
     ),
 )
+
+# The class each name builds for a run with an epoch scheme (module docstring).
+_EPOCH_CLASSES = {
+    "heuristic": _PREFIX + "sampling_heuristic:SamplingHeuristic",
+    "robust_heuristic": _PREFIX + "sampling_heuristic:RobustSamplingHeuristic",
+    "standard": _PREFIX + "sampling_standard:NoAmplificationBound",
+    "standard_rdp": _PREFIX + "sampling_standard:NoAmplificationBound",
+}
 
 PRIVACY_MODELS: Mapping[str, PrivacyModelEntry] = MappingProxyType({e.name: e for e in _ENTRIES})
 """Registry name -> :class:`PrivacyModelEntry` (module table)."""
