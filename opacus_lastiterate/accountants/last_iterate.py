@@ -359,7 +359,8 @@ class LastIterateAccountant(RunAccountant):
 
         Returns:
             The ``count`` epsilons; None, with nothing recorded, where only the step-by-step
-            path applies: noise 0, the weighted heuristic, settings that would leave the
+            path applies: noise 0, batches in epochs (:attr:`uses_epoch_sampling`), the
+            weighted heuristic, settings that would leave the
             constant-rate formula, a history assigned from outside, or a monotonicity check
             that is not the single-segment one with nothing left to sweep.
         """
@@ -369,6 +370,7 @@ class LastIterateAccountant(RunAccountant):
         if not (
             sigma > 0.0
             and not self._externally_assigned
+            and not self.uses_epoch_sampling
             and not self._weights_in_use()
             and self.stays_constant_rate(settings)
         ):
@@ -461,11 +463,17 @@ class LastIterateAccountant(RunAccountant):
                 HeuristicCalibrationWarning,
             )
 
+    @property
+    def uses_epoch_sampling(self) -> bool:
+        """Whether the run's batches come in epochs (shuffled, deterministic, balls-in-bins),
+        so the heuristic is the per-scheme one and not the Poisson formula."""
+        scheme = effective_sampling(self.sampling)
+        return scheme is not None and not isinstance(scheme, PoissonSampling)
+
     def _epoch_scheme_model(self, robust: bool) -> PrivacyModel | None:
         """The heuristic of a run whose batches come in epochs (shuffled, deterministic,
         balls-in-bins: :attr:`sampling`, ``docs/samplers.md``); None for Poisson."""
-        scheme = effective_sampling(self.sampling)
-        if scheme is None or isinstance(scheme, PoissonSampling):
+        if not self.uses_epoch_sampling:
             return None
         if robust:
             return RobustSamplingHeuristic(self.run)

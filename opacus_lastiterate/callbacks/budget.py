@@ -106,6 +106,8 @@ class BudgetGuard:
         """Whether a bound keeps ``entry`` (the last of ``queue``, the steps not evaluated
         yet) within the budget."""
         step, sigma, q, _, settings = entry
+        if evaluator.epoch_sampling:  # the bounds below are Poisson's: evaluate the step
+            return False
         if self._rdp_allows(step, sigma, q, queue, evaluator):
             return True
         return self.budget.metric == "heuristic_epsilon" and self._bound_allows(

@@ -7,7 +7,10 @@ step would answer: it replays them into its own
 :class:`~opacus_lastiterate.accountants.LastIterateAccountant` (the *replica*, fed through
 the accountant's public incremental API), composes their RDP vectors
 (:class:`~opacus_lastiterate.accountants.IncrementalRDP`) and computes the robust, PLD and
-corrected values on their cadences. Runs of queued steps at one constant-rate setting are
+corrected values on their cadences. For a run whose batches are not Poisson (the
+accountant's ``sampling``, ``docs/samplers.md``) the standard fields are the bound of that
+scheme (without amplification) and ``poisson_assumed_epsilon`` carries the Poisson value,
+labelled as an assumption; every record names its scheme. Runs of queued steps at one constant-rate setting are
 solved together (:meth:`LastIterateAccountant.replay_steps
 <opacus_lastiterate.accountants.LastIterateAccountant.replay_steps>`).
 
@@ -37,8 +40,11 @@ from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
     SPARSE_FINE_POINTS,
 )
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
+from opacus_lastiterate.analysis.sampling import PoissonSampling, effective_sampling
 from opacus_lastiterate.callbacks.cadence import Cadences, OverheadBudget, due
-from opacus_lastiterate.callbacks.records import EpsilonRecord
+from opacus_lastiterate.callbacks.records import EpsilonRecord, sampling_field
 
 __all__ = [
     "MIN_RUN",
@@ -195,6 +201,12 @@ class InlineEvaluator:
             history = trim_history(accountant.history, dropped)
         self.history, self.evaluated, self.rdp = evaluated_state(history, rdp)
         self.last_lr = last_lr
+        self.sampling = getattr(accountant, "sampling", None)
+        scheme = effective_sampling(self.sampling)
+        self.epoch_sampling = scheme is not None and not isinstance(scheme, PoissonSampling)
+        """Whether the run's batches come in epochs (the standard fields are then that
+        scheme's bound, and no Poisson bound certifies a budget)."""
+        self._sampling_name = sampling_field(self.sampling)
 
     # -- the Evaluator protocol -------------------------------------------------------------
 
@@ -269,19 +281,21 @@ class InlineEvaluator:
         if self.replica is not None:
             heuristic = float(self.replica.get_epsilon(d))
             robust = float(self.replica.get_epsilon(d, robust=True))
-        pld, corrected = self._standard()
+        pld, corrected, assumed = self._standard()
         return EpsilonRecord(
             step=self.evaluated,
             delta=d,
             heuristic_epsilon=heuristic,
             robust_heuristic_epsilon=robust,
-            standard_rdp_epsilon=self.rdp.epsilon(d),
+            standard_rdp_epsilon=self._standard_rdp(self.rdp.epsilon(d)),
             standard_epsilon=pld,
             corrected_epsilon=corrected,
             lr=self.last_lr,
             noise_multiplier=float(sigma),
             sample_rate=float(q),
             final=True,
+            sampling=self._sampling_name,
+            poisson_assumed_epsilon=assumed,
         )
 
     # -- for the budget guard ---------------------------------------------------------------
@@ -390,35 +404,55 @@ class InlineEvaluator:
             robust = float(
                 self._timed("robust", c.robust_every, lambda: replica.get_epsilon(d, robust=True))
             )
-        pld = corrected = None
+        pld = corrected = assumed = None
         if self._is_due(step, "standard", c.standard_every):
-            pld, corrected = self._timed("standard", c.standard_every, self._standard)
+            pld, corrected, assumed = self._timed("standard", c.standard_every, self._standard)
         self.last_lr = lr
         return EpsilonRecord(
             step=step,
             delta=d,
             heuristic_epsilon=heuristic,
             robust_heuristic_epsilon=robust,
-            standard_rdp_epsilon=rdp,
+            standard_rdp_epsilon=self._standard_rdp(rdp),
             standard_epsilon=pld,
             corrected_epsilon=corrected,
             lr=lr,
             noise_multiplier=float(sigma),
             sample_rate=float(q),
             final=False,
+            sampling=self._sampling_name,
+            poisson_assumed_epsilon=assumed,
         )
 
-    def _standard(self) -> tuple[float, float | None]:
-        """PLD and corrected epsilon of the evaluated steps."""
+    def _scheme_run(self) -> DPSGDRun:
+        return DPSGDRun.from_history(
+            [tuple(h) for h in self.history], sampling=self.sampling  # type: ignore[misc]
+        )
+
+    def _standard_rdp(self, poisson_rdp: float) -> float:
+        """The record's ``standard_rdp_epsilon``: the Poisson RDP bound, or for batches in
+        epochs the scheme's bound (closed form, every step)."""
+        if not self.epoch_sampling:
+            return poisson_rdp
+        return float(privacy_model("standard_rdp", self._scheme_run()).epsilon(self.delta))
+
+    def _standard(self) -> tuple[float, float | None, float | None]:
+        """The standard epsilon of the evaluated steps for the run's scheme, the corrected
+        epsilon, and (batches in epochs only) the Poisson-assumed PLD value."""
         # dp_accounting takes 0.5 s to import: only when a PLD value is first asked for
         from opacus_lastiterate.analysis.baselines.composition import StandardComposition
 
         history = [tuple(h) for h in self.history]
-        pld = float(StandardComposition(history).epsilon(self.delta))
+        poisson = float(StandardComposition(history).epsilon(self.delta))
+        assumed = None
+        pld = poisson
+        if self.epoch_sampling:
+            pld = float(privacy_model("standard", self._scheme_run()).epsilon(self.delta))
+            assumed = poisson
         corrected = None
         acc = self.corrected
         if acc is not None:
             if steps_of(acc) != self.evaluated:  # it is ahead: a copy at this step
                 acc = acc.with_history(history)  # type: ignore[arg-type]
             corrected = float(acc.get_epsilon(self.delta))
-        return pld, corrected
+        return pld, corrected, assumed

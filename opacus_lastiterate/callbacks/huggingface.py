@@ -16,9 +16,12 @@ that the ``Trainer`` keeps the user's model::
 
 ``max_grad_norm=0.0`` turns off the Trainer's own clipping of ``p.grad`` (Opacus clips per
 example). The Trainer's data loader samples fixed-size shuffled batches, not Poisson
-batches: the accountant records q = 1 / len(data_loader) all the same.
+batches: ``on_train_begin`` reads that loader
+(:meth:`~opacus_lastiterate.callbacks.PrivacyMonitor.observe_loader`), so the accountant and
+the log account shuffled batches, labelled so (``docs/samplers.md``); make the loader passed
+to ``make_private`` have the Trainer's batch size so that the recorded rate matches.
 
-Events: ``on_train_begin`` attaches the monitor to the ``DPOptimizer`` (unwrapping
+Events: ``on_train_begin`` tells the monitor which batches the Trainer draws and attaches it to the ``DPOptimizer`` (unwrapping
 Accelerate's ``AcceleratedOptimizer``); ``on_optimizer_step`` clears Opacus's per-sample
 gradients (the Trainer calls ``model.zero_grad()``, which leaves ``p.grad_sample`` in place);
 ``on_step_end`` turns a budget stop into ``control.should_training_stop``; ``on_log`` and
@@ -133,6 +136,9 @@ class HFPrivacyCallback(TrainerCallback, ExportableState):
             history = saved.get("accountant", {}).get("history", [])
             if sum(int(h[2]) for h in history) != self.monitor.num_steps:
                 self.monitor.load_state_dict(saved)
+        loader = kwargs.get("train_dataloader")
+        if loader is not None:  # the loader the Trainer iterates, resumed runs included
+            self.monitor.observe_loader(loader)
         if not self.monitor.attached:
             self.monitor.attach(_find_dp_optimizer(kwargs.get("optimizer")))
         if self.monitor.should_stop:

@@ -8,7 +8,10 @@ Lightning namespace, because a Trainer accepts only callbacks of its own package
 * :class:`PLPrivacyMonitorCallback` for ``pytorch_lightning``, the namespace of Opacus's
   ``opacus.lightning.DPLightningDataModule``.
 
-What the callback does: at ``on_train_start`` it attaches the monitor to the Opacus
+What the callback does: at ``on_train_start`` it tells the monitor which batches the
+Trainer's train loader draws (:meth:`~opacus_lastiterate.callbacks.PrivacyMonitor.observe_loader`:
+Poisson for Opacus's ``DPDataLoader``/``DPLightningDataModule``, shuffled for a plain
+``shuffle=True`` loader, ...) and attaches the monitor to the Opacus
 ``DPOptimizer`` among ``trainer.optimizers`` (the one ``make_private`` returned in
 ``configure_optimizers``); at ``on_train_batch_end`` it turns a budget stop
 (``monitor.should_stop``) into ``trainer.should_stop``; at ``on_train_epoch_end`` it flushes the monitor (records
@@ -68,6 +71,9 @@ class _MonitorCallbackMixin:
         return "PrivacyMonitorCallback"
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        loader = getattr(trainer, "train_dataloader", None)
+        if loader is not None and not callable(loader):  # what it iterates, resumed included
+            self.monitor.observe_loader(loader)
         if not self.monitor.attached:
             self.monitor.attach(_find_dp_optimizer(trainer))
         if self.monitor.should_stop:

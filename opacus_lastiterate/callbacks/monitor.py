@@ -53,11 +53,14 @@ from opacus_lastiterate._lazy import moved_name
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants import (
     LastIterateAccountant,
+    RunAccountant,
     accountant_of,
+    detect_sampling,
     last_step_of,
     steps_of,
     take_back_steps,
 )
+from opacus_lastiterate.accountants.engine_sampling import warn_about_detection
 from opacus_lastiterate.analysis._validation import check_delta
 from opacus_lastiterate.callbacks._evaluation_process import ProcessEvaluator
 from opacus_lastiterate.callbacks.budget import BudgetGuard, BudgetMetric, PrivacyBudget
@@ -280,6 +283,7 @@ class PrivacyMonitor:
         if self._evaluator is not None:
             self._evaluator.close(kill=True)  # its answers are of the state replaced
         last_lr = None if self.last_record is None else self.last_record.lr
+        self._synced_sampling = getattr(self.accountant, "sampling", None)
         self._evaluator = self._make_evaluator(0, rdp, last_lr)
         self._final: tuple[int, EpsilonRecord | None] | None = None  # (steps, record) of finish()
         self._queue: list[QueuedStep] = []
@@ -374,8 +378,11 @@ class PrivacyMonitor:
                 "a monitor needs it to follow the accountant."
             )
         assert self._evaluator is not None
-        if not self._queue and self._evaluator.evaluated != steps_of(self.accountant):
-            self._sync()  # the accountant moved on without the monitor
+        if not self._queue and (
+            self._evaluator.evaluated != steps_of(self.accountant)
+            or self._synced_sampling != getattr(self.accountant, "sampling", None)
+        ):
+            self._sync()  # the accountant moved on (or make_private gave it its sampling)
         self._inner_hook = optimizer.step_hook
         optimizer.step_hook = self._on_pre_step  # type: ignore[assignment]
         inner = optimizer.original_optimizer
@@ -390,6 +397,23 @@ class PrivacyMonitor:
         self._was_attached = True
         self._overhead.restart()
         return self
+
+    def observe_loader(self, data_loader: object) -> None:
+        """Account the batches of ``data_loader``, the loader training really iterates (the
+        adapters call it with the Hugging Face Trainer's and Lightning's train loaders, which
+        are not the one ``make_private`` saw): its scheme is detected
+        (:func:`~opacus_lastiterate.accountants.detect_sampling`, with the same warnings as
+        at ``make_private``) and given to the accountant unless one was declared
+        (``docs/samplers.md``); the evaluator restarts from the accountant's state if the
+        scheme changed and no step is waiting."""
+        detected = detect_sampling(data_loader)
+        accountant = self.accountant
+        if isinstance(accountant, RunAccountant):
+            accountant.observe_sampling(detected.scheme)
+            if accountant.sampling != self._synced_sampling and not self._queue:
+                assert self._evaluator is not None
+                self._sync(self._evaluator.rdp_vector.tolist())
+        warn_about_detection(detected, accountant)
 
     def detach(self) -> None:
         """Flush, then undo :meth:`attach` (the accountant's hook is restored)."""

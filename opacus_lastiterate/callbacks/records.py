@@ -19,7 +19,17 @@ from typing import Any, Protocol, runtime_checkable
 
 from opacus_lastiterate._warn import warn
 
-__all__ = ["FIELDS", "LABELS", "RENAMED_FIELDS", "EpsilonRecord", "MonitorAudit", "Sink"]
+__all__ = [
+    "FIELDS",
+    "LABELS",
+    "RENAMED_FIELDS",
+    "SAMPLING_LABELS",
+    "EpsilonRecord",
+    "MonitorAudit",
+    "Sink",
+    "labels_for",
+    "sampling_field",
+]
 
 RENAMED_FIELDS: dict[str, str] = {
     "robust_epsilon": "robust_heuristic_epsilon",
@@ -42,12 +52,24 @@ def renamed_field(name: str) -> str:
     )
     return new
 
+SAMPLING_LABELS: dict[str, str] = {
+    "standard_rdp_epsilon": "standard (all iterates), upper bound without amplification for "
+    "this run's batches (docs/samplers.md)",
+    "standard_epsilon": "standard (all iterates), upper bound without amplification for "
+    "this run's batches (docs/samplers.md)",
+    "poisson_assumed_epsilon": "assumes Poisson sampling: not a guarantee for this run "
+    "(Opacus's number for it)",
+}
+"""The labels that differ from :data:`LABELS` when the run's batches are not Poisson
+(shuffled, deterministic, balls-in-bins: the record's ``sampling``)."""
+
 LABELS: dict[str, str] = {
     "heuristic_epsilon": "last-iterate heuristic, final model only, not a DP guarantee",
     "robust_heuristic_epsilon": "robust heuristic: certified max over the last t <= T steps",
     "standard_rdp_epsilon": "standard (all iterates), RDP upper bound (min over orders)",
     "standard_epsilon": "standard (all iterates), dp_accounting PLD upper bound (tight)",
     "corrected_epsilon": "normalisation accountant (asgm/feasgm), docs/normalisation.md",
+    "poisson_assumed_epsilon": "assumes Poisson sampling: not a guarantee for this run",
 }
 """What each epsilon field of an :class:`EpsilonRecord` is."""
 
@@ -67,6 +89,14 @@ class EpsilonRecord:
     noise_multiplier: float
     sample_rate: float
     final: bool = False
+    sampling: str = "poisson"
+    poisson_assumed_epsilon: float | None = None
+
+    def labels(self) -> dict[str, str]:
+        """What each epsilon field of this record is, for its run's sampling scheme
+        (``sampling``: ``"poisson"``, ``"shuffled"``, ``"deterministic"``, ``"balls_in_bins"``,
+        or ``"unknown (assumes <scheme>)"``)."""
+        return labels_for(self.sampling)
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a plain dict, in :data:`FIELDS` order."""
@@ -96,6 +126,30 @@ class EpsilonRecord:
         if name in RENAMED_FIELDS:
             return getattr(self, renamed_field(name))
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+def sampling_field(scheme: object) -> str:
+    """The record's ``sampling`` value of a scheme (``None``: ``"poisson"``)."""
+    name = getattr(scheme, "name", None)
+    if scheme is None or name is None:
+        return "poisson"
+    if name == "unknown":
+        assumed = getattr(scheme, "assumed", None)
+        return f"unknown (assumes {getattr(assumed, 'name', 'poisson')})"
+    return str(name)
+
+
+def labels_for(sampling: str) -> dict[str, str]:
+    """The labels of the epsilon fields of a run whose scheme is called ``sampling``: the
+    heuristics are always for that scheme; the standard fields are the Poisson composition
+    for Poisson runs and the bound without amplification otherwise (:data:`SAMPLING_LABELS`);
+    an unknown sampler's labels say which scheme they assume."""
+    out = dict(LABELS)
+    if sampling != "poisson" and not sampling.endswith("(assumes poisson)"):
+        out.update(SAMPLING_LABELS)
+    if sampling != "poisson":
+        out = {k: f"{v} [batches: {sampling}]" for k, v in out.items()}
+    return out
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(EpsilonRecord))

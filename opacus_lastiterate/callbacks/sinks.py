@@ -109,7 +109,7 @@ class LoggingSink:
             return
         if not self._labelled:
             self._labelled = True
-            for key, label in LABELS.items():
+            for key, label in record.labels().items():
                 self.logger.log(self.level, "privacy column %s = %s", key, label)
         parts = [f"step {record.step}"] + [
             f"{k}={v:.4f}" for k, v in record.epsilons().items()

@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -130,6 +131,7 @@ def test_lightning_trainer_logs_the_accountant_epsilon(tmp_path: Path, device: s
 
 def test_lightning_budget_stop_ends_training(tmp_path: Path) -> None:
     from opacus import PrivacyEngine
+    from opacus.data_loader import DPDataLoader
 
     from opacus_lastiterate.callbacks import PrivacyMonitorCallback
 
@@ -144,7 +146,9 @@ def test_lightning_budget_stop_ends_training(tmp_path: Path) -> None:
         engine, delta=DELTA, budget=PrivacyBudget(limit * (1 + 1e-9), action="stop")
     )
     trainer = _trainer(pl, PrivacyMonitorCallback(monitor), 20, tmp_path)
-    trainer.fit(_module_class(pl.LightningModule)(engine, poisson=True), DataLoader(_data(), batch_size=32))
+    # the Trainer must iterate Poisson batches for the Poisson limit to be the run's
+    loader = DPDataLoader.from_data_loader(DataLoader(_data(), batch_size=32))
+    trainer.fit(_module_class(pl.LightningModule)(engine, poisson=True), loader)
     assert monitor.should_stop and engine.accountant.num_steps == 3
     assert trainer.global_step <= 4  # the refused step 4 is counted by Lightning, not applied
 
@@ -277,3 +281,36 @@ def test_lightning_resume_from_checkpoint_continues_the_log(tmp_path: Path) -> N
     engine = _lightning_run(tmp_path / "c", log, ckpt_path=ckpt)
     assert engine.accountant.history == [(1.0, 1 / 8, 8)]
     assert_same_log(_log_rows(log), _log_rows(reference))
+
+
+def test_lightning_shuffled_run_logs_shuffled_values_and_labels(tmp_path: Path) -> None:
+    """The Trainer iterates a shuffled loader (2 whole epochs of 8 batches): the callback
+    tells the monitor, whose records carry the shuffled heuristic (closed form: a Gaussian
+    mechanism with mu = 2 / sqrt(16), computed here with scipy) and the shuffled labels."""
+    from opacus import PrivacyEngine
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    from opacus_lastiterate.callbacks import PrivacyMonitorCallback
+
+    torch.manual_seed(0)
+    engine = PrivacyEngine(accountant="last_iterate")
+    records: list[Any] = []
+    monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[records.append])
+    trainer = _trainer(pl, PrivacyMonitorCallback(monitor), 16, tmp_path)
+    loader = DataLoader(_data(), batch_size=32, shuffle=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(_module_class(pl.LightningModule)(engine, poisson=False), loader)
+    final = records[-1]
+    assert final.final and final.step == 16 and final.sampling == "shuffled"
+    mu = 2 / np.sqrt(16)
+    expected = brentq(
+        lambda e: norm.cdf(-e / mu + mu / 2) - np.exp(e) * norm.cdf(-e / mu - mu / 2) - DELTA,
+        0.0, 50.0, xtol=1e-12,
+    )
+    assert final.heuristic_epsilon == pytest.approx(expected, rel=1e-9)
+    assert final.poisson_assumed_epsilon is not None
+    labels = final.labels()
+    assert "without amplification" in labels["standard_epsilon"]
+    assert labels["poisson_assumed_epsilon"].startswith("assumes Poisson sampling")
