@@ -112,13 +112,18 @@ def test_trainer_logs_the_accountant_epsilon(tmp_path: Path, device: str) -> Non
 
 
 def test_budget_stop_sets_should_training_stop(tmp_path: Path) -> None:
-    _engine0, _, trainer0, records0, _, _ = _setup(tmp_path / "ref", 3, save_strategy="no")
+    # Poisson declared (detection then leaves it): its heuristic grows step by step, so a
+    # limit between steps 2 and 3 stops the run after 2 (within an epoch of shuffled
+    # batches the heuristic falls: test_trainer_shuffled_batches_are_accounted_and_labelled)
+    engine0, _, trainer0, records0, _, _ = _setup(tmp_path / "ref", 3, save_strategy="no")
+    engine0.accountant.declare_sampling(None)
     trainer0.train()
     limit = records0[1].heuristic_epsilon  # after step 2
     assert limit is not None
     engine, monitor, trainer, _records, _, _ = _setup(
         tmp_path / "run", 10, PrivacyBudget(limit, action="stop"), save_strategy="no"
     )
+    engine.accountant.declare_sampling(None)
     trainer.train()
     assert monitor.should_stop and engine.accountant.num_steps == 2
     assert trainer.state.global_step == 3  # the refused step ends training, unapplied
@@ -167,7 +172,7 @@ def _hf_run(out: Path, log: Path, *, crash_at: int | None = None, resume: str | 
         )
     monitor = PrivacyMonitor(
         engine, delta=DELTA, sinks=[JsonlSink(log)], flush_every=2, robust_every=3,
-        standard_every=5,
+        standard_every=5, weighted_every=1,  # "auto" depends on measured time: not repeatable
     )
 
     class Crash(transformers.TrainerCallback):
@@ -208,3 +213,28 @@ def test_trainer_resume_from_checkpoint_continues_the_log(tmp_path: Path) -> Non
     ref_rows = [json.loads(line) for line in reference.read_text().splitlines()]
     assert_same_log([json.loads(line) for line in log.read_text().splitlines()], ref_rows)
     assert len({r["lr"] for r in ref_rows}) > 4  # the schedule did change the rate
+
+
+def test_trainer_shuffled_batches_are_accounted_and_labelled(tmp_path: Path) -> None:
+    """make_private saw a sequential loader; the Trainer iterates its own shuffled one
+    (N = 256, B = 32). The callback tells the monitor, so the accountant and the log
+    account shuffled batches: every record says so, its labels name the scheme, and the
+    heuristic is the accountant's shuffled value, not the Poisson one of the same history."""
+    from opacus_lastiterate.analysis.sampling import ShuffledBatches
+
+    engine, _monitor, trainer, records, expected, _ = _setup(tmp_path, 4, save_strategy="no")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train()
+    assert engine.accountant.sampling == ShuffledBatches(256, 32, False)
+    assert {r.sampling for r in records} == {"shuffled"}
+    final = records[-1]
+    assert final.final and final.heuristic_epsilon == pytest.approx(expected[-1][1], rel=BATCHED)
+    assert "[batches: shuffled]" in final.labels()["heuristic_epsilon"]
+    assert final.poisson_assumed_epsilon is not None
+    assert final.standard_epsilon is not None and final.standard_epsilon > final.poisson_assumed_epsilon
+    poisson = engine.accountant.with_history(engine.accountant.history)
+    poisson.declare_sampling(None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert abs(poisson.get_epsilon(DELTA) - final.heuristic_epsilon) > 1e-3
