@@ -61,6 +61,7 @@ __all__ = [
     "example_weighting",
     "installed_release",
     "installed_version",
+    "prv_variant",
     "release",
     "releases_between",
     "reported_epsilon",
@@ -259,22 +260,37 @@ def _pld_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
     return float(standard_epsilon(delta, steps=steps, sample_rate=q, noise_multiplier=sigma))
 
 
+@lru_cache(maxsize=256)
+def _prv_epsilon(q: float, sigma: float, steps: int, delta: float, variant: str) -> float:
+    from opacus_lastiterate.analysis.opacus_prv import opacus_prv_epsilon
+
+    return opacus_prv_epsilon([(sigma, q, steps)], delta, variant=variant)  # type: ignore[arg-type]
+
+
+def prv_variant(rel: OpacusRelease) -> str:
+    """Which PRV arithmetic release ``rel`` runs (:data:`~opacus_lastiterate.analysis.
+    opacus_prv.PRV_VARIANTS`): ``"1.3"`` for 1.3.0-1.4.0, ``"1.4.1"`` from 1.4.1."""
+    return "1.3" if rel.key < (1, 4, 1) else "1.4.1"
+
+
 ACCOUNTANT_LABELS = {
     "rdp-classic": "RDP, Opacus's DEFAULT_ALPHAS, classic conversion rdp - log(delta)/(a-1)",
     "rdp-improved": "RDP, Opacus's DEFAULT_ALPHAS, improved conversion (Balle et al. 2020)",
-    "prv": "PRV (Opacus default from 1.3.0); computed here with the PLD accountant, "
-    "which agrees with Opacus's PRVAccountant within its eps_error = 0.01",
+    "prv": "PRV (Opacus default from 1.3.0): Opacus's PRVAccountant arithmetic re-run "
+    "(analysis.opacus_prv; the upper end of its eps_error = 0.01 interval, as it prints)",
 }
 
 
 def reported_epsilon(rel: OpacusRelease | str, config: VersionConfig) -> float:
     """The epsilon version ``rel`` itself prints for ``config`` with its default accountant
-    (its own q and step count; RDP reproduced bit-for-bit, PRV via the PLD accountant)."""
+    (its own q and step count; RDP reproduced bit-for-bit, PRV by Opacus's own PRV arithmetic,
+    :func:`~opacus_lastiterate.analysis.opacus_prv.opacus_prv_epsilon`, within 1e-6 of
+    Opacus 1.6's ``PRVAccountant``)."""
     r = release(rel) if isinstance(rel, str) else rel
     p = _plan(r, config)
     sigma, delta = float(config.noise_multiplier), float(config.delta)
     if r.default_accountant == "prv":
-        return _pld_epsilon(p.accountant_rate, sigma, p.steps, delta)
+        return _prv_epsilon(p.accountant_rate, sigma, p.steps, delta, prv_variant(r))
     return _rdp_epsilon(p.accountant_rate, sigma, p.steps, delta, r.default_accountant == "rdp-improved")
 
 
