@@ -26,6 +26,7 @@ This is a re-implementation (numpy and scipy, no torch), tested against Opacus 1
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,9 +57,9 @@ def _rdp_epsilon(history: History, delta: float) -> float:
         subsampled_gaussian_rdp,
     )
 
-    rdp = sum(
-        subsampled_gaussian_rdp(q, sigma, steps, OPACUS_ORDERS) for sigma, q, steps in history
-    )
+    rdp = np.zeros(len(OPACUS_ORDERS))
+    for sigma, q, steps in history:  # summed as Opacus's RDPAccountant sums its history
+        rdp = rdp + subsampled_gaussian_rdp(q, sigma, steps, OPACUS_ORDERS)
     return float(improved_conversion(OPACUS_ORDERS, rdp, delta)[0])
 
 
@@ -140,7 +141,7 @@ class _Truncated:
                 ]
             )
         total = 0.0
-        for left, right in zip(points[:-1], points[1:]):
+        for left, right in itertools.pairwise(points):
             area, _ = integrate.quad(self.cdf, left, right, limit=500)
             total += right * self.cdf(right) - left * self.cdf(left) - area
         return float(total)

@@ -51,10 +51,12 @@ from opacus_lastiterate.analysis.opacus_releases import (
 
 __all__ = [
     "OPACUS_RELEASES",
+    "AccountingPlan",
     "ExampleWeighting",
     "OpacusRelease",
     "VersionComparison",
     "VersionConfig",
+    "accounting_plan",
     "compare_versions",
     "corrected_epsilon",
     "divisor",
@@ -126,8 +128,9 @@ def _loader_length(n: int, b: int, drop_last: bool) -> int:
 
 
 @dataclass(frozen=True)
-class _Plan:
-    """How one version runs a configuration: accountant's q and steps, sampler's q."""
+class AccountingPlan:
+    """How one version runs a configuration: the accountant's q and steps, the sampler's q
+    (None: fixed-size shuffled batches), the divisor (None: the realised |B|)."""
 
     poisson: bool  # records are really Poisson-sampled
     accountant_rate: float
@@ -137,7 +140,7 @@ class _Plan:
     divisor_text: str
 
 
-def _plan(rel: OpacusRelease, cfg: VersionConfig) -> _Plan:
+def _plan(rel: OpacusRelease, cfg: VersionConfig) -> AccountingPlan:
     n, b = cfg.dataset_size, cfg.batch_size
     k = _loader_length(n, b, cfg.drop_last)
     if rel.family == "1.x":
@@ -155,15 +158,20 @@ def _plan(rel: OpacusRelease, cfg: VersionConfig) -> _Plan:
             per_epoch, q_s, c = k, None, int(n * q_a)
         steps = cfg.steps if cfg.steps is not None else per_epoch * int(cfg.epochs or 1)
         if cfg.loss_reduction == "sum":
-            return _Plan(cfg.poisson, q_a, q_s, steps, 1.0, "1 (loss_reduction='sum')")
-        return _Plan(cfg.poisson, q_a, q_s, steps, float(c), f"int(N * q) = {c}")
+            return AccountingPlan(cfg.poisson, q_a, q_s, steps, 1.0, "1 (loss_reduction='sum')")
+        return AccountingPlan(cfg.poisson, q_a, q_s, steps, float(c), f"int(N * q) = {c}")
     q = b / n  # batch_size / sample_size
     poisson = cfg.poisson and rel.poisson_sampler
     per_epoch = int(1 / q) if poisson else k  # UniformWithReplacementSampler.__len__ / loader
     steps = cfg.steps if cfg.steps is not None else per_epoch * int(cfg.epochs or 1)
     if cfg.loss_reduction == "sum":
-        return _Plan(poisson, q, q if poisson else None, steps, 1.0, "1 (loss_reduction='sum')")
-    return _Plan(poisson, q, q if poisson else None, steps, None, "|B| (realised batch size)")
+        return AccountingPlan(poisson, q, q if poisson else None, steps, 1.0, "1 (loss_reduction='sum')")
+    return AccountingPlan(poisson, q, q if poisson else None, steps, None, "|B| (realised batch size)")
+
+
+def accounting_plan(rel: OpacusRelease | str, config: VersionConfig) -> AccountingPlan:
+    """How release ``rel`` runs ``config`` (:class:`AccountingPlan`)."""
+    return _plan(release(rel) if isinstance(rel, str) else rel, config)
 
 
 def divisor(
@@ -437,7 +445,7 @@ SHUFFLE_NOTE = (
 )
 
 
-def _warnings(rel: OpacusRelease, cfg: VersionConfig, p: _Plan) -> list[str]:
+def _warnings(rel: OpacusRelease, cfg: VersionConfig, p: AccountingPlan) -> list[str]:
     out: list[str] = []
     n, b = cfg.dataset_size, cfg.batch_size
     if not p.poisson:
@@ -518,3 +526,4 @@ def compare_versions(
             )
         )
     return rows
+

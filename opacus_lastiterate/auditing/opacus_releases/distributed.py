@@ -23,6 +23,8 @@ import copy
 import warnings
 from typing import Any
 
+from opacus_lastiterate.auditing.opacus_releases.modes import MonitorFactory
+
 __all__ = ["DISTRIBUTED_MODES", "probe_rank"]
 
 DISTRIBUTED_MODES = ("ddp", "ddp_ghost", "fsdp")
@@ -52,16 +54,17 @@ def probe_rank(
     dataset_size: int = 60,
     batch_size: int = 12,
     steps: int = 3,
-    delta: float = 1e-5,
     accountant: str = "last_iterate",
+    monitor: MonitorFactory | None = None,
 ) -> dict[str, Any]:
-    """One rank's observation of ``steps`` training steps in ``mode`` (module docstring)."""
+    """One rank's observation of ``steps`` training steps in ``mode`` (module docstring);
+    ``monitor`` as in :func:`~opacus_lastiterate.auditing.opacus_releases.modes.probe_mode`
+    (created on every rank)."""
     import torch
     import torch.distributed as dist
     from opacus import PrivacyEngine
 
     import opacus_lastiterate.accountants  # noqa: F401  (registers the accountants)
-    from opacus_lastiterate.callbacks import PrivacyMonitor
 
     if mode not in DISTRIBUTED_MODES:
         raise ValueError(f"`mode` must be one of {DISTRIBUTED_MODES}, got {mode!r}.")
@@ -96,11 +99,7 @@ def probe_rank(
         dp_module, opt, criterion, dp_loader = made
     else:
         dp_module, opt, dp_loader = made
-    records: list[Any] = []
-    monitor = PrivacyMonitor(
-        engine, delta=delta, sinks=[records.append], optimizer=opt, robust_every=1,
-        standard_every=1, weighted_every=None, flush_every=None,
-    )
+    mon, records = monitor(engine, opt, {}) if monitor is not None else (None, [])
     divisors: list[float] = []
     physical = 0
     with warnings.catch_warnings():
@@ -115,7 +114,7 @@ def probe_rank(
                     divisors.append(_global_divisor(reference, dp_module, xb, yb))
                 if physical == steps:
                     break
-    final = monitor.finish()
+    final = mon.finish() if mon is not None else None
     return {
         "rank": rank,
         "world_size": world,
@@ -125,7 +124,7 @@ def probe_rank(
         "history": [[float(s), float(q), int(n)] for s, q, n in engine.accountant.history],
         "physical_steps": physical,
         "divisors": divisors,
-        "calls_sinks": monitor.calls_sinks,
+        "calls_sinks": None if mon is None else mon.calls_sinks,
         "records": [r.as_dict() for r in records],
         "final": None if final is None else final.as_dict(),
     }

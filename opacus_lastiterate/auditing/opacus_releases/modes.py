@@ -33,7 +33,20 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MODES", "MODE_SINCE", "ModeObservation", "probe_mode", "tiny_model"]
+__all__ = [
+    "ADACLIP_DEFAULTS",
+    "MODES",
+    "MODE_SINCE",
+    "ModeObservation",
+    "MonitorFactory",
+    "probe_mode",
+    "summary",
+    "tiny_model",
+]
+
+MonitorFactory = Callable[[Any, Any, dict[str, Any]], tuple[Any, list[Any]]]
+"""``(engine, optimizer, extra monitor kwargs) -> (monitor, the list its sink appends to)``:
+how a probe gets a privacy monitor without importing ``callbacks`` (a higher layer)."""
 
 MODES = (
     "hooks", "ghost", "ghost_bmm", "ghost_accumulation", "bmm", "accumulation", "adaclip",
@@ -163,8 +176,7 @@ def probe_mode(
     physical_batch_size: int = 5,
     accumulation: int = 2,
     poisson: bool | None = None,
-    delta: float = 1e-5,
-    monitor: bool = True,
+    monitor: MonitorFactory | None = None,
     prepare: Callable[[Any, Any], dict[str, Any] | None] | None = None,
     adaclip: dict[str, float] | None = None,
     seed: int = 0,
@@ -172,8 +184,9 @@ def probe_mode(
     """Train ``logical_steps`` noisy steps in ``mode`` (module docstring) and measure them.
 
     ``noise_multiplier = 0`` measures divisors (the epsilons are then inf); with a positive
-    one the monitor's records (``monitor=True``: a :class:`~opacus_lastiterate.callbacks.
-    PrivacyMonitor` with every value at every step) carry the epsilons to check.
+    one the monitor's records carry the epsilons to check: ``monitor(engine, optimizer,
+    extra)`` attaches one (a :class:`~opacus_lastiterate.callbacks.PrivacyMonitor`; this
+    layer does not import callbacks) and returns it with the list its sink fills.
     ``prepare(engine, optimizer)`` runs after ``make_private`` (to configure a ``"feasgm"``
     or ``"asgm"`` accountant, or call ``use_public_divisor``); what it returns is passed to
     the monitor as extra keyword arguments (e.g. ``corrected_accountant``).
@@ -222,13 +235,8 @@ def probe_mode(
     extra = prepare(engine, dp_opt) if prepare is not None else None
     records: list[Any] = []
     mon = None
-    if monitor:
-        from opacus_lastiterate.callbacks import PrivacyMonitor
-
-        mon = PrivacyMonitor(
-            engine, delta=delta, sinks=[records.append], optimizer=dp_opt, robust_every=1,
-            standard_every=1, weighted_every=None, flush_every=None, **(extra or {}),
-        )
+    if monitor is not None:
+        mon, records = monitor(engine, dp_opt, extra or {})
     obs = ModeObservation(
         mode=mode, model=model, opacus=_version(), physical_steps=0, logical_steps=0,
         history=[], expected_batch_size=float(dp_opt.expected_batch_size),
