@@ -20,7 +20,6 @@ Data: N = 58, L = 12, so len(DPDataLoader) = ceil(58 / 12) = 5, q = 0.2 and int(
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 
@@ -34,8 +33,9 @@ from opacus_lastiterate.auditing.opacus_releases.modes import (
     MODE_SINCE,
     probe_mode,
 )
+from tests.auditing.opacus_releases._independent import check_records, monitor_factory
 
-N, L, DELTA, SIGMA = 58, 12, 1e-5, 1.0
+N, L, SIGMA = 58, 12, 1.0
 Q, EBS = 1 / 5, 11.0
 REL = installed_release()
 SLOW = pytest.mark.slow
@@ -50,66 +50,6 @@ def _quiet():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
-
-
-# -- independent epsilons ----------------------------------------------------------------
-
-
-@functools.cache
-def _heuristic(t: int, q: float, sigma: float) -> float:
-    from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
-
-    return float(heuristic_epsilon(DELTA, steps=t, sample_rate=q, noise_multiplier=sigma))
-
-
-@functools.cache
-def _pld(t: int, q: float, sigma: float) -> float:
-    from dp_accounting import dp_event
-    from dp_accounting.pld import pld_privacy_accountant
-
-    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
-    acc.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), t)
-    return float(acc.get_epsilon(DELTA))
-
-
-@functools.cache
-def _rdp(t: int, q: float, sigma: float) -> float:
-    from opacus.accountants import RDPAccountant
-
-    acc = RDPAccountant()
-    acc.history = [(sigma, q, t)]
-    return float(acc.get_epsilon(DELTA))
-
-
-def _check_records(records: list[dict], q: float, sigma: float, *, corrected: bool) -> None:
-    """Every logged epsilon of every step against the independent computations."""
-    steps = [r["step"] for r in records if not r["final"]]
-    assert steps == list(range(1, len(steps) + 1))  # one record per logical step
-    for r in records:
-        t = r["step"]
-        assert r["noise_multiplier"] == pytest.approx(sigma, rel=1e-12)
-        assert r["sample_rate"] == pytest.approx(q, rel=1e-12)
-        heuristic = _heuristic(t, q, sigma)
-        assert r["heuristic_epsilon"] == pytest.approx(heuristic, rel=1e-6)
-        robust = max(_heuristic(s, q, sigma) for s in range(1, t + 1))
-        assert r["robust_heuristic_epsilon"] == pytest.approx(robust, rel=1e-6)
-        pld = _pld(t, q, sigma)
-        assert r["standard_epsilon"] == pytest.approx(pld, rel=1e-9)
-        assert r["standard_rdp_epsilon"] == pytest.approx(_rdp(t, q, sigma), rel=1e-9)
-        if corrected:
-            assert r["corrected_epsilon"] == pytest.approx(pld, rel=1e-9)
-
-
-def _monitor(engine, optimizer, extra):
-    """Every value at every step, records collected in a list."""
-    from opacus_lastiterate.callbacks import PrivacyMonitor
-
-    records: list = []
-    monitor = PrivacyMonitor(
-        engine, delta=DELTA, sinks=[records.append], optimizer=optimizer, robust_every=1,
-        standard_every=1, weighted_every=None, flush_every=None, **extra,
-    )
-    return monitor, records
 
 
 def _public_feasgm(engine, optimizer):
@@ -188,11 +128,11 @@ def test_mode_logged_epsilons(mode, model, q) -> None:
         pytest.skip(f"{mode} needs Opacus >= {MODE_SINCE[mode]}")
     obs = probe_mode(mode, model=model, noise_multiplier=SIGMA, max_grad_norm=1.0,
                      dataset_size=N, batch_size=L, logical_steps=3, prepare=_public_feasgm,
-                     monitor=_monitor)
+                     monitor=monitor_factory)
     assert obs.history == [(SIGMA, q, 3)]
     assert len([r for r in obs.records if not r["final"]]) == 3  # logical, not physical
     # plain accumulation: FEASGM's verdict models accumulation-free Poisson runs (it warns)
-    _check_records(obs.records, q, SIGMA, corrected=mode != "accumulation")
+    check_records(obs.records, q, SIGMA, corrected=mode != "accumulation")
 
 
 @pytest.mark.parametrize(
@@ -225,10 +165,10 @@ def test_adaclip_accounts_the_theorem_1_noise_multiplier(monitored: bool) -> Non
     sigma_u = ADACLIP_DEFAULTS["unclipped_num_std"]
     sigma_eff = (SIGMA**-2 - (2 * sigma_u) ** -2) ** -0.5
     obs = probe_mode("adaclip", noise_multiplier=SIGMA, max_grad_norm=1.0, dataset_size=N,
-                     batch_size=L, logical_steps=3, monitor=_monitor if monitored else None)
+                     batch_size=L, logical_steps=3, monitor=monitor_factory if monitored else None)
     assert obs.history == [(pytest.approx(SIGMA, rel=1e-12), Q, 3)]
     # 400 noise coordinates per step: the std of the std estimate is sigma_eff / sqrt(800)
     for applied in obs.noise_multipliers_applied:
         assert applied == pytest.approx(sigma_eff, abs=5 * sigma_eff / math.sqrt(800))
     if monitored:
-        _check_records(obs.records, Q, SIGMA, corrected=False)
+        check_records(obs.records, Q, SIGMA, corrected=False)
