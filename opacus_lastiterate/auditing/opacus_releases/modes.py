@@ -180,6 +180,7 @@ def probe_mode(
     prepare: Callable[[Any, Any], dict[str, Any] | None] | None = None,
     adaclip: dict[str, float] | None = None,
     seed: int = 0,
+    device: str = "cpu",
 ) -> ModeObservation:
     """Train ``logical_steps`` noisy steps in ``mode`` (module docstring) and measure them.
 
@@ -191,6 +192,7 @@ def probe_mode(
     or ``"asgm"`` accountant, or call ``use_public_divisor``); what it returns is passed to
     the monitor as extra keyword arguments (e.g. ``corrected_accountant``).
     ``poisson`` defaults to True, except for plain ``"accumulation"`` (Opacus forbids it).
+    ``device``: where the model and the batches live (``"cuda"`` for the GPU check).
     """
     import torch
     from opacus import PrivacyEngine
@@ -207,7 +209,7 @@ def probe_mode(
     torch.manual_seed(seed)
     if mode == "adaclip":
         model = "zero" if noise_multiplier > 0 and model == "mlp" else model
-    module = tiny_model(model)
+    module = tiny_model(model).to(device)
     reference = copy.deepcopy(module)
     x, y = _data(model, dataset_size)
     loader = torch.utils.data.DataLoader(
@@ -251,7 +253,7 @@ def probe_mode(
         obs.logical_steps = steps
         released = _flat_grad(dp_module)
         if measure_noise:
-            noise = released.double() * float(dp_opt.expected_batch_size)
+            noise = released.double().cpu() * float(dp_opt.expected_batch_size)
             obs.noise_multipliers_applied.append(float(noise.std()) / obs.clip_norms[-1])
         elif noise_multiplier == 0:
             d_all, r_all = _fit(_summed_gradient(reference, batches), released)
@@ -264,6 +266,7 @@ def probe_mode(
         batches.clear()
 
     def one_backward(xb: Any, yb: Any) -> None:
+        xb, yb = xb.to(device), yb.to(device)
         batches.append((xb, yb))
         loss = criterion(dp_module(xb), yb)
         loss.backward()

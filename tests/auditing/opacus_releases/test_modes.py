@@ -172,3 +172,18 @@ def test_adaclip_accounts_the_theorem_1_noise_multiplier(monitored: bool) -> Non
         assert applied == pytest.approx(sigma_eff, abs=5 * sigma_eff / math.sqrt(800))
     if monitored:
         check_records(obs.records, Q, SIGMA, corrected=False)
+
+
+@pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="needs CUDA (scripts/gpu_checks.sh)"
+)
+@pytest.mark.parametrize("mode", ["ghost", "ghost_bmm", "ghost_accumulation", "bmm"])
+def test_modes_on_cuda(mode: str) -> None:
+    """The same steps and divisors with the model and the batches on the GPU."""
+    if not _available(mode):
+        pytest.skip(f"{mode} needs Opacus >= {MODE_SINCE[mode]}")
+    obs = probe_mode(mode, model="transformer", dataset_size=N, batch_size=L,
+                     logical_steps=3, device="cuda")
+    assert obs.history == [(0.0, Q, 3)]
+    assert obs.divisors == pytest.approx([EBS] * 3, rel=1e-4)
+    assert obs.released_batches == ["last" if mode == "ghost_accumulation" else "all"] * 3
