@@ -67,6 +67,10 @@ class EpsilonRecord:
     noise_multiplier: float
     sample_rate: float
     final: bool = False
+    physical_steps: int | None = None
+    """``optimizer.step()`` calls up to this step: with virtual steps
+    (``BatchMemoryManager``) several per logical (noisy) step; ``step`` counts logical
+    steps. None in records made before this field existed."""
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a plain dict, in :data:`FIELDS` order."""
@@ -81,12 +85,14 @@ class EpsilonRecord:
         """The record of :meth:`as_dict` (former field names accepted, with a warning).
 
         Raises:
-            ValueError: unless the keys are exactly the fields.
+            ValueError: unless the keys are exactly the fields (``physical_steps`` may be
+                missing: records written before it existed).
         """
         both = [k for k in values if k in RENAMED_FIELDS and RENAMED_FIELDS[k] in values]
         if both:
             raise ValueError(f"a record has both the former and the new name of {both}.")
         fields = {renamed_field(k): v for k, v in values.items()}
+        fields.setdefault("physical_steps", None)  # records written before the field
         if set(fields) != set(FIELDS):
             raise ValueError(f"a record must have the keys {FIELDS}, got {sorted(values)}.")
         return cls(**fields)

@@ -187,3 +187,30 @@ def test_modes_on_cuda(mode: str) -> None:
     assert obs.history == [(0.0, Q, 3)]
     assert obs.divisors == pytest.approx([EBS] * 3, rel=1e-4)
     assert obs.released_batches == ["last" if mode == "ghost_accumulation" else "all"] * 3
+
+
+def _light_monitor(engine, optimizer, extra):
+    from opacus_lastiterate.callbacks import PrivacyMonitor
+
+    records: list = []
+    monitor = PrivacyMonitor(
+        engine, delta=1e-5, sinks=[records.append], optimizer=optimizer, robust_every=None,
+        standard_every=None, weighted_every=None, flush_every=None,
+    )
+    return monitor, records
+
+
+@pytest.mark.parametrize("mode", ["bmm", "ghost_bmm"])
+def test_monitor_logs_logical_steps_with_the_physical_count(mode: str) -> None:
+    """One record per noisy (logical) step; ``physical_steps`` beside it counts the
+    ``optimizer.step()`` calls of BatchMemoryManager's chunks up to that step."""
+    if not _available(mode):
+        pytest.skip(f"{mode} needs Opacus >= {MODE_SINCE[mode]}")
+    obs = probe_mode(mode, noise_multiplier=SIGMA, max_grad_norm=1.0, dataset_size=N,
+                     batch_size=L, logical_steps=3, monitor=_light_monitor)
+    steps = [r for r in obs.records if not r["final"]]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    cumulative = [sum(obs.batches_per_step[: i + 1]) for i in range(3)]
+    assert [r["physical_steps"] for r in steps] == cumulative
+    assert cumulative[-1] == obs.physical_steps > 3
+    assert obs.records[-1]["final"] and obs.records[-1]["physical_steps"] == obs.physical_steps
