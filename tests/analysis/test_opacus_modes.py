@@ -77,3 +77,29 @@ def test_adaclip_rejects_what_opacus_rejects() -> None:
         adaclip_accounting("1.6.0", CONFIG, 0.5)
     with pytest.raises(ValueError, match="unclipped_num_std"):
         adaclip_accounting("1.6.0", CONFIG, -1.0)
+
+
+def test_committed_mode_probes_agree_with_the_table() -> None:
+    """``docs/results/opacus_mode_probes.json`` (real 1.5.4 and 1.6.0 code, N = 58, L = 12:
+    q = 1/5, int(N q) = 11): the divisors and histories by hand, and the adaptive-clipping
+    history as each release's row says (sigma_eff before 1.6.0, sigma from 1.6.0)."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "results" / "opacus_mode_probes.json"
+    data = json.loads(path.read_text())
+    assert "/work" not in data["command"] and "/home" not in data["command"]
+    sigma_eff = (1.0 - 1 / 16) ** -0.5  # sigma = 1, sigma_u = 2
+    for rec in data["records"]:
+        rel = release(rec["opacus"])
+        assert not rec["failed"]
+        modes = rec["modes"]
+        for mode in ("hooks", "ghost", "ghost_bmm", "ghost_accumulation", "bmm"):
+            assert modes[mode]["history"] == [[0.0, 0.2, 3]]
+            assert modes[mode]["divisors"] == pytest.approx([11.0] * 3, rel=1e-5)
+        assert modes["ghost_accumulation"]["released_batches"] == ["last"] * 3
+        assert modes["accumulation"]["history"] == [[0.0, 0.4, 3]]
+        assert modes["accumulation"]["divisors"] == pytest.approx([22.0] * 3, rel=1e-5)
+        recorded = modes["adaclip"]["history"][0][0]
+        expected = 1.0 if "PR #807)" in rel.adaptive_clipping and "fixed" not in rel.adaptive_clipping else sigma_eff
+        assert recorded == pytest.approx(expected, rel=1e-12)

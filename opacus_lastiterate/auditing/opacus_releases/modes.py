@@ -197,7 +197,8 @@ def probe_mode(
     import torch
     from opacus import PrivacyEngine
 
-    import opacus_lastiterate.accountants  # noqa: F401  (registers the accountants)
+    if accountant not in ("rdp", "prv", "gdp"):  # this package's: registered on import
+        import opacus_lastiterate.accountants  # noqa: F401
 
     if mode not in MODES:
         raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
@@ -282,26 +283,29 @@ def probe_mode(
             yield from dp_loader
 
     source = batches_forever()
-    if bmm:
-        from opacus.utils.batch_memory_manager import BatchMemoryManager
+    with warnings.catch_warnings():
+        # noise 0 measures divisors: the accountants' zero-noise warning is expected
+        warnings.filterwarnings("ignore", message=".*noise_multiplier=0.*")
+        if bmm:
+            from opacus.utils.batch_memory_manager import BatchMemoryManager
 
-        while obs.logical_steps < logical_steps:
-            with BatchMemoryManager(
-                data_loader=dp_loader, max_physical_batch_size=physical_batch_size,
-                optimizer=dp_opt,
-            ) as memory_loader:
-                for xb, yb in memory_loader:
-                    dp_opt.zero_grad()
-                    one_backward(xb, yb)
-                    step()
-                    if obs.logical_steps >= logical_steps and not batches:
-                        break
-    else:
-        while obs.logical_steps < logical_steps:
-            dp_opt.zero_grad()
-            for _ in range(k):
-                one_backward(*next(source))
-            step()
+            while obs.logical_steps < logical_steps:
+                with BatchMemoryManager(
+                    data_loader=dp_loader, max_physical_batch_size=physical_batch_size,
+                    optimizer=dp_opt,
+                ) as memory_loader:
+                    for xb, yb in memory_loader:
+                        dp_opt.zero_grad()
+                        one_backward(xb, yb)
+                        step()
+                        if obs.logical_steps >= logical_steps and not batches:
+                            break
+        else:
+            while obs.logical_steps < logical_steps:
+                dp_opt.zero_grad()
+                for _ in range(k):
+                    one_backward(*next(source))
+                step()
     if mon is not None:
         mon.finish()
     obs.history = [(float(s), float(q), int(n)) for s, q, n in engine.accountant.history]
@@ -331,3 +335,47 @@ def summary(obs: ModeObservation) -> dict[str, Any]:
     out.pop("records")
     out["divisors"] = [float(np.round(d, 6)) for d in obs.divisors]
     return out
+
+
+def probe_release(seed: int = 0) -> dict[str, Any]:
+    """Every mode the installed release has (:data:`MODE_SINCE`), with Opacus's own
+    ``"rdp"`` accountant (so this file runs by path where only torch, numpy and opacus are
+    installed, as ``scripts/probe_opacus_versions.py`` runs it): the divisor probes of
+    ``"mlp"`` (noise off) and the adaptive-clipping noise probe (sigma = 1, sigma_u = 2)."""
+    version = _version()
+    key = tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in version.split("+")[0].split(".")[:3])
+    key = key + (0,) * (3 - len(key))
+    out: dict[str, Any] = {"opacus": version, "modes": {}, "failed": {}}
+    for mode in MODES:
+        if key < MODE_SINCE[mode]:
+            continue
+        try:
+            if mode == "adaclip":
+                obs = probe_mode(mode, accountant="rdp", noise_multiplier=1.0, max_grad_norm=1.0,
+                                 dataset_size=58, logical_steps=2, seed=seed)
+            else:
+                obs = probe_mode(mode, accountant="rdp", dataset_size=58, logical_steps=3, seed=seed)
+            out["modes"][mode] = summary(obs)
+        except Exception as exc:  # a release without the mode's API: record why
+            out["failed"][mode] = f"{type(exc).__name__}: {exc}"[:300]
+    return out
+
+
+def _main(argv: list[str] | None = None) -> None:
+    import argparse
+    import json
+    import sys
+
+    parser = argparse.ArgumentParser(description=probe_release.__doc__)
+    parser.add_argument("--out", help="write the JSON here (default: stdout)")
+    args = parser.parse_args(argv)
+    text = json.dumps(probe_release(), indent=1, allow_nan=False)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    else:
+        sys.stdout.write(text + "\n")
+
+
+if __name__ == "__main__":
+    _main()
