@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU: the callbacks' tests with their CUDA variants (adapters,
-# in-training audit, no host synchronisation per step, autocast), the examples that train on
-# the GPU, and the monitor's overhead benchmark on CUDA.
+# in-training audit, no host synchronisation per step, autocast), Opacus's training modes on
+# CUDA (ghost clipping, virtual steps), the examples that train on the GPU, and the monitor's
+# overhead benchmark on CUDA.
 #
 #   scripts/gpu_checks.sh [OUT_DIR]        # logs in OUT_DIR (default: gpu-checks/)
 #
@@ -52,6 +53,14 @@ EOF
 step tests "$PY" -m pytest -p no:cacheprovider -q -n 8 -rA tests/callbacks
 grep -E "PASSED|FAILED|ERROR|SKIPPED" "$OUT/tests.log" | grep -i cuda || {
     echo "== no CUDA test ran"
+    status=1
+}
+# Opacus's training modes on the GPU (ghost clipping, virtual steps, accumulation): steps and
+# divisors. DDP/FSDP need one GPU per rank with NCCL; on one GPU they are checked on CPU/gloo
+# (tests/auditing/opacus_releases/test_distributed_modes.py, -m slow).
+step training_modes "$PY" -m pytest -p no:cacheprovider -q -rA tests/auditing/opacus_releases/test_modes.py -k cuda
+grep -E "PASSED" "$OUT/training_modes.log" | grep -q cuda || {
+    echo "== no CUDA training-mode test ran"
     status=1
 }
 step train_digits "$PY" examples/train_digits.py --quick --device cuda --canaries 200

@@ -51,6 +51,7 @@ from opacus_lastiterate.auditing.opacus_releases.agreement import check_probe  #
 from opacus_lastiterate.auditing.opacus_releases.real_code_audit import summarise_audit  # noqa: E402
 
 PROBE = ROOT / "opacus_lastiterate" / "auditing" / "opacus_releases" / "probe.py"
+MODES = ROOT / "opacus_lastiterate" / "auditing" / "opacus_releases" / "modes.py"
 DEFAULT_ENVS = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "opacus-lastiterate" / "opacus-versions"
 NATIVE_TORCH = ["torch==1.7.1", "torchcsprng==0.1.4", "numpy<1.25", "scipy<1.11"]
 # The audits (docs/opacus_versions.md, "Empirical audit of real Opacus code").
@@ -103,10 +104,26 @@ def release_dir(envs: Path, py: Path, version: str, tag: str) -> tuple[Path | No
     return target, ""
 
 
-def in_release(py: Path, target: Path, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+def in_release(
+    py: Path, target: Path, args: list[str], timeout: float, script: Path = PROBE
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(target), PYTHONNOUSERSITE="1")
     with tempfile.TemporaryDirectory() as cwd:  # nothing from the repository on sys.path
-        return run([str(py), str(PROBE), *args], env=env, cwd=cwd, timeout=timeout)
+        return run([str(py), str(script), *args], env=env, cwd=cwd, timeout=timeout)
+
+
+def probe_modes(py: Path, target: Path) -> tuple[dict[str, Any] | None, str]:
+    """The training modes (ghost clipping, virtual steps, accumulation, adaptive clipping)
+    of a 1.x release: modes.py run by path (docs/opacus_versions.md, Training modes)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "modes.json"
+        try:
+            res = in_release(py, target, ["--out", str(out)], timeout=900, script=MODES)
+        except subprocess.TimeoutExpired:
+            return None, "mode probe timed out after 900 s"
+        if res.returncode or not out.exists():
+            return None, f"mode probe failed: {tail(res.stderr)}"
+        return json.loads(out.read_text()), ""
 
 
 def probe(py: Path, target: Path, version: str) -> tuple[dict[str, Any] | None, str]:
@@ -239,6 +256,7 @@ def main() -> int:
         old = [r for r in releases_between(args.versions) if r.key < (1, 0, 0)]
         tracks.append(("native", args.native_python, NATIVE_TORCH, "py38-torch1.7.1", old))
     records: list[dict[str, Any]] = []
+    mode_records: list[dict[str, Any]] = []
     failures: list[dict[str, str]] = []
     targets: dict[tuple[str, str], tuple[Path, Path]] = {}
     disagreements = 0
@@ -263,6 +281,9 @@ def main() -> int:
                 continue
             record["track"] = track
             records.append(record)
+            if track == "current" and rel.family == "1.x":
+                modes, why = probe_modes(py, target)
+                mode_records.append(modes if modes is not None else {"opacus": rel.version, "failed": why})
             targets[(track, rel.version)] = (py, target)  # type: ignore[assignment]
             report = check_probe(record)
             disagreements += not report.agrees
@@ -276,6 +297,12 @@ def main() -> int:
     }, indent=1, allow_nan=False) + "\n")
     log(f"wrote {args.out / 'opacus_probes.json'}: {len(records)} records, {len(failures)} could not run, "
         f"{disagreements} disagree with the model")
+    if mode_records:
+        (args.out / "opacus_mode_probes.json").write_text(json.dumps({
+            "command": command,
+            "what": "training modes of each 1.x release (docs/opacus_versions.md, Training modes)",
+            "records": mode_records,
+        }, indent=1, allow_nan=False) + "\n")
     bad_audits = 0
     if not args.no_audit:
         audits = []

@@ -53,7 +53,13 @@ RENAMED_VALUES: dict[str, str] = {
 }
 """Old string value -> new, applied to the recorded outputs before comparing."""
 
-ADDED_KEYS: set[str] = set()
+ADDED_KEYS: set[str] = {
+    # the monitor's records carry the physical step count beside the logical step (issue 25)
+    "monitor_*::physical_steps",
+    # ... and the sampling scheme with the Poisson-assumed value beside (issue 22)
+    "monitor_*::sampling",
+    "monitor_*::poisson_assumed_epsilon",
+}
 """Keys (``"key"`` or ``"ENTRY::key"``) that the new outputs may have in addition; every
 recorded key is still compared."""
 

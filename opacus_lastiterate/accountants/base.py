@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 from opacus.accountants import IAccountant
 
 from opacus_lastiterate._warn import warn
+from opacus_lastiterate.accountants.adaptive_clipping import accounting_noise_multiplier
 from opacus_lastiterate.analysis._validation import (
     check_in_interval,
     check_int,
@@ -381,7 +382,9 @@ class RunAccountant(IAccountant):
         q = check_sample_rate(sample_rate)
 
         def hook_fn(optim: Any) -> None:
-            sigma = check_step_noise(optim.noise_multiplier, "optimizer.noise_multiplier")
+            sigma = check_step_noise(
+                accounting_noise_multiplier(optim), "optimizer.noise_multiplier"
+            )
             rate = check_sample_rate(
                 q * optim.accumulated_iterations, "sample_rate * accumulated_iterations"
             )

@@ -43,6 +43,12 @@ class OpacusRelease:
         crashes_on_empty: an empty Poisson batch ends the run with an exception.
         sum_reduction_bug: ``loss_reduction="sum"`` is mis-normalised (text), or "".
         source: file:line citations (privacy_engine.py unless named).
+        adaptive_clipping: what ``AdaClipDPOptimizer`` hands the accountant (text), or ""
+            when the release has no adaptive clipping (before 1.1.3).
+        ghost_clipping: the ghost (fast gradient) clipping path's divisor and steps
+            (text), or "" before 1.5.
+        distributed: DDP/FSDP: the divisor each rank uses and the global one (text), or ""
+            where not modelled (0.x).
     """
 
     version: str
@@ -54,6 +60,9 @@ class OpacusRelease:
     crashes_on_empty: bool
     source: str
     sum_reduction_bug: str = ""
+    adaptive_clipping: str = ""
+    ghost_clipping: str = ""
+    distributed: str = ""
 
     @property
     def key(self) -> tuple[int, ...]:
@@ -90,15 +99,72 @@ def _a(version: str, q: int, noise: int, clip: int, check: int, conv: int, bug: 
     )
 
 
+_ADACLIP_ADJUSTED = (
+    "AdaClipDPOptimizer adds sigma_eff = (sigma^-2 - (2 sigma_u)^-2)^(-1/2) to the gradients "
+    "and overwrites optimizer.noise_multiplier with it (optimizers/adaclipoptimizer.py "
+    "__init__), so the accountant records sigma_eff > sigma: the printed epsilon is too "
+    "small (Theorem 1 of Andrew et al. accounts sigma); fixed in 1.6.0 (PR #807)"
+)
+_ADACLIP_FIXED = (
+    "AdaClipDPOptimizer adds sigma_eff to the gradients inside add_noise and keeps the "
+    "user's sigma in optimizer.noise_multiplier: the accountant records sigma (PR #807)"
+)
+_GHOST = (
+    "DPOptimizerFastGradientClipping: divisor expected_batch_size (accumulated_iterations "
+    "is fixed to 1); BatchMemoryManager: one noisy step per logical batch"
+)
+_GHOST_ZERO = (
+    "; k backward passes before one step (Opacus #683): each DPTensorFastGradientClipping."
+    "backward calls optimizer.zero_grad() between its passes, so only the last micro-batch "
+    "is released, (S_last + Z) / expected_batch_size, at the recorded q (measured on 1.5.4 "
+    "and 1.6.0)"
+)
+_DDP_BUG = (
+    "DDP: each rank divides by expected_batch_size = int(N q) and the all-reduce averages "
+    "over W ranks: global divisor W * int(N q) (1.0.2 divides by W)"
+)
+_DDP_OK = (
+    "DDP: each rank divides by expected_batch_size = int(N q) / W (a float), noise on rank "
+    "0 only, all-reduce mean: global divisor int(N q); every rank's accountant records the "
+    "same (sigma, q)"
+)
+_FSDP = (
+    "; FSDP (grad_sample_mode='ghost_fsdp', FSDPOptimizerFastGradientClipping): per rank "
+    "int(N q) / W, noise / W on each rank's shard, reduce-scatter mean: global divisor "
+    "int(N q) (measured, 2 ranks, gloo)"
+)
+
+
+_GHOST_ALIAS = (
+    "; with BatchMemoryManager, accumulate() adds p.grad to summed_grad by reference "
+    "(optimizers/optimizer_fast_gradient_clipping.py; copied from 1.5.3, PR #707): not "
+    "measured here"
+)
+
+
+def _modes(version: str) -> tuple[str, str, str]:
+    key = _version_key(version)
+    ada = "" if key < (1, 1, 3) else (_ADACLIP_FIXED if key >= (1, 6, 0) else _ADACLIP_ADJUSTED)
+    ghost = "" if key < (1, 5, 0) else _GHOST + (_GHOST_ZERO if key >= (1, 5, 2) else "")
+    if (1, 5, 0) <= key < (1, 5, 3):
+        ghost += _GHOST_ALIAS
+    ddp = _DDP_BUG if key < (1, 0, 2) else _DDP_OK + (_FSDP if key >= (1, 6, 0) else "")
+    return ada, ghost, ddp
+
+
 def _d(version: str, q: int, ebs: int, scale: int, acc: int, empty: int | None, accountant: Accounting) -> OpacusRelease:
     empty_text = (
         f"{_D_OK} (optimizers/optimizer.py:{empty})" if empty is not None else _D_CRASH
     )
+    ada, ghost, ddp = _modes(version)
     return OpacusRelease(
         version, "1.x", "FEASGM", True, accountant, empty_text, empty is None,
         f"sample_rate = 1 / len(data_loader) :{q}; expected_batch_size = int(len(dataset) * "
         f"sample_rate) :{ebs}; optimizers/optimizer.py:{scale} p.grad /= expected_batch_size "
         f"* accumulated_iterations; PrivacyEngine(accountant=...) default :{acc}",
+        adaptive_clipping=ada,
+        ghost_clipping=ghost,
+        distributed=ddp,
     )
 
 

@@ -51,16 +51,19 @@ from opacus_lastiterate.analysis.opacus_releases import (
 
 __all__ = [
     "OPACUS_RELEASES",
+    "AccountingPlan",
     "ExampleWeighting",
     "OpacusRelease",
     "VersionComparison",
     "VersionConfig",
+    "accounting_plan",
     "compare_versions",
     "corrected_epsilon",
     "divisor",
     "example_weighting",
     "installed_release",
     "installed_version",
+    "prv_variant",
     "release",
     "releases_between",
     "reported_epsilon",
@@ -125,8 +128,9 @@ def _loader_length(n: int, b: int, drop_last: bool) -> int:
 
 
 @dataclass(frozen=True)
-class _Plan:
-    """How one version runs a configuration: accountant's q and steps, sampler's q."""
+class AccountingPlan:
+    """How one version runs a configuration: the accountant's q and steps, the sampler's q
+    (None: fixed-size shuffled batches), the divisor (None: the realised |B|)."""
 
     poisson: bool  # records are really Poisson-sampled
     accountant_rate: float
@@ -136,7 +140,7 @@ class _Plan:
     divisor_text: str
 
 
-def _plan(rel: OpacusRelease, cfg: VersionConfig) -> _Plan:
+def _plan(rel: OpacusRelease, cfg: VersionConfig) -> AccountingPlan:
     n, b = cfg.dataset_size, cfg.batch_size
     k = _loader_length(n, b, cfg.drop_last)
     if rel.family == "1.x":
@@ -154,15 +158,20 @@ def _plan(rel: OpacusRelease, cfg: VersionConfig) -> _Plan:
             per_epoch, q_s, c = k, None, int(n * q_a)
         steps = cfg.steps if cfg.steps is not None else per_epoch * int(cfg.epochs or 1)
         if cfg.loss_reduction == "sum":
-            return _Plan(cfg.poisson, q_a, q_s, steps, 1.0, "1 (loss_reduction='sum')")
-        return _Plan(cfg.poisson, q_a, q_s, steps, float(c), f"int(N * q) = {c}")
+            return AccountingPlan(cfg.poisson, q_a, q_s, steps, 1.0, "1 (loss_reduction='sum')")
+        return AccountingPlan(cfg.poisson, q_a, q_s, steps, float(c), f"int(N * q) = {c}")
     q = b / n  # batch_size / sample_size
     poisson = cfg.poisson and rel.poisson_sampler
     per_epoch = int(1 / q) if poisson else k  # UniformWithReplacementSampler.__len__ / loader
     steps = cfg.steps if cfg.steps is not None else per_epoch * int(cfg.epochs or 1)
     if cfg.loss_reduction == "sum":
-        return _Plan(poisson, q, q if poisson else None, steps, 1.0, "1 (loss_reduction='sum')")
-    return _Plan(poisson, q, q if poisson else None, steps, None, "|B| (realised batch size)")
+        return AccountingPlan(poisson, q, q if poisson else None, steps, 1.0, "1 (loss_reduction='sum')")
+    return AccountingPlan(poisson, q, q if poisson else None, steps, None, "|B| (realised batch size)")
+
+
+def accounting_plan(rel: OpacusRelease | str, config: VersionConfig) -> AccountingPlan:
+    """How release ``rel`` runs ``config`` (:class:`AccountingPlan`)."""
+    return _plan(release(rel) if isinstance(rel, str) else rel, config)
 
 
 def divisor(
@@ -259,22 +268,37 @@ def _pld_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
     return float(standard_epsilon(delta, steps=steps, sample_rate=q, noise_multiplier=sigma))
 
 
+@lru_cache(maxsize=256)
+def _prv_epsilon(q: float, sigma: float, steps: int, delta: float, variant: str) -> float:
+    from opacus_lastiterate.analysis.opacus_prv import opacus_prv_epsilon
+
+    return opacus_prv_epsilon([(sigma, q, steps)], delta, variant=variant)  # type: ignore[arg-type]
+
+
+def prv_variant(rel: OpacusRelease) -> str:
+    """Which PRV arithmetic release ``rel`` runs (:data:`~opacus_lastiterate.analysis.
+    opacus_prv.PRV_VARIANTS`): ``"1.3"`` for 1.3.0-1.4.0, ``"1.4.1"`` from 1.4.1."""
+    return "1.3" if rel.key < (1, 4, 1) else "1.4.1"
+
+
 ACCOUNTANT_LABELS = {
     "rdp-classic": "RDP, Opacus's DEFAULT_ALPHAS, classic conversion rdp - log(delta)/(a-1)",
     "rdp-improved": "RDP, Opacus's DEFAULT_ALPHAS, improved conversion (Balle et al. 2020)",
-    "prv": "PRV (Opacus default from 1.3.0); computed here with the PLD accountant, "
-    "which agrees with Opacus's PRVAccountant within its eps_error = 0.01",
+    "prv": "PRV (Opacus default from 1.3.0): Opacus's PRVAccountant arithmetic re-run "
+    "(analysis.opacus_prv; the upper end of its eps_error = 0.01 interval, as it prints)",
 }
 
 
 def reported_epsilon(rel: OpacusRelease | str, config: VersionConfig) -> float:
     """The epsilon version ``rel`` itself prints for ``config`` with its default accountant
-    (its own q and step count; RDP reproduced bit-for-bit, PRV via the PLD accountant)."""
+    (its own q and step count; RDP reproduced bit-for-bit, PRV by Opacus's own PRV arithmetic,
+    :func:`~opacus_lastiterate.analysis.opacus_prv.opacus_prv_epsilon`, within 1e-6 of
+    Opacus 1.6's ``PRVAccountant``)."""
     r = release(rel) if isinstance(rel, str) else rel
     p = _plan(r, config)
     sigma, delta = float(config.noise_multiplier), float(config.delta)
     if r.default_accountant == "prv":
-        return _pld_epsilon(p.accountant_rate, sigma, p.steps, delta)
+        return _prv_epsilon(p.accountant_rate, sigma, p.steps, delta, prv_variant(r))
     return _rdp_epsilon(p.accountant_rate, sigma, p.steps, delta, r.default_accountant == "rdp-improved")
 
 
@@ -421,7 +445,7 @@ SHUFFLE_NOTE = (
 )
 
 
-def _warnings(rel: OpacusRelease, cfg: VersionConfig, p: _Plan) -> list[str]:
+def _warnings(rel: OpacusRelease, cfg: VersionConfig, p: AccountingPlan) -> list[str]:
     out: list[str] = []
     n, b = cfg.dataset_size, cfg.batch_size
     if not p.poisson:
@@ -502,3 +526,4 @@ def compare_versions(
             )
         )
     return rows
+

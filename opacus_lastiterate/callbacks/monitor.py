@@ -44,6 +44,7 @@ rank-dependent: by default they are called on rank 0 only (``sink_rank``).
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -235,6 +236,10 @@ class PrivacyMonitor:
         self.audit = audit
         self.audit_result: Any = None
         self.records_emitted = 0
+        self.physical_steps = 0
+        """``optimizer.step()`` calls seen while attached (virtual steps included)."""
+        self._physical_at: dict[int, int] = {}  # logical step -> physical steps then
+        self._own_pre_step: Any = None  # the optimizer's own instance pre_step, if any
         self.last_record: EpsilonRecord | None = None
         """The last record sent to the sinks (records are sent when they are flushed)."""
         self.should_stop = False
@@ -392,6 +397,16 @@ class PrivacyMonitor:
             return self._on_update(inner_step, *args, **kwargs)
 
         inner.step = step  # instance attribute: DPOptimizer.step calls original_optimizer.step()
+        self._own_pre_step = optimizer.__dict__.get("pre_step")
+        pre_step = optimizer.pre_step
+
+        def counted_pre_step(*args: Any, **kwargs: Any) -> Any:  # every physical step
+            self.physical_steps += 1
+            return pre_step(*args, **kwargs)
+
+        # DPOptimizer.step calls self.pre_step() once per optimizer.step() call, skipped
+        # (virtual) steps included; step itself is left alone (LR schedulers wrap it)
+        optimizer.pre_step = counted_pre_step  # type: ignore[method-assign]
         _ATTACHED[optimizer] = self
         self._optimizer = optimizer
         self._was_attached = True
@@ -423,6 +438,10 @@ class PrivacyMonitor:
         self.flush()
         opt.step_hook = self._inner_hook
         opt.original_optimizer.__dict__.pop("step", None)
+        if self._own_pre_step is not None:
+            opt.pre_step = self._own_pre_step
+        else:
+            opt.__dict__.pop("pre_step", None)
         _ATTACHED.pop(opt, None)
         self._optimizer = None
 
@@ -448,6 +467,7 @@ class PrivacyMonitor:
             acc.last_settings if self._heuristic else None,
         )
         self._queue.append(entry)
+        self._physical_at[entry[0]] = self.physical_steps
         if self._guard is not None:
             self._check_budget(entry)
 
@@ -501,7 +521,12 @@ class PrivacyMonitor:
         self._evaluator.evaluate(queue, out=self._ready)
         self._ready.extend(self._evaluator.drain())
 
-    def _emit(self, record: EpsilonRecord) -> None:
+    def _emit(self, record: EpsilonRecord) -> EpsilonRecord:
+        physical = self._physical_at.get(record.step)
+        if physical is not None:
+            record = dataclasses.replace(record, physical_steps=physical)
+            for old in [s for s in self._physical_at if s < record.step]:
+                del self._physical_at[old]
         self.last_record = record
         self.records_emitted += 1
         if self.calls_sinks:
@@ -509,6 +534,7 @@ class PrivacyMonitor:
                 sink(record)
         if self.audit is not None:
             self.audit.on_step(record)
+        return record
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until the evaluation process (``evaluation="process"``) has started; True
@@ -567,8 +593,7 @@ class PrivacyMonitor:
             )
         record = None
         if evaluator.evaluated:
-            record = evaluator.final_record()
-            self._emit(record)
+            record = self._emit(evaluator.final_record())
         evaluator.close()
         if self.audit is not None:
             self.audit_result = self.audit.finish()
@@ -607,6 +632,7 @@ class PrivacyMonitor:
             "should_stop": self.should_stop,
             "stop_reason": self.stop_reason,
             "records_emitted": self.records_emitted,
+            "physical_steps": self.physical_steps,
             "last_record": None if self.last_record is None else self.last_record.as_dict(),
         }
 
@@ -655,6 +681,8 @@ class PrivacyMonitor:
         self.should_stop = bool(state.get("should_stop", False))
         self.stop_reason = state.get("stop_reason")
         self.records_emitted = int(state.get("records_emitted", 0))
+        self.physical_steps = int(state.get("physical_steps", 0))
+        self._physical_at = {}
         self.last_record = last_record
         self._sync(rdp)
         self._overhead.restart()

@@ -89,6 +89,10 @@ class EpsilonRecord:
     noise_multiplier: float
     sample_rate: float
     final: bool = False
+    physical_steps: int | None = None
+    """``optimizer.step()`` calls up to this step: with virtual steps
+    (``BatchMemoryManager``) several per logical (noisy) step; ``step`` counts logical
+    steps. None in records made before this field existed."""
     sampling: str = "poisson"
     poisson_assumed_epsilon: float | None = None
 
@@ -111,12 +115,16 @@ class EpsilonRecord:
         """The record of :meth:`as_dict` (former field names accepted, with a warning).
 
         Raises:
-            ValueError: unless the keys are exactly the fields.
+            ValueError: unless the keys are exactly the fields (``physical_steps``,
+                ``sampling`` and ``poisson_assumed_epsilon`` may be missing: records written
+                before they existed; Poisson sampling then).
         """
         both = [k for k in values if k in RENAMED_FIELDS and RENAMED_FIELDS[k] in values]
         if both:
             raise ValueError(f"a record has both the former and the new name of {both}.")
         fields = {renamed_field(k): v for k, v in values.items()}
+        for name, default in _ADDED_DEFAULTS.items():  # records written before the field
+            fields.setdefault(name, default)
         if set(fields) != set(FIELDS):
             raise ValueError(f"a record must have the keys {FIELDS}, got {sorted(values)}.")
         return cls(**fields)
@@ -126,6 +134,13 @@ class EpsilonRecord:
         if name in RENAMED_FIELDS:
             return getattr(self, renamed_field(name))
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+_ADDED_DEFAULTS: dict[str, Any] = {
+    "physical_steps": None,
+    "sampling": "poisson",
+    "poisson_assumed_epsilon": None,
+}
 
 
 def sampling_field(scheme: object) -> str:
@@ -145,7 +160,9 @@ def labels_for(sampling: str) -> dict[str, str]:
     for Poisson runs and the bound without amplification otherwise (:data:`SAMPLING_LABELS`);
     an unknown sampler's labels say which scheme they assume."""
     out = dict(LABELS)
-    if sampling != "poisson" and not sampling.endswith("(assumes poisson)"):
+    if sampling == "poisson" or sampling.endswith("(assumes poisson)"):
+        del out["poisson_assumed_epsilon"]  # the standard fields are Poisson's already
+    else:
         out.update(SAMPLING_LABELS)
     if sampling != "poisson":
         out = {k: f"{v} [batches: {sampling}]" for k, v in out.items()}

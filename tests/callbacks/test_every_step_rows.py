@@ -39,7 +39,8 @@ def test_file_sinks_replace_the_last_row_by_the_final_record(tmp_path, flush_eve
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[-1] == final.as_dict()
     table = list(csv.reader((tmp_path / "r.csv").read_text().splitlines()))
-    assert [r[0] for r in table[1:]] == ["1", "2", "3"] and table[-1][-1] == "True"
+    final_column = table[0].index("final")
+    assert [r[0] for r in table[1:]] == ["1", "2", "3"] and table[-1][final_column] == "True"
 
 
 def test_a_final_record_of_a_new_step_is_a_row_of_its_own(tmp_path) -> None:

@@ -17,7 +17,8 @@ with b the realised batch size, (a, w) of
   when either tail probability is below 1e-6;
 * the epsilon the release printed equals the model's
   :func:`~opacus_lastiterate.analysis.opacus_versions.reported_epsilon` (RDP: relative 1e-5;
-  PRV: absolute 0.02, the PLD accountant against Opacus's PRV with its eps_error 0.01), and
+  PRV: absolute 1e-6, the release's own PRV arithmetic re-run by
+  :mod:`~opacus_lastiterate.analysis.opacus_prv`), and
   the sample rate its accountant recorded equals the model's, exactly;
 * empty batches: a crash where the model says the release crashes (every such step an
   exception, nothing else raising), draws dropped by the 0.14/0.15 sampler, noise-only steps
@@ -36,7 +37,7 @@ __all__ = ["ProbeCheck", "ProbeReport", "check_probe", "check_probes"]
 _REL_DIVISOR = 1e-5
 _CHI2_LEVEL = 1e-6
 _RDP_REL = 1e-5
-_PRV_ABS = 0.02
+_PRV_ABS = 1e-6
 
 
 @dataclass(frozen=True)

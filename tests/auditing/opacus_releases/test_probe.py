@@ -116,7 +116,7 @@ def test_real_opacus_leaks_beyond_its_reported_epsilon() -> None:
     assert rel is not None
     # what Opacus prints is its own accountant, which the version model reproduces
     model = reported_epsilon(rel, VersionConfig(100, 10, 2.0, 1e-5, epochs=None, steps=steps))
-    tolerance = 0.02 if rel.default_accountant == "prv" else 1e-6 * model
+    tolerance = 1e-6 if rel.default_accountant == "prv" else 1e-6 * model  # its own arithmetic
     assert audit.eps_reported == pytest.approx(model, abs=tolerance)
     assert audit.eps_audit.kind == "bound" and audit.eps_audit.confidence == 0.95
     assert audit.eps_audit.epsilon > audit.eps_reported  # the leak, measured on real code
