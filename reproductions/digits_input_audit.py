@@ -54,6 +54,9 @@ from opacus_lastiterate.auditing import (
     run_input_audit,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from portable_paths import portable_command, portable_path
+
 DEFAULT_OUT = Path(__file__).resolve().parent / "output" / "digits_input_audit"
 CANARIES = ("in-distribution", "mislabelled", "blank", "clip-backdoor")
 VARIANTS = ("full-batch", "minibatch")
@@ -349,8 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - t0
     print(f"elapsed {elapsed:.0f} s")
     args.out.mkdir(parents=True, exist_ok=True)
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    result = {"command": "python reproductions/digits_input_audit.py " + " ".join(sys.argv[1:]),
+    # committed result files name no folder of this machine (scripts/portable_paths.py)
+    config = {k: (portable_path(v, k) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    result = {"command": portable_command("reproductions/digits_input_audit.py", sys.argv[1:]),
               "config": config, "primary_crafted_sample": PRIMARY, "elapsed_seconds": elapsed,
               "torch": torch.__version__, "cells": cells, "comparison": lines}
     json_path = args.out / "digits_input_audit.json"
