@@ -26,7 +26,8 @@ PYTEST_ARGS ?=
 venv:
 	PYTHON=$(PYTHON) scripts/bootstrap.sh $(VENV) dev
 
-demo: venv
+demo:  # the package and scikit-learn only (extra `examples`), not the development tools
+	PYTHON=$(PYTHON) scripts/bootstrap.sh $(VENV) examples
 	$(PY) examples/train_digits.py --canaries 1000 --robust-every 1
 
 test: venv
