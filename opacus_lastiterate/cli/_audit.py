@@ -56,7 +56,11 @@ def _strategy(name: str, seed: int) -> Any:
     }[name]()
 
 
-def _plot_scores(records: Any, result: Any, path: Path, title: str) -> None:
+QUICK_NOTE = "quick mode: too few runs for a useful bound"
+"""Said under the result of ``audit digits --quick`` and drawn on its plot."""
+
+
+def _plot_scores(records: Any, result: Any, path: Path, title: str, note: str = "") -> None:
     from opacus_lastiterate.figures._plotting import pyplot, save
 
     plt = pyplot()
@@ -69,7 +73,13 @@ def _plot_scores(records: Any, result: Any, path: Path, title: str) -> None:
     ax.set_xlabel("score (higher = the canary was in)")
     ax.set_ylabel("number of runs")
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    if note:
+        ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center",
+                fontsize=11, color="#b00000", bbox={"facecolor": "white", "alpha": 0.85,
+                                                     "edgecolor": "#b00000"})
+    # below the axes: the legend covers no bar
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3,
+              frameon=False)
     save(fig, path)
 
 
@@ -201,7 +211,8 @@ def digits_command(
     heuristic, standard = trainer.heuristic_epsilon(delta), trainer.standard_epsilon(delta)
     if plot is not None:
         target = plot
-        _plot_scores(records, result, target, f"digits, {canary} canary, {runs} runs")
+        _plot_scores(records, result, target, f"digits, {canary} canary, {runs} runs",
+                     note=QUICK_NOTE if quick else "")
         click.echo(f"saved plot: {target}", err=as_json)
     configuration = {
         "runs": runs, "steps": steps, "sample_rate": trainer.sample_rate,
@@ -230,6 +241,10 @@ def digits_command(
     click.echo(f"  {labels['heuristic']:<62} =  {heuristic:.3f}")
     click.echo(f"  {labels['standard']:<62} <= {standard:.3f}")
     click.echo(f"  {result}")
+    if quick:
+        click.echo(f"  {QUICK_NOTE}: {runs} runs of {steps} steps can only give a lower bound "
+                   "near 0, which says nothing about the model; run without --quick "
+                   "(200 runs) or with more --runs for an informative audit")
     if records_path is not None:
         click.echo(f"  runs kept in {records_path} (rerun to resume; "
                    f"'opacus-lastiterate audit records {records_path}' to re-audit)")
