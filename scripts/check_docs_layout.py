@@ -94,9 +94,11 @@ RAW_LATEX_JS = """
 """
 
 
-def build(html: Path) -> None:
-    subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q",
-                    str(ROOT / "docs"), str(html)], check=True)
+def build(html: Path) -> bool:
+    """``make docs``'s build; False (its warnings printed) when it fails."""
+    done = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going",
+                           "-q", str(ROOT / "docs"), str(html)])
+    return done.returncode == 0
 
 
 def serve(html: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
@@ -130,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check_docs_layout: no Chromium at {args.chromium} "
               "(apt-get install -y chromium, or pass --chromium)", file=sys.stderr)
         return 2
-    if not args.no_build:
-        build(args.html)
+    if not args.no_build and not build(args.html):
+        print("check_docs_layout: the site does not build (warnings above)", file=sys.stderr)
+        return 1
     pages = sorted(p.relative_to(args.html).as_posix() for p in args.html.glob("*.html")
                    if p.name not in ("genindex.html", "search.html", "py-modindex.html"))
     pages += sorted(p.relative_to(args.html).as_posix()

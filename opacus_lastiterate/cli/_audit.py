@@ -29,6 +29,7 @@ from opacus_lastiterate.cli._options import (
     json_option,
     plot_option,
 )
+from opacus_lastiterate.figures._plotting import QUICK_NOTE
 
 __all__ = ["audit"]
 
@@ -56,27 +57,23 @@ def _strategy(name: str, seed: int) -> Any:
     }[name]()
 
 
-QUICK_NOTE = "quick mode: too few runs for a useful bound"
-"""Said under the result of ``audit digits --quick`` and drawn on its plot."""
 
 
 def _plot_scores(records: Any, result: Any, path: Path, title: str, note: str = "") -> None:
-    from opacus_lastiterate.figures._plotting import pyplot, save
+    from opacus_lastiterate.figures._plotting import OKABE_ITO, pyplot, quick_note, save
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ins, outs = records.in_scores, records.out_scores
-    ax.hist(outs, bins=30, alpha=0.6, label=f"without the canary ({outs.size} runs)")
-    ax.hist(ins, bins=30, alpha=0.6, label=f"with the canary ({ins.size} runs)")
+    ax.hist(outs, bins=30, alpha=0.6, color=OKABE_ITO[5], hatch="//",
+            label=f"without the canary ({outs.size} runs)")
+    ax.hist(ins, bins=30, alpha=0.6, color=OKABE_ITO[1], label=f"with the canary ({ins.size} runs)")
     if result.threshold is not None and abs(result.threshold) != float("inf"):
         ax.axvline(result.threshold, color="k", ls="--", label="selected threshold")
-    ax.set_xlabel("score (higher = the canary was in)")
+    ax.set_xlabel("score of the canary (no unit; higher = the canary was in)")
     ax.set_ylabel("number of runs")
     ax.set_title(title)
-    if note:
-        ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center",
-                fontsize=11, color="#b00000", bbox={"facecolor": "white", "alpha": 0.85,
-                                                     "edgecolor": "#b00000"})
+    quick_note(fig, {"size": "quick" if note else "default"})  # above the axes
     # below the axes: the legend covers no bar
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3,
               frameon=False)
