@@ -20,7 +20,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "mathml",  # docs/_ext/mathml.py: maths as MathML at build time, no CDN (works offline)
-    "link_titles",  # docs/_ext/link_titles.py: a link shown as "page.md" shows the title
+    "link_titles",  # docs/_ext/link_titles.py: a link whose text is a file name shows the title
     "public_api",
 ]
 html_math_renderer = "mathml"

@@ -11,7 +11,7 @@ its content is wider than its box (``scrollWidth > clientWidth``) and the box do
 (``overflow-x`` neither ``auto`` nor ``scroll``; a table must wrap, even in the theme's
 scrolling table box, whose scroll bar sits below the table's far end), or it reaches past
 the right edge of the content column. It also fails when a page still loads maths from a CDN, shows raw LaTeX, or shows a
-Markdown file name (``page.md``) as the text of a link.
+Markdown file name (a page's name ending in .md) as the text of a link.
 Screenshots (viewport PNGs) of the index, the callbacks page and two gallery plots go to
 ``--screenshots``; look at them.
 """
