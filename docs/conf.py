@@ -19,9 +19,11 @@ extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
-    "sphinx.ext.mathjax",
+    "mathml",  # docs/_ext/mathml.py: maths as MathML at build time, no CDN (works offline)
+    "link_titles",  # docs/_ext/link_titles.py: a link whose text is a file name shows the title
     "public_api",
 ]
+html_math_renderer = "mathml"
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
 exclude_patterns = ["_build", "_ext", "Thumbs.db", ".DS_Store"]
@@ -37,4 +39,6 @@ napoleon_numpy_docstring = False
 
 html_theme = "sphinx_rtd_theme"
 html_title = "opacus-lastiterate"
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]  # tables and code wrap or scroll inside their column
 napoleon_use_ivar = True  # "Attributes:" as fields, not objects that duplicate properties

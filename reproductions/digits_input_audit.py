@@ -54,6 +54,9 @@ from opacus_lastiterate.auditing import (
     run_input_audit,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from portable_paths import portable_command, portable_path
+
 DEFAULT_OUT = Path(__file__).resolve().parent / "output" / "digits_input_audit"
 CANARIES = ("in-distribution", "mislabelled", "blank", "clip-backdoor")
 VARIANTS = ("full-batch", "minibatch")
@@ -71,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work", type=Path, default=None,
                    help="run records and models (default OUT/runs; rerun to resume)")
     p.add_argument("--no-plot", action="store_true", help="print the table only")
+    p.add_argument("--replot", action="store_true",
+                   help="only redraw OUT/digits_input_audit.png from OUT/digits_input_audit.json")
     p.add_argument("--epsilons", default="1,2,4,10", help="theoretical (standard) epsilons")
     p.add_argument("--variants", default=",".join(VARIANTS), help="full-batch and/or minibatch")
     p.add_argument("--canaries", default="in-distribution",
@@ -274,60 +279,101 @@ def comparison(cells: list[dict[str, Any]], confidence: float) -> list[str]:
     return lines
 
 
-def save_plot(cells: list[dict[str, Any]], out: Path) -> Path:
-    import matplotlib
+def save_plot(cells: list[dict[str, Any]], out: Path, quick: bool = False) -> Path:
+    """One panel per variant: the standard and heuristic epsilon and every audit's lower
+    bound against the theoretical epsilon; one legend below the panels (it covers no data),
+    Okabe-Ito colours with a marker per series, points of a series nudged sideways so that
+    bounds at 0 do not hide each other; ``quick`` writes that the runs are too few."""
+    from opacus_lastiterate.figures._plotting import (
+        MARKERS,
+        OKABE_ITO,
+        QUICK_NOTE,
+        legend_below,
+        pyplot,
+        save,
+    )
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    from matplotlib.ticker import FuncFormatter
 
     variants = sorted({c["variant"] for c in cells}, key=VARIANTS.index)
-    fig, axes = plt.subplots(1, len(variants), figsize=(6 * len(variants), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(variants), figsize=(6 * len(variants), 4.5), squeeze=False,
+                             sharey=True)
+    all_eps = sorted({c["target_epsilon"] for c in cells})
     for ax, variant in zip(axes[0], variants, strict=True):
         mine = [c for c in cells if c["variant"] == variant]
         main = sorted((c for c in mine if c["canary"] == "in-distribution"),
                       key=lambda c: c["target_epsilon"])
         if main:
             eps = [c["target_epsilon"] for c in main]
-            ax.plot(eps, [c["standard_epsilon"] for c in main], "k-", label="standard (upper bound)")
-            ax.plot(eps, [c["heuristic_epsilon"] for c in main], "k--", label="heuristic")
-            ax.plot(eps, [c["ceiling"] for c in main], ":", color="grey",
-                    label="best bound these runs can give")
-            for name in [a["name"] for a in main[0]["audits"]]:
+            ax.plot(eps, [c["standard_epsilon"] for c in main], "-", color=OKABE_ITO[0],
+                    marker="s", label="standard epsilon (upper bound)")
+            ax.plot(eps, [c["heuristic_epsilon"] for c in main], "--", color=OKABE_ITO[0],
+                    marker="o", mfc="none", label="heuristic epsilon")
+            ax.plot(eps, [c["ceiling"] for c in main], ":", color="0.5", marker="_", ms=12,
+                    label="largest bound these runs can give")
+            names = [a["name"] for a in main[0]["audits"]]
+            for i, name in enumerate(names):
                 valid = next(a for a in main[0]["audits"] if a["name"] == name)["bound"]["kind"]
-                style = dict(marker="o") if valid == "bound" else dict(
-                    marker="x" if name.startswith("adaptive") else "+", color="grey",
-                    linestyle=":")
-                label = f"ID: {name}" + ("" if valid == "bound" else ", NOT VALID")
-                ax.plot(eps, [next(a for a in c["audits"] if a["name"] == name)["bound"]["epsilon"]
-                              for c in main], label=label, **style)
-        markers = {"mislabelled": "s", "blank": "^", "clip-backdoor": "D"}
+                nudge = 1.0 + 0.04 * (i - (len(names) - 1) / 2)  # sideways, on a log axis
+                style: dict[str, Any] = (
+                    {"color": OKABE_ITO[1 + i % 7], "marker": MARKERS[i % len(MARKERS)],
+                     "linestyle": "-"} if valid == "bound" else
+                    {"color": "0.55", "marker": "x" if name.startswith("adaptive") else "+",
+                     "linestyle": ":"})
+                label = (f"in-distribution canary, {name}" if valid == "bound" else
+                         f"{name}: NOT a valid bound (diagnostic)")
+                ax.plot([e * nudge for e in eps],
+                        [next(a for a in c["audits"] if a["name"] == name)["bound"]["epsilon"]
+                         for c in main], label=label, ms=6, **style)
+        shapes = {"mislabelled": "s", "blank": "^", "clip-backdoor": "D"}
         for c in mine:
-            if c["canary"] in markers:
+            if c["canary"] in shapes:
                 audits = {a["name"]: a for a in c["audits"]}
-                ax.scatter([c["target_epsilon"] * 0.97], [audits["canary"]["bound"]["epsilon"]],
-                           marker=markers[c["canary"]], facecolors="none", edgecolors="C0",
-                           label=f"{c['canary']}: canary")
+                ax.scatter([c["target_epsilon"] * 0.93], [audits["canary"]["bound"]["epsilon"]],
+                           marker=shapes[c["canary"]], facecolors="none",
+                           edgecolors=OKABE_ITO[1], s=45, label=f"{c['canary']} canary itself")
                 if PRIMARY in audits:
-                    ax.scatter([c["target_epsilon"] * 1.03], [audits[PRIMARY]["bound"]["epsilon"]],
-                               marker=markers[c["canary"]], color="C2",
-                               label=f"{c['canary']}: {PRIMARY}")
+                    ax.scatter([c["target_epsilon"] * 1.07], [audits[PRIMARY]["bound"]["epsilon"]],
+                               marker=shapes[c["canary"]], color=OKABE_ITO[3], s=45,
+                               label=f"{c['canary']} canary, {PRIMARY} sample")
         ax.set_xscale("log")
-        ax.set_xlabel("theoretical epsilon (standard composition)")
-        ax.set_ylabel("epsilon (lower bounds: Clopper-Pearson, 95%)")
+        ax.set_xticks(all_eps, [f"{e:g}" for e in all_eps])
+        ax.minorticks_off()
+        ax.set_xlim(min(all_eps) / 1.4, max(all_eps) * 1.4)
+        # symmetric log: bounds near 0 spread out, the standard epsilon still fits
+        ax.set_yscale("symlog", linthresh=0.1, linscale=0.6)
+        ax.set_yticks([0, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20])
+        ax.set_ylim(bottom=-0.01)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_xlabel("theoretical epsilon (standard composition; log scale)")
         n = mine[0]["evaluation_runs"]
-        ax.set_title(f"digits, {variant}: {n['in'] + n['out']} evaluation runs per point",
+        ax.set_title(f"{variant} training: {n['in'] + n['out']} evaluation runs per point",
                      fontsize=10)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0][0].set_ylabel("epsilon (no unit; symlog scale)\naudits: Clopper-Pearson lower "
+                          "bounds, 95%")
+    fig.suptitle("Input-space audit of DP-SGD on digits: lower bounds against the theory")
+    if quick:
+        fig.text(0.5, 1.0, QUICK_NOTE, ha="center", va="bottom", fontsize=12,
+                 color=OKABE_ITO[4], fontweight="bold")
+    legend_below(fig, list(axes[0]), ncol=2, fontsize=8)
     path = out / "digits_input_audit.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
     return path
+
+
+def replot(out: Path) -> Path:
+    """Redraw ``OUT/digits_input_audit.png`` from ``OUT/digits_input_audit.json``."""
+    data = json.loads((out / "digits_input_audit.json").read_text())
+    return save_plot(data["cells"], out, quick=bool(data["config"].get("quick")))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.replot:
+        print(f"saved {replot(args.out)}")
+        return 0
     if args.workers == 0:
         torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -349,15 +395,16 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - t0
     print(f"elapsed {elapsed:.0f} s")
     args.out.mkdir(parents=True, exist_ok=True)
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    result = {"command": "python reproductions/digits_input_audit.py " + " ".join(sys.argv[1:]),
+    # committed result files name no folder of this machine (scripts/portable_paths.py)
+    config = {k: (portable_path(v, k) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    result = {"command": portable_command("reproductions/digits_input_audit.py", sys.argv[1:]),
               "config": config, "primary_crafted_sample": PRIMARY, "elapsed_seconds": elapsed,
               "torch": torch.__version__, "cells": cells, "comparison": lines}
     json_path = args.out / "digits_input_audit.json"
     json_path.write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
     print(f"saved {json_path}")
     if plotting_available(args.no_plot):
-        print(f"saved {save_plot(cells, args.out)}")
+        print(f"saved {save_plot(cells, args.out, quick=args.quick)}")
     for cell in cells:  # a lower bound above the proven upper bound means a bug
         if any(a["bound"]["epsilon"] > cell["standard_epsilon"] for a in cell["audits"]):
             print("error: a lower bound exceeds the standard epsilon", file=sys.stderr)

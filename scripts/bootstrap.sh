@@ -24,9 +24,14 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$venv/.opacus-lastiterate-stamp"
+# One line per set of extras installed since pyproject.toml last changed: `make demo`
+# (extra `examples`) and `make test` (extra `dev`) share the environment, each adding its part.
 want="$(cat "$here/pyproject.toml" | sha256sum | cut -c1-16) $extras $* $torch_spec"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+if [ -f "$stamp" ] && grep -qxF "$want" "$stamp"; then
     exit 0
+fi
+if [ -f "$stamp" ] && ! grep -q "^$(cut -c1-16 <<<"$want") " "$stamp"; then
+    rm -f "$stamp"  # pyproject.toml changed: every set is installed again
 fi
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
     echo "bootstrap: installing $torch_spec into $venv ..."
@@ -39,5 +44,5 @@ fi
 echo "bootstrap: installing opacus-lastiterate[$extras] and its dependencies into $venv" \
     "(a minute or two the first time) ..."
 "${pip[@]}" install -e "$here[$extras]" "$@"
-echo "$want" > "$stamp"
+echo "$want" >> "$stamp"
 echo "bootstrap: $venv is ready (activate it with: source $venv/bin/activate)"

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -45,6 +44,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from portable_paths import portable_command, portable_text  # noqa: E402  (this folder)
 
 from opacus_lastiterate.analysis.opacus_versions import releases_between  # noqa: E402
 from opacus_lastiterate.auditing.opacus_releases.agreement import check_probe  # noqa: E402
@@ -246,7 +247,13 @@ def main() -> int:
         print_report(args.out)
         return 0
     start = time.perf_counter()
-    command = "python scripts/probe_opacus_versions.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = portable_command("scripts/probe_opacus_versions.py", sys.argv[1:])
+    machine_paths = {args.envs.resolve(): "envs", args.python: "python",
+                     args.native_python: "native-python"}
+
+    def portable_json(data: dict[str, Any]) -> str:  # no path of this machine in the file
+        return portable_text(json.dumps(data, indent=1, allow_nan=False), machine_paths) + "\n"
+
     args.envs.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     torch_spec = os.environ.get("TORCH_SPEC", "torch==2.13.0")
@@ -289,12 +296,12 @@ def main() -> int:
             disagreements += not report.agrees
             shims = f" (shims: {', '.join(record['shims'])})" if record["shims"] else ""
             log(f"  {report.summary()}{shims} [{record['seconds']} s]")
-    (args.out / "opacus_probes.json").write_text(json.dumps({
+    (args.out / "opacus_probes.json").write_text(portable_json({
         "command": command,
         "what": "real-code probes of each Opacus release (docs/opacus_versions.md, Real-code probes)",
         "records": records,
         "could_not_run": failures,
-    }, indent=1, allow_nan=False) + "\n")
+    }))
     log(f"wrote {args.out / 'opacus_probes.json'}: {len(records)} records, {len(failures)} could not run, "
         f"{disagreements} disagree with the model")
     if mode_records:
@@ -319,8 +326,8 @@ def main() -> int:
             bad_audits += not (result["exceeds_reported"] and result["within_bound"])
             audits.append(result)
         if audits:
-            (args.out / "opacus_audits.json").write_text(json.dumps(
-                {"command": command, "audits": audits}, indent=1, allow_nan=False) + "\n")
+            (args.out / "opacus_audits.json").write_text(
+                portable_json({"command": command, "audits": audits}))
             log(f"wrote {args.out / 'opacus_audits.json'}")
     log(f"elapsed {time.perf_counter() - start:.0f} s")
     return 1 if disagreements or bad_audits else 0

@@ -29,6 +29,7 @@ from opacus_lastiterate.cli._options import (
     json_option,
     plot_option,
 )
+from opacus_lastiterate.figures._plotting import QUICK_NOTE
 
 __all__ = ["audit"]
 
@@ -56,20 +57,26 @@ def _strategy(name: str, seed: int) -> Any:
     }[name]()
 
 
-def _plot_scores(records: Any, result: Any, path: Path, title: str) -> None:
-    from opacus_lastiterate.figures._plotting import pyplot, save
+
+
+def _plot_scores(records: Any, result: Any, path: Path, title: str, note: str = "") -> None:
+    from opacus_lastiterate.figures._plotting import OKABE_ITO, pyplot, quick_note, save
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ins, outs = records.in_scores, records.out_scores
-    ax.hist(outs, bins=30, alpha=0.6, label=f"without the canary ({outs.size} runs)")
-    ax.hist(ins, bins=30, alpha=0.6, label=f"with the canary ({ins.size} runs)")
+    ax.hist(outs, bins=30, alpha=0.6, color=OKABE_ITO[5], hatch="//",
+            label=f"without the canary ({outs.size} runs)")
+    ax.hist(ins, bins=30, alpha=0.6, color=OKABE_ITO[1], label=f"with the canary ({ins.size} runs)")
     if result.threshold is not None and abs(result.threshold) != float("inf"):
         ax.axvline(result.threshold, color="k", ls="--", label="selected threshold")
-    ax.set_xlabel("score (higher = the canary was in)")
+    ax.set_xlabel("score of the canary (no unit; higher = the canary was in)")
     ax.set_ylabel("number of runs")
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    quick_note(fig, {"size": "quick" if note else "default"})  # above the axes
+    # below the axes: the legend covers no bar
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3,
+              frameon=False)
     save(fig, path)
 
 
@@ -201,7 +208,8 @@ def digits_command(
     heuristic, standard = trainer.heuristic_epsilon(delta), trainer.standard_epsilon(delta)
     if plot is not None:
         target = plot
-        _plot_scores(records, result, target, f"digits, {canary} canary, {runs} runs")
+        _plot_scores(records, result, target, f"digits, {canary} canary, {runs} runs",
+                     note=QUICK_NOTE if quick else "")
         click.echo(f"saved plot: {target}", err=as_json)
     configuration = {
         "runs": runs, "steps": steps, "sample_rate": trainer.sample_rate,
@@ -230,6 +238,10 @@ def digits_command(
     click.echo(f"  {labels['heuristic']:<62} =  {heuristic:.3f}")
     click.echo(f"  {labels['standard']:<62} <= {standard:.3f}")
     click.echo(f"  {result}")
+    if quick:
+        click.echo(f"  {QUICK_NOTE}: {runs} runs of {steps} steps can only give a lower bound "
+                   "near 0, which says nothing about the model; run without --quick "
+                   "(200 runs) or with more --runs for an informative audit")
     if records_path is not None:
         click.echo(f"  runs kept in {records_path} (rerun to resume; "
                    f"'opacus-lastiterate audit records {records_path}' to re-audit)")

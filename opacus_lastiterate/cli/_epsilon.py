@@ -123,16 +123,38 @@ def _header(args: dict[str, Any], last: str) -> str:
     )
 
 
-def _epsilon_for_delta(args: dict[str, Any]) -> None:
-    from opacus_lastiterate.analysis.comparison import EpsilonComparison, compare_epsilons
+def _comparison(args: dict[str, Any], quantity: str) -> dict[str, Any]:
+    """Every compared model's epsilon at --delta (``quantity="epsilon"``) or delta at
+    --epsilon, with the models' registry names in order and their labels; a repeated
+    configuration is read from the on-disk cache (:mod:`._cache`) without the analysis."""
+    from opacus_lastiterate.cli._cache import cached
 
-    result = compare_epsilons(
-        args["delta"],
-        steps=args["steps"],
-        sample_rate=args["sample_rate"],
-        noise_multiplier=args["noise_multiplier"],
-        value_discretization_interval=args["discretization"],
-    )
+    def compute() -> dict[str, Any]:
+        from opacus_lastiterate.analysis.comparison import EpsilonComparison, compare_epsilons
+
+        if quantity == "epsilon":
+            values = compare_epsilons(
+                args["delta"],
+                steps=args["steps"],
+                sample_rate=args["sample_rate"],
+                noise_multiplier=args["noise_multiplier"],
+                value_discretization_interval=args["discretization"],
+            ).as_dict()
+        else:
+            values = {k: m.delta(args["epsilon"]) for k, m in _models(args).items()}
+        return {"values": values, "keys": list(_keys()),
+                "labels": dict(EpsilonComparison.LABELS)}
+
+    inputs = {name: args[name] for name in ("steps", "sample_rate", "noise_multiplier",
+                                            "discretization")}
+    inputs.update(quantity=quantity, argument=args["delta" if quantity == "epsilon" else
+                                                  "epsilon"])
+    return cached(inputs, compute)
+
+
+def _epsilon_for_delta(args: dict[str, Any]) -> None:
+    comparison = _comparison(args, "epsilon")
+    result, labels = comparison["values"], comparison["labels"]
     weighted = _weighted(args, "epsilon", args["delta"])
     if args["plot"] is not None:
         _plot_curve(args)
@@ -142,8 +164,8 @@ def _epsilon_for_delta(args: dict[str, Any]) -> None:
             "steps": args["steps"],
             "sample_rate": args["sample_rate"],
             "noise_multiplier": args["noise_multiplier"],
-            **result.as_dict(),
-            "labels": dict(EpsilonComparison.LABELS),
+            **result,
+            "labels": dict(labels),
         }
         if weighted is not None:
             payload["weighted_heuristic"] = weighted.epsilon
@@ -152,9 +174,9 @@ def _epsilon_for_delta(args: dict[str, Any]) -> None:
         emit_json(payload)
         return
     click.echo(_header(args, f"delta = {args['delta']:g}"))
-    for key in _keys():
-        label = _label(key, args)
-        click.echo(f"  {key:<17} eps = {getattr(result, key):10.4f}   {label}")
+    for key in comparison["keys"]:
+        label = _label(key, args, labels)
+        click.echo(f"  {key:<17} eps = {result[key]:10.4f}   {label}")
     if weighted is not None:
         click.echo(
             f"  {'weighted':<17} eps = {weighted.epsilon:10.4f}   {WEIGHTED_LABEL}; schedule "
@@ -163,10 +185,12 @@ def _epsilon_for_delta(args: dict[str, Any]) -> None:
         )
 
 
-def _label(key: str, args: dict[str, Any]) -> str:
-    from opacus_lastiterate.analysis.comparison import EpsilonComparison
+def _label(key: str, args: dict[str, Any], labels: dict[str, str] | None = None) -> str:
+    if labels is None:
+        from opacus_lastiterate.analysis.comparison import EpsilonComparison
 
-    label = EpsilonComparison.LABELS[key]
+        labels = EpsilonComparison.LABELS
+    label = labels[key]
     return f"{label} (PLD interval {args['discretization']:g})" if key == "standard" else label
 
 
@@ -183,10 +207,9 @@ def _models(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _delta_for_epsilon(args: dict[str, Any]) -> None:
-    from opacus_lastiterate.analysis.comparison import EpsilonComparison
-
     eps = args["epsilon"]
-    deltas = {k: m.delta(eps) for k, m in _models(args).items()}
+    comparison = _comparison(args, "delta")
+    deltas, labels = comparison["values"], comparison["labels"]
     weighted = _weighted(args, "delta", eps)
     if args["as_json"]:
         payload: dict[str, Any] = {
@@ -197,7 +220,7 @@ def _delta_for_epsilon(args: dict[str, Any]) -> None:
             "epsilon": eps,
             **deltas,
             "standard_discretization": args["discretization"],
-            "labels": dict(EpsilonComparison.LABELS),
+            "labels": dict(labels),
         }
         if weighted is not None:
             payload["weighted_heuristic"] = weighted.value
@@ -206,8 +229,8 @@ def _delta_for_epsilon(args: dict[str, Any]) -> None:
         emit_json(payload)
         return
     click.echo(_header(args, f"epsilon = {eps:g}"))
-    for key in _keys():
-        label = _label(key, args)
+    for key in comparison["keys"]:
+        label = _label(key, args, labels)
         click.echo(f"  {key:<17} delta = {deltas[key]:11.4e}   {label}")
     if weighted is not None:
         click.echo(

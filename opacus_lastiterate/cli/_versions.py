@@ -140,21 +140,25 @@ def compare_versions(
 
 
 def _plot_versions(rows: list[Any], delta: float, path: Path) -> None:
-    from opacus_lastiterate.figures._plotting import pyplot, save
+    from opacus_lastiterate.figures._plotting import legend_below, pyplot, save, series_style
 
     plt = pyplot()
     xs = list(range(len(rows)))
     fig, ax = plt.subplots(figsize=(10, 4))
-    for key, style in (("reported", "o-"), ("corrected", "s--"), ("heuristic", "^:")):
+    labels = {"reported": "reported by the release", "corrected": "corrected epsilon",
+              "heuristic": "last-iterate heuristic"}
+    for i, (key, line) in enumerate((("reported", "-"), ("corrected", "--"),
+                                     ("heuristic", ":"))):
         ys = [getattr(r, key) for r in rows]
-        ax.plot(xs, [y if math.isfinite(y) else float("nan") for y in ys], style, label=key)
+        ax.plot(xs, [y if math.isfinite(y) else float("nan") for y in ys], line,
+                label=labels[key], **series_style(i + (i > 0)))
         for x, y in zip(xs, ys):
             if not math.isfinite(y):
                 ax.annotate("inf", (x, 0), textcoords="offset points", xytext=(0, 5), ha="center")
     ax.set_xticks(xs, [r.version for r in rows], rotation=60)
     ax.set_xlabel("Opacus release")
-    ax.set_ylabel(f"epsilon at delta = {delta:g}")
+    ax.set_ylabel(f"epsilon at delta = {delta:g} (no unit)")
     ax.set_title("What each Opacus release reports, and the corrected epsilon")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    legend_below(fig, ax, ncol=3)
     save(fig, path)

@@ -27,7 +27,13 @@ from typing import Any
 import numpy as np
 
 from opacus_lastiterate.figures._base import Column, FigureResult
-from opacus_lastiterate.figures._plotting import pyplot, save
+from opacus_lastiterate.figures._plotting import (
+    OKABE_ITO,
+    pyplot,
+    quick_note,
+    save,
+    series_style,
+)
 
 __all__ = ["BATCHES", "DELTA", "NAME", "SIGMAS", "STEPS", "compute", "plot"]
 
@@ -138,25 +144,38 @@ def plot(result: FigureResult, path: Path) -> None:
     rows = result.rows
     sigmas = list(dict.fromkeys(r["noise_multiplier"] for r in rows))
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for r in (r for r in rows if r["noise_multiplier"] == sigmas[0]):
+    for i, r in enumerate(r for r in rows if r["noise_multiplier"] == sigmas[0]):
         curve = r["exact_curve"]
-        left.plot(range(1, len(curve) + 1), curve, label=f"B = {r['batch_size']}")
+        steps = range(1, len(curve) + 1)
+        left.plot(steps, curve, "-", markevery=max(1, len(curve) // 8), ms=5,
+                  label=f"B = {r['batch_size']}", **series_style(i))
     left.set_xlabel("step t")
-    left.set_ylabel(f"exact eps_t at delta = {result.settings['delta']:g}")
+    left.set_ylabel(f"exact eps_t at delta = {result.settings['delta']:g} (no unit)")
     left.set_title(f"exact epsilon of theta_t, sigma = {sigmas[0]:g}")
     left.grid(True, alpha=0.3)
-    left.legend(fontsize=9)
-    styles = {"exact": ("k", "exact"), "gdp": ("C3", "GDP estimate"), "cp": ("C0", "CP bound")}
+    left.legend(fontsize=8, title="batch size", title_fontsize=8, loc="upper left",
+                bbox_to_anchor=(1.01, 1.0), frameon=False)
+    # colour = sigma (one colour each), line style and marker = the kind of number
+    kinds = {"exact": ("-", "o", "exact"), "gdp": ("--", "^", "Gaussian-DP estimate"),
+             "cp": (":", "s", "Clopper-Pearson lower bound")}
     for i, sigma in enumerate(sigmas):
         sel = [r for r in rows if r["noise_multiplier"] == sigma]
-        alpha = 0.35 + 0.65 * (i + 1) / len(sigmas)
-        for key, (colour, label) in styles.items():
+        for key, (line, marker, _) in kinds.items():
             right.plot([r["batch_size"] for r in sel], [r[f"{key}_ratio"] for r in sel],
-                       colour, marker="o", alpha=alpha, label=label if i == 0 else None)
+                       line, color=OKABE_ITO[(i + 1) % len(OKABE_ITO)], marker=marker, ms=5)
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=OKABE_ITO[(i + 1) % len(OKABE_ITO)], lw=3,
+                      label=f"sigma = {s:g}") for i, s in enumerate(sigmas)]
+    handles += [Line2D([], [], color="0.3", ls=line, marker=marker, label=label)
+                for line, marker, label in kinds.values()]
     right.set_xscale("log", base=2)
-    right.set_xlabel("batch size B")
-    right.set_ylabel(f"eps_{result.settings['steps']} / eps_1")
-    right.set_title(f"sigma in {', '.join(f'{s:g}' for s in sigmas)} (darker = larger)")
+    right.set_xlabel("batch size B (examples, log scale)")
+    right.set_ylabel(f"eps_{result.settings['steps']} / eps_1 (ratio, no unit)")
+    right.set_title("privacy of the last iterate relative to step 1")
     right.grid(True, alpha=0.3)
-    right.legend(fontsize=9)
+    right.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                 frameon=False)
+    fig.suptitle("Hidden-state DP-SGD (Cebere et al., Figure 4): epsilon of the last iterate")
+    quick_note(fig, result.settings)
     save(fig, path)

@@ -29,7 +29,7 @@ from opacus_lastiterate.analysis.baselines.composition import (
 from opacus_lastiterate.analysis.comparison import EpsilonComparison
 from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
 from opacus_lastiterate.figures._base import Column, FigureResult
-from opacus_lastiterate.figures._plotting import panel_axes, pyplot, save
+from opacus_lastiterate.figures._plotting import OKABE_ITO, legend_below, panel_axes, pyplot, save
 
 __all__ = [
     "DELTA",
@@ -149,23 +149,25 @@ def compute(size: str = "default") -> FigureResult:
     )
 
 
-_STYLES = (
-    ("standard", "k-", "standard (all iterates)"),
-    ("heuristic", "C0-", "last-iterate heuristic"),
-    ("robust_heuristic", "C0:", "robust heuristic (max over t <= T)"),
-    ("full_batch", "C2--", "full-batch DP-GD"),
+_STYLES = (  # key, line style, colour, marker (open markers: visible where curves coincide)
+    ("standard", "-", OKABE_ITO[0], "s", "standard (all iterates): upper bound"),
+    ("heuristic", "-", OKABE_ITO[5], "o", "last-iterate heuristic"),
+    ("robust_heuristic", ":", OKABE_ITO[4], "x", "robust heuristic (max over t <= T)"),
+    ("full_batch", "--", OKABE_ITO[3], "^", "full-batch DP-GD (exact)"),
 )
 
 
 def draw_panel(ax: Any, rows: list[dict[str, Any]], delta: float, title: str) -> None:
     """The four curves of ``rows`` (from :func:`curve`) on one log-log axis."""
     steps = [r["steps"] for r in rows]
-    for key, style, label in _STYLES:
-        ax.plot(steps, [r[key] for r in rows], style, marker=".", label=label)
+    every = max(1, len(steps) // 12)  # markers on a dozen points, the line through all
+    for key, line, colour, marker, label in _STYLES:
+        ax.plot(steps, [r[key] for r in rows], line, color=colour, marker=marker,
+                markevery=every, ms=5, mfc="none" if marker != "x" else colour, label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("number of steps T")
-    ax.set_ylabel(f"epsilon at delta = {delta:g}")
+    ax.set_xlabel("number of steps T (log scale)")
+    ax.set_ylabel(f"epsilon at delta = {delta:g} (no unit, log scale)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
 
@@ -175,7 +177,7 @@ def plot(result: FigureResult, path: Path) -> None:
     fig, panels = panel_axes(result.rows, 5.0, 4.2)
     for ax, panel, rows in panels:
         draw_panel(ax, rows, result.settings["delta"], panel)
-    panels[0][0].legend(fontsize=9)
+    legend_below(fig, [ax for ax, _, _ in panels])
     fig.suptitle("Last-iterate heuristic against standard and full-batch analyses")
     save(fig, path)
 
@@ -185,6 +187,6 @@ def plot_configuration(rows: list[dict[str, Any]], delta: float, path: Path) -> 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4.2))
     q, sigma = rows[0]["sample_rate"], rows[0]["noise_multiplier"]
-    draw_panel(ax, rows, delta, f"q = {q:g}, sigma = {sigma:g}")
-    ax.legend(fontsize=9)
+    draw_panel(ax, rows, delta, f"epsilon against T: q = {q:g}, sigma = {sigma:g}")
+    legend_below(fig, ax, ncol=2)
     save(fig, path)

@@ -33,7 +33,13 @@ from opacus_lastiterate.analysis.baselines.composition import (
 from opacus_lastiterate.analysis.calibration import calibrate_noise_multiplier
 from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
 from opacus_lastiterate.figures._base import Column, FigureResult
-from opacus_lastiterate.figures._plotting import panel_axes, save
+from opacus_lastiterate.figures._plotting import (
+    OKABE_ITO,
+    legend_below,
+    panel_axes,
+    quick_note,
+    save,
+)
 
 __all__ = ["DELTA", "NAME", "STEPS", "TRIALS", "compute", "plot"]
 
@@ -137,14 +143,21 @@ def plot(result: FigureResult, path: Path) -> None:
     fig, panels = panel_axes(result.rows, 5.5, 4.0)
     for ax, panel, sel in panels:
         t = [r["steps"] for r in sel]
-        ax.plot(t, [r["standard"] for r in sel], "k.-", label="standard (all iterates)")
-        ax.plot(t, [r["heuristic"] for r in sel], "C0.-", label="last-iterate heuristic")
-        ax.plot(t, [r["bound"] for r in sel], "C3o-", label="audit: CP lower bound (95%)")
-        ax.plot(t, [r["estimate"] for r in sel], "C3^--", alpha=0.6, label="audit: GDP estimate")
+        ax.plot(t, [r["standard"] for r in sel], "-", color=OKABE_ITO[0], marker="s",
+                label="standard (all iterates): upper bound")
+        ax.plot(t, [r["heuristic"] for r in sel], "-", color=OKABE_ITO[5], marker="o",
+                label="last-iterate heuristic")
+        ax.plot(t, [r["bound"] for r in sel], "-", color=OKABE_ITO[4], marker="D",
+                label="audit: Clopper-Pearson lower bound (95%)")
+        ax.plot(t, [r["estimate"] for r in sel], "--", color=OKABE_ITO[1], marker="^",
+                label="audit: Gaussian-DP estimate (not a bound)")
         ax.set_xscale("log")
-        ax.set_xlabel("number of steps T")
-        ax.set_ylabel(f"epsilon at delta = {result.settings['delta']:g}")
+        ax.set_xlabel("number of steps T (log scale)")
+        ax.set_ylabel(f"epsilon at delta = {result.settings['delta']:g} (no unit)")
         ax.set_title(f"{panel}, {result.settings['trials']} trials per side")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+    fig.suptitle("Auditing the final model (adversarial data set) against the heuristic and "
+                 "the standard epsilon")
+    legend_below(fig, [ax for ax, _, _ in panels])
+    quick_note(fig, result.settings)
     save(fig, path)

@@ -24,7 +24,7 @@ from opacus_lastiterate.analysis.last_iterate.counterexamples import (
     quadratic_regulariser_comparison,
 )
 from opacus_lastiterate.figures._base import Column, FigureResult
-from opacus_lastiterate.figures._plotting import panel_axes, save
+from opacus_lastiterate.figures._plotting import legend_below, panel_axes, save, series_style
 
 __all__ = ["ALPHA", "DELTA", "NAME", "ONE_STEP_EPSILONS", "RATES", "STEPS", "compute", "plot"]
 
@@ -113,16 +113,18 @@ def plot(result: FigureResult, path: Path) -> None:
     """One panel per one-step epsilon; one line per sample rate; the ratio over T."""
     fig, panels = panel_axes(result.rows, 5.5, 4.0)
     for ax, panel, rows in panels:
-        for q in dict.fromkeys(r["sample_rate"] for r in rows):
+        for i, q in enumerate(dict.fromkeys(r["sample_rate"] for r in rows)):
             sel = [r for r in rows if r["sample_rate"] == q]
-            ax.plot([r["steps"] for r in sel], [r["ratio"] for r in sel], "o-", ms=3,
-                    label=f"q = {q:g}")
-        ax.axhline(1.0, color="k", lw=0.8, ls=":")
+            ax.plot([r["steps"] for r in sel], [r["ratio"] for r in sel], "-", ms=4,
+                    label=f"sample rate q = {q:g}", **series_style(i + 1))
+        ax.axhline(1.0, color="k", lw=0.8, ls=":",
+                   label="ratio 1 (above: the example beats the robust heuristic)")
         ax.set_xlabel("number of steps T")
-        ax.set_ylabel("epsilon quadratic / max over t <= T of eps_t")
+        ax.set_ylabel("epsilon with the quadratic regulariser /\n"
+                      "robust heuristic epsilon (ratio, no unit)")
         ax.set_title(panel)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=9)
+    legend_below(fig, [ax for ax, _, _ in panels])
     fig.suptitle(f"Quadratic regulariser, alpha = {result.settings['alpha']:g}, "
                  f"delta = {result.settings['delta']:g}")
     save(fig, path)

@@ -22,7 +22,7 @@ from opacus_lastiterate.analysis.baselines.composition import DEFAULT_DISCRETIZA
 from opacus_lastiterate.analysis.comparison import EpsilonComparison
 from opacus_lastiterate.analysis.hyperparameter_plan import plan_batch_sizes
 from opacus_lastiterate.figures._base import Column, FigureResult
-from opacus_lastiterate.figures._plotting import pyplot, save
+from opacus_lastiterate.figures._plotting import OKABE_ITO, legend_below, pyplot, save
 
 __all__ = [
     "DATASET_SIZE",
@@ -134,24 +134,34 @@ def plot_plan(rows: list[dict[str, Any]], delta: float, path: Path) -> None:
     rows = sorted(rows, key=lambda r: r["batch_size"])
     b = [r["batch_size"] for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.plot(b, [r["standard"] for r in rows], "ko-", label="standard (PLD)")
-    left.plot(b, [r["heuristic"] for r in rows], "C0o-", label="last-iterate heuristic")
-    left.plot(b, [r["robust_heuristic"] for r in rows], "C0:", label="robust heuristic")
-    left.plot(b, [r["full_batch"] for r in rows], "C2o--", label="full-batch DP-GD")
+    left.plot(b, [r["standard"] for r in rows], "-", color=OKABE_ITO[0], marker="s",
+              label="standard (PLD): upper bound")
+    # the robust heuristic equals the heuristic where it is monotone: a thick light line
+    # under the heuristic's, with large open markers, keeps both visible
+    left.plot(b, [r["robust_heuristic"] for r in rows], "-", color=OKABE_ITO[1], lw=5,
+              alpha=0.6, marker="o", ms=11, mfc="none", mew=2, label="robust heuristic")
+    left.plot(b, [r["heuristic"] for r in rows], "-", color=OKABE_ITO[5], marker="o", ms=4,
+              label="last-iterate heuristic")
+    left.plot(b, [r["full_batch"] for r in rows], "--", color=OKABE_ITO[3], marker="^",
+              label="full-batch DP-GD (exact)")
     paper = [(r["batch_size"], r["paper_standard"]) for r in rows if r.get("paper_standard")]
     if paper:
-        left.plot(*zip(*paper), "kx", ms=9, label="standard (paper)")
+        left.plot(*zip(*paper), "x", color=OKABE_ITO[4], ms=10, mew=2,
+                  label="standard (paper's value)")
     left.set_xscale("log", base=2)
-    left.set_xlabel("expected batch size B")
-    left.set_ylabel(f"epsilon at delta = {delta:g}")
+    left.set_xlabel("expected batch size B (examples, log scale)")
+    left.set_ylabel(f"epsilon at delta = {delta:g} (no unit)")
     left.set_title("calibrated noise: the epsilons of each batch size")
     left.grid(True, alpha=0.3)
-    left.legend(fontsize=9)
-    right.plot(b, [r["noise_per_example"] for r in rows], "C1o-")
+    right.plot(b, [r["noise_per_example"] for r in rows], "-", color=OKABE_ITO[2], marker="D",
+               label="noise per example sigma / B")
     right.set_xscale("log", base=2)
     right.set_yscale("log")
-    right.set_xlabel("expected batch size B")
-    right.set_ylabel("sigma / B (noise in the mean gradient, units of C)")
+    right.set_xlabel("expected batch size B (examples, log scale)")
+    right.set_ylabel("sigma / B (noise in the mean gradient,\nunits of the clipping norm C)")
     right.set_title("noise per example")
     right.grid(True, which="both", alpha=0.3)
+    fig.suptitle(f"Batch sizes with equal heuristic epsilon at delta = {delta:g}: the noise "
+                 "each needs and its other epsilons")
+    legend_below(fig, [left, right], ncol=3)
     save(fig, path)

@@ -28,7 +28,13 @@ from typing import Any
 import numpy as np
 
 from opacus_lastiterate.figures._base import Column, FigureResult
-from opacus_lastiterate.figures._plotting import panel_axes, save
+from opacus_lastiterate.figures._plotting import (
+    OKABE_ITO,
+    legend_below,
+    panel_axes,
+    quick_note,
+    save,
+)
 
 __all__ = ["ASGM_Q", "DIMENSION", "EASGM_Q", "NAME", "SIZES", "compute", "plot"]
 
@@ -169,18 +175,21 @@ def plot(result: FigureResult, path: Path) -> None:
     for ax, panel, rows in panels:
         n = [r["dataset_size"] for r in rows]
         ax.errorbar(n, [r["audited"] for r in rows], yerr=[r["audited_half_width"] for r in rows],
-                    fmt="o-", capsize=3, label=f"audited, d = {d} (LR test, Monte Carlo)")
+                    fmt="o-", color=OKABE_ITO[5], capsize=3,
+                    label=f"audited, d = {d} (LR test, Monte Carlo; bars: 4 standard errors)")
         model_label = ("batch size revealed (d = inf)" if rows[0]["mechanism"] == "ASGM"
                        else f"exact curve, d = {d}")
-        ax.plot(n, [r["model"] for r in rows], "s--", label=model_label)
-        ax.axhline(rows[0]["sgm"], color="k", linestyle=":", label="SGM (standard analysis)")
+        ax.plot(n, [r["model"] for r in rows], "s--", color=OKABE_ITO[4], label=model_label)
+        ax.axhline(rows[0]["sgm"], color=OKABE_ITO[0], linestyle=":",
+                   label="SGM (standard analysis)")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("number of data points N")
-        ax.set_ylabel("delta(epsilon = 0)")
+        ax.set_xlabel("number of data points N (log scale)")
+        ax.set_ylabel("delta at epsilon = 0 (probability, log scale)")
         ax.set_title(panel)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+    legend_below(fig, [ax for ax, _, _ in panels], ncol=2)
+    quick_note(fig, result.settings)
     fig.suptitle(f"Audited leakage delta(0), d = {d}, "
                  f"sigma = {result.settings['noise_multiplier']:g}, one step")
     save(fig, path)
