@@ -63,6 +63,7 @@ from opacus_lastiterate.analysis._validation import (
 )
 from opacus_lastiterate.analysis.audit.result import AuditResult
 from opacus_lastiterate.analysis.audit.score_audit import ScoreAudit
+from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.analysis.sampling import (
     SamplingScheme,
@@ -542,21 +543,21 @@ class InTrainingCanaryAudit:
     # -- the report -----------------------------------------------------------------------
 
     def _reference_run(self) -> DPSGDRun | None:
-        if self._accountant is not None:
-            return DPSGDRun.from_history(self._accountant.history)
-        if self._history:
-            return DPSGDRun.from_history([tuple(h) for h in self._history])
-        return None
+        history = (
+            self._accountant.history
+            if self._accountant is not None
+            else [tuple(h) for h in self._history]
+        )
+        if not history:
+            return None
+        return DPSGDRun.from_history(history, sampling=self._sampling)
 
     def _reference_epsilons(
         self, delta: float, standard: bool
     ) -> tuple[float | None, float | None, float | None]:
+        """The heuristic, robust heuristic and standard epsilons of the run, for its sampling
+        scheme (the registry's models; the accountant's own heuristic when it has one)."""
         from opacus_lastiterate.accountants.last_iterate import LastIterateAccountant
-        from opacus_lastiterate.analysis.baselines.composition import StandardComposition
-        from opacus_lastiterate.analysis.last_iterate.heuristic import (
-            LastIterateHeuristic,
-            RobustLastIterateHeuristic,
-        )
 
         run = self._reference_run()
         if run is None or run.num_steps == 0:
@@ -564,9 +565,9 @@ class InTrainingCanaryAudit:
         if isinstance(self._accountant, LastIterateAccountant):
             heuristic = self._accountant.get_epsilon(delta)  # schedule / momentum aware
         else:
-            heuristic = LastIterateHeuristic(run).epsilon(delta)
-        robust = RobustLastIterateHeuristic(run).epsilon(delta)
-        upper = float(StandardComposition(run).epsilon(delta)) if standard else None
+            heuristic = privacy_model("heuristic", run).epsilon(delta)
+        robust = privacy_model("robust_heuristic", run).epsilon(delta)
+        upper = float(privacy_model("standard", run).epsilon(delta)) if standard else None
         return float(heuristic), float(robust), upper
 
     def report(

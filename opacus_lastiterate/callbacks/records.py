@@ -59,6 +59,8 @@ SAMPLING_LABELS: dict[str, str] = {
     "this run's batches (docs/samplers.md)",
     "poisson_assumed_epsilon": "assumes Poisson sampling: not a guarantee for this run "
     "(Opacus's number for it)",
+    "corrected_epsilon": "normalisation accountant (asgm/feasgm): its divisor model assumes "
+    "Poisson sampling, not a guarantee for this run",
 }
 """The labels that differ from :data:`LABELS` when the run's batches are not Poisson
 (shuffled, deterministic, balls-in-bins: the record's ``sampling``)."""

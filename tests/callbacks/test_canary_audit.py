@@ -44,6 +44,7 @@ def _linear_setup(
     lr: float = 0.1,
     audit: bool = True,
     device: str = "cpu",
+    poisson: bool = True,
     **audit_kwargs: Any,
 ) -> LinearRun:
     """Linear model on d = 2m coordinates; the data live on the first m, the canaries on the
@@ -54,7 +55,7 @@ def _linear_setup(
     x = torch.zeros(n, d)
     x[:, :m] = torch.randn(n, m)
     y = torch.randn(n, 1)
-    loader = DataLoader(TensorDataset(x, y), batch_size=batch)
+    loader = DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=not poisson)
     engine = PrivacyEngine(accountant="last_iterate")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -64,7 +65,7 @@ def _linear_setup(
             data_loader=loader,
             noise_multiplier=sigma,
             max_grad_norm=1.0,
-            poisson_sampling=True,
+            poisson_sampling=poisson,
         )
     q = 1 / len(dp_loader)
     canaries = None
@@ -123,6 +124,32 @@ def test_known_answer_bound_positive_and_below_heuristic(device: str) -> None:
         assert 0.5 < result.epsilon <= report.heuristic_epsilon
     # the reference epsilons are those of the accountant
     assert report.heuristic_epsilon == pytest.approx(run.engine.accountant.get_epsilon(DELTA))
+
+
+def test_known_answer_shuffled_run_bound_below_the_shuffled_heuristic() -> None:
+    """Shuffled batches (N = 200, B = 20), 5 whole epochs: each included canary is inserted
+    once per epoch, exactly as a record is used, so its score is 5 + N(0, sigma^2 T) against
+    N(0, sigma^2 T) (times lr C / B): a Gaussian mechanism with mu = 5 / (sigma sqrt(50)),
+    the shuffled heuristic, which is then the true epsilon; the one-run bounds stay below it
+    and below the Poisson value of the same history."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    run = _linear_setup(m=500, sigma=0.5, poisson=False)
+    _train(run, 50)
+    assert run.audit is not None
+    insertions, coins = run.audit.insertions(), run.audit.coins
+    assert (insertions[coins] == 5).all() and (insertions[~coins] == 0).all()
+    report = run.audit.report(delta=DELTA, standard=False)
+    mu = 5 / (0.5 * np.sqrt(50))
+    truth = brentq(
+        lambda e: norm.cdf(-e / mu + mu / 2) - np.exp(e) * norm.cdf(-e / mu - mu / 2) - DELTA,
+        0.0, 60.0, xtol=1e-12,
+    )
+    assert report.heuristic_epsilon == pytest.approx(truth, rel=1e-9)
+    grad = report.audit("gradient")
+    for result in (grad.one_run, grad.one_run_fdp):
+        assert result.is_bound and 0.5 < result.epsilon <= truth
 
 
 @pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")
