@@ -54,9 +54,9 @@ def renamed_field(name: str) -> str:
 
 SAMPLING_LABELS: dict[str, str] = {
     "standard_rdp_epsilon": "standard (all iterates), upper bound without amplification for "
-    "this run's batches (docs/samplers.md)",
+    "this run's batches",
     "standard_epsilon": "standard (all iterates), upper bound without amplification for "
-    "this run's batches (docs/samplers.md)",
+    "this run's batches",
     "poisson_assumed_epsilon": "assumes Poisson sampling: not a guarantee for this run "
     "(Opacus's number for it)",
     "corrected_epsilon": "normalisation accountant (asgm/feasgm): its divisor model assumes "
@@ -70,8 +70,8 @@ LABELS: dict[str, str] = {
     "robust_heuristic_epsilon": "robust heuristic: certified max over the last t <= T steps",
     "standard_rdp_epsilon": "standard (all iterates), RDP upper bound (min over orders)",
     "standard_epsilon": "standard (all iterates), dp_accounting PLD upper bound (tight)",
-    "corrected_epsilon": "normalisation accountant (asgm/feasgm), docs/normalisation.md",
     "poisson_assumed_epsilon": "assumes Poisson sampling: not a guarantee for this run",
+    "corrected_epsilon": "normalisation accountant (asgm/feasgm), docs/normalisation.md",
 }
 """What each epsilon field of an :class:`EpsilonRecord` is."""
 

@@ -85,8 +85,8 @@ def _check_readme_training(namespace: dict, printed: str, cwd: Path) -> None:
 
 
 def _check_readme_monitor(namespace: dict, printed: str, cwd: Path) -> None:
-    """The monitor writes privacy.jsonl: one line per step of the second epoch and a final
-    line; each heuristic epsilon is engine.get_epsilon at that step (a fresh accountant
+    """The monitor writes privacy.jsonl: one line per step of the second epoch, the last one
+    the final record; each heuristic epsilon is engine.get_epsilon at that step (a fresh accountant
     stepped as often) and the independent heuristic of the run so far."""
     import json
 
@@ -96,7 +96,7 @@ def _check_readme_monitor(namespace: dict, printed: str, cwd: Path) -> None:
     per_epoch, q = len(loader), 1 / len(loader)  # type: ignore[arg-type]
     assert engine.accountant.num_steps == 2 * per_epoch  # type: ignore[attr-defined]
     lines = [json.loads(line) for line in (cwd / "privacy.jsonl").read_text().splitlines()]
-    steps = [line["step"] for line in lines if not line["final"]]
+    steps = [line["step"] for line in lines]  # one row per step; the final one replaces the last
     assert steps == list(range(per_epoch + 1, 2 * per_epoch + 1))
     finals = [line for line in lines if line["final"]]
     assert len(finals) == 1 and lines[-1] is finals[0] and finals[0]["step"] == 2 * per_epoch
