@@ -135,14 +135,14 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         UnknownSampling,
         sampling_from_dict,
     )
-    from opacus_lastiterate.analysis.sampling_heuristic import (
-        RobustSamplingHeuristic,
-        SamplingHeuristic,
-    )
     from opacus_lastiterate.analysis.sampling_allocation import (
         BallsInBinsBound,
         balls_in_bins_pld,
         random_allocation_pld,
+    )
+    from opacus_lastiterate.analysis.sampling_heuristic import (
+        RobustSamplingHeuristic,
+        SamplingHeuristic,
     )
     from opacus_lastiterate.analysis.sampling_standard import (
         NoAmplificationBound,
