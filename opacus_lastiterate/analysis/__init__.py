@@ -6,7 +6,8 @@ Everything in this subpackage uses numpy, scipy and dp_accounting only, so it ca
 * :mod:`.run`: the description of a DP-SGD run (:class:`DPSGDRun`), validated once;
 * :mod:`.sampling`: how its batches were drawn (Poisson, shuffled, deterministic,
   balls-in-bins, unknown), part of the run description; :mod:`.sampling_heuristic` and
-  :mod:`.sampling_standard` the numbers per scheme;
+  :mod:`.sampling_standard` the numbers per scheme (:mod:`.sampling_allocation`: the
+  balls-in-bins standard number, random allocation via pld-accounting);
 * :mod:`.privacy_models`: the registry of privacy models (one name each;
   ``privacy_models.privacy_model(name, run)`` builds one: it is not re-exported here, where
   ``privacy_model`` is the module of the :class:`PrivacyModel` protocol);
@@ -134,6 +135,11 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         UnknownSampling,
         sampling_from_dict,
     )
+    from opacus_lastiterate.analysis.sampling_allocation import (
+        BallsInBinsBound,
+        balls_in_bins_pld,
+        random_allocation_pld,
+    )
     from opacus_lastiterate.analysis.sampling_heuristic import (
         RobustSamplingHeuristic,
         SamplingHeuristic,
@@ -168,6 +174,9 @@ _LAZY: dict[str, str] = {
     "SamplingHeuristic": "sampling_heuristic",
     "RobustSamplingHeuristic": "sampling_heuristic",
     "NoAmplificationBound": "sampling_standard",
+    "BallsInBinsBound": "sampling_allocation",
+    "balls_in_bins_pld": "sampling_allocation",
+    "random_allocation_pld": "sampling_allocation",
     "PoissonAssumed": "sampling_standard",
     "ShuffleLowerBound": "sampling_standard",
     "FEASGM": "normalisation.divisor_leak",
@@ -237,6 +246,7 @@ __all__ = [
     "PRIVACY_MODEL_NAMES",
     "SAMPLING_NAMES",
     "BallsInBins",
+    "BallsInBinsBound",
     "BatchSizePlan",
     "DPSGDRun",
     "DeterministicBatches",
@@ -275,6 +285,7 @@ __all__ = [
     "WeightedHeuristicResult",
     "asgm_delta",
     "asgm_epsilon",
+    "balls_in_bins_pld",
     "builtin_schedule",
     "calibrate_noise_multiplier",
     "certified_suffix_maximum",
@@ -298,6 +309,7 @@ __all__ = [
     "public_divisor_verdict",
     "quadratic_regulariser_comparison",
     "quadratic_regulariser_epsilon",
+    "random_allocation_pld",
     "robust_heuristic_delta",
     "robust_heuristic_epsilon",
     "sampling_from_dict",

@@ -25,7 +25,9 @@ deterministic or balls-in-bins batches (or an unknown sampler assuming one of th
 ``"heuristic"`` builds :class:`~.sampling_heuristic.SamplingHeuristic`, ``"robust_heuristic"``
 :class:`~.sampling_heuristic.RobustSamplingHeuristic` and ``"standard"`` and
 ``"standard_rdp"`` :class:`~.sampling_standard.NoAmplificationBound` (an upper bound without
-amplification, in closed form); each carries the scheme in its label. ``"full_batch"``,
+amplification, in closed form), except ``"standard"`` on a balls-in-bins run, which builds
+:class:`~.sampling_allocation.BallsInBinsBound` (random allocation, pld-accounting; without it
+installed, the same no-amplification value, so labelled); each carries the scheme in its label. ``"full_batch"``,
 ``"asgm"`` and ``"feasgm"`` are unchanged. A run with ``sampling=None`` or
 :class:`~.sampling.PoissonSampling` gets the classes of the table, unchanged. ``"asgm"`` and ``"feasgm"`` read what they need beyond the segments from
 ``run.normalisation`` (``docs/normalisation.md``).
@@ -131,9 +133,10 @@ class PrivacyModelEntry:
                 f"its parameters: {known}."
             )
         checked = as_run(run)
-        epoch_class = _EPOCH_CLASSES.get(self.name)
+        scheme = effective_sampling(checked.sampling)
+        epoch_class = _SCHEME_CLASSES.get((self.name, type(scheme)), _EPOCH_CLASSES.get(self.name))
         if epoch_class is not None and isinstance(
-            effective_sampling(checked.sampling), (ShuffledBatches, DeterministicBatches, BallsInBins)
+            scheme, (ShuffledBatches, DeterministicBatches, BallsInBins)
         ):
             module, _, cls_name = epoch_class.partition(":")
             cls = getattr(importlib.import_module(module), cls_name)
@@ -202,6 +205,11 @@ _EPOCH_CLASSES = {
     "robust_heuristic": _PREFIX + "sampling_heuristic:RobustSamplingHeuristic",
     "standard": _PREFIX + "sampling_standard:NoAmplificationBound",
     "standard_rdp": _PREFIX + "sampling_standard:NoAmplificationBound",
+}
+
+# Where one scheme has its own class for a name (module docstring): (name, scheme type) -> class.
+_SCHEME_CLASSES: dict[tuple[str, type], str] = {
+    ("standard", BallsInBins): _PREFIX + "sampling_allocation:BallsInBinsBound",
 }
 
 PRIVACY_MODELS: Mapping[str, PrivacyModelEntry] = MappingProxyType({e.name: e for e in _ENTRIES})
