@@ -5,24 +5,19 @@ accountants (and the textbook) assume Poisson sampling. This module reads the lo
 training actually uses and names its sampling scheme
 (:mod:`opacus_lastiterate.analysis.sampling`):
 
-========================================================  =====================================
-loader / sampler                                          scheme
-========================================================  =====================================
-Opacus ``DPDataLoader`` (``UniformWithReplacementSampler``  Poisson at its ``sample_rate``
-or the distributed one)
-:class:`~opacus_lastiterate.samplers.BallsInBinsBatchSampler`  balls-in-bins
-``BatchSampler`` over ``RandomSampler`` (no replacement)    shuffled fixed-size batches
-``BatchSampler`` over ``SubsetRandomSampler``               shuffled, over the subset
-``BatchSampler`` over ``SequentialSampler``                 deterministic order
-``BatchSampler`` over ``DistributedSampler``                shuffled (``shuffle=True``) or
-                                                            deterministic, global batch =
-                                                            per-rank batch x ranks
-wrappers with a ``batch_sampler`` / ``sampler`` attribute   looked through (Hugging Face
-(accelerate's ``BatchSamplerShard``, ...)                   Accelerate's loaders)
-anything else (``WeightedRandomSampler``, a sampler with    unknown: the numbers are computed
-replacement, a custom sampler, an ``IterableDataset``)      assuming Poisson at Opacus's rate,
-                                                            and say so
-========================================================  =====================================
+* Opacus ``DPDataLoader`` (``UniformWithReplacementSampler`` or the distributed one):
+  Poisson at its ``sample_rate``;
+* :class:`~opacus_lastiterate.samplers.BallsInBinsBatchSampler`: balls-in-bins;
+* a ``BatchSampler`` over ``RandomSampler`` (no replacement) or ``SubsetRandomSampler``:
+  shuffled fixed-size batches (over the subset);
+* a ``BatchSampler`` over ``SequentialSampler``: deterministic order;
+* a ``BatchSampler`` over ``DistributedSampler``: shuffled (``shuffle=True``) or deterministic,
+  global batch = per-rank batch x ranks (one that pads by repeating records is unknown);
+* wrappers with a ``batch_sampler`` attribute (Accelerate's ``BatchSamplerShard``, ...) are
+  looked through (Hugging Face's loaders);
+* anything else (``WeightedRandomSampler``, a sampler with replacement, a custom sampler, an
+  ``IterableDataset``): unknown; the numbers are computed assuming Poisson at Opacus's rate,
+  and say so.
 
 Detection never raises on a loader Opacus accepts: what it cannot read is "unknown".
 """

@@ -130,7 +130,7 @@ def _loader_length(n: int, b: int, drop_last: bool) -> int:
 @dataclass(frozen=True)
 class AccountingPlan:
     """How one version runs a configuration: the accountant's q and steps, the sampler's q
-    (None: fixed-size shuffled batches), the divisor (None: the realised |B|)."""
+    (None: fixed-size shuffled batches), the divisor (None: the realised ``|B|``)."""
 
     poisson: bool  # records are really Poisson-sampled
     accountant_rate: float

@@ -11,7 +11,7 @@ direction, the worst case of the Poisson heuristic) the pair is
 
 with X_e the canary's weighted contribution in epoch e, independent across epochs:
 
-* shuffled batches: X_e = w_t with probability |batch j(t)| / N for each step t of epoch e
+* shuffled batches: X_e = w_t with probability ``|batch j(t)| / N`` for each step t of epoch e
   (its batch is the one holding its slot of a uniform permutation), 0 with the rest of the
   probability (the records dropped by ``drop_last``, and the positions of epoch e outside the
   run: a partial first or last epoch);
@@ -23,8 +23,8 @@ with X_e the canary's weighted contribution in epoch e, independent across epoch
 delta(eps) = max(H_{e^eps}(P, Q), H_{e^eps}(Q, P)) as for Poisson
 (:class:`~.last_iterate.gaussian_mixture.ShiftedGaussianMixture`).
 
-Computation
------------
+**Computation.**
+
 * Equal weights (plain SGD at a constant learning rate, any noise multipliers): the count of
   epochs that use the canary is a Poisson-binomial sum of Bernoulli(P_e), P_e the epoch's
   probability mass inside the run, computed exactly (:mod:`.last_iterate.canary_count`). With
@@ -136,7 +136,7 @@ class EpochLayout:
         return math.sqrt(float(np.sum((self.weights * self.sigmas) ** 2)))
 
     def epoch_options(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per epoch: (the weights w_t of its steps, their probabilities |batch| / N)."""
+        """Per epoch: (the weights w_t of its steps, their probabilities ``|batch| / N``)."""
         out = []
         bounds = np.flatnonzero(np.diff(self.epoch)) + 1
         for idx in np.split(np.arange(self.epoch.size), bounds):

@@ -6,7 +6,7 @@ enters the steps the way a real record does (``docs/samplers.md``):
 * **Poisson** (``None``, :class:`~opacus_lastiterate.analysis.sampling.PoissonSampling`, or an
   unknown sampler assumed Poisson): in every step independently with probability q;
 * **shuffled batches** and **balls-in-bins**: once per epoch, at a step drawn at the start of
-  each epoch with the scheme's probabilities (|batch j| / N for shuffled batches, the rest of
+  each epoch with the scheme's probabilities (``|batch j| / N`` for shuffled batches, the rest of
   the mass being the records ``drop_last`` drops; 1 / b for balls-in-bins);
 * **deterministic order**: at one step of the epoch drawn once, the same in every epoch.
 

@@ -166,6 +166,11 @@ def labels_for(sampling: str) -> dict[str, str]:
         del out["poisson_assumed_epsilon"]  # the standard fields are Poisson's already
     else:
         out.update(SAMPLING_LABELS)
+        if sampling.startswith("balls_in_bins") or sampling.endswith("(assumes balls_in_bins)"):
+            out["standard_epsilon"] = (
+                "standard (all iterates), random-allocation upper bound (pld-accounting; "
+                "the bound without amplification when that extra is not installed)"
+            )
     if sampling != "poisson":
         out = {k: f"{v} [batches: {sampling}]" for k, v in out.items()}
     return out

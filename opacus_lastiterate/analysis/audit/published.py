@@ -125,10 +125,11 @@ def statistics_side_by_side(
     """The three statistics of one set of scores, in the order a report shows them.
 
     Returns:
-        ``{"as published": published_gdp_epsilon(alpha = (1 - confidence)),
-        "gaussian-dp bonferroni": ScoreAudit.gaussian_dp(Bonferroni()) (an estimate, mu
-        valid against mu-GDP), "clopper-pearson": ScoreAudit.clopper_pearson(
-        threshold_strategy) (a lower bound)}``.
+        A dict with three entries: ``"as published"`` (:func:`published_gdp_epsilon` at
+        alpha = 1 - confidence), ``"gaussian-dp bonferroni"`` (``ScoreAudit.gaussian_dp``
+        with a Bonferroni correction: an estimate, valid against mu-GDP) and
+        ``"clopper-pearson"`` (``ScoreAudit.clopper_pearson`` with ``threshold_strategy``:
+        a lower bound).
     """
     c = check_in_interval("confidence", confidence, 0.0, 1.0)
     audit = ScoreAudit(in_scores, out_scores)
