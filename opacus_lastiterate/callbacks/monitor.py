@@ -45,9 +45,7 @@ rank-dependent: by default they are called on rank 0 only (``sink_rank``).
 from __future__ import annotations
 
 import dataclasses
-import numbers
-import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from opacus_lastiterate._lazy import moved_name
@@ -63,7 +61,10 @@ from opacus_lastiterate.accountants import (
 )
 from opacus_lastiterate.accountants.engine_sampling import warn_about_detection
 from opacus_lastiterate.analysis._validation import check_delta
+from opacus_lastiterate.callbacks._checkpoint import monitor_state, restore, rewind
 from opacus_lastiterate.callbacks._evaluation_process import ProcessEvaluator
+from opacus_lastiterate.callbacks._optimizer_hooks import OptimizerHooks
+from opacus_lastiterate.callbacks._optimizer_hooks import host_float as _host_float
 from opacus_lastiterate.callbacks.budget import BudgetGuard, BudgetMetric, PrivacyBudget
 from opacus_lastiterate.callbacks.cadence import (
     DOUBLING_START,
@@ -110,20 +111,6 @@ def __getattr__(name: str) -> Any:
     if name == "IncrementalRDP":
         return moved_name(__name__, name, "opacus_lastiterate.accountants")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-_ATTACHED: weakref.WeakKeyDictionary[Any, PrivacyMonitor] = weakref.WeakKeyDictionary()
-"""The monitor attached to each optimizer (one at most)."""
-
-
-def _host_float(value: object) -> float | None:
-    """A learning rate as a float without a device synchronisation (None for a CUDA tensor)."""
-    if isinstance(value, numbers.Real):
-        return float(value)
-    device = getattr(value, "device", None)
-    if device is not None and getattr(device, "type", "cpu") == "cpu":
-        return float(value)  # type: ignore[arg-type]
-    return None
 
 
 # -- the monitor ----------------------------------------------------------------------------
@@ -236,19 +223,13 @@ class PrivacyMonitor:
         self.audit = audit
         self.audit_result: Any = None
         self.records_emitted = 0
-        self.physical_steps = 0
-        """``optimizer.step()`` calls seen while attached (virtual steps included)."""
-        self._physical_at: dict[int, int] = {}  # logical step -> physical steps then
-        self._own_pre_step: Any = None  # the optimizer's own instance pre_step, if any
+        self._hooks = OptimizerHooks()  # the optimizer's wrapping; counts physical steps
         self.last_record: EpsilonRecord | None = None
         """The last record sent to the sinks (records are sent when they are flushed)."""
         self.should_stop = False
         """True once the budget refused a step (``action="stop"``)."""
         self.stop_reason: str | None = None
-        self._skip_update = False
-        self._optimizer: Any = None
         self._was_attached = False
-        self._inner_hook: Callable[[Any], None] | None = None
         self._evaluator: Evaluator | None = None
         self._sync()
         if optimizer is not None:
@@ -299,24 +280,15 @@ class PrivacyMonitor:
     def _make_evaluator(
         self, dropped: int, rdp: Sequence[float] | None, last_lr: float | None
     ) -> Evaluator:
-        """An evaluator at the accountant's state less its last ``dropped`` steps."""
-        corrected = self._corrected if self._own_corrected else None
-        if self.evaluation == "process":
-            return ProcessEvaluator(
-                self.accountant,
-                delta=self.delta,
-                cadences=self.cadences,
-                corrected=corrected,
-                overhead=self._overhead,
-                dropped=dropped,
-                rdp=rdp,
-                last_lr=last_lr,
-            )
-        return InlineEvaluator(
+        """An evaluator at the accountant's state less its last ``dropped`` steps (the
+        process evaluator is given the corrected accountant only when the monitor feeds it)."""
+        process = self.evaluation == "process"
+        evaluator = ProcessEvaluator if process else InlineEvaluator
+        return evaluator(
             self.accountant,
             delta=self.delta,
             cadences=self.cadences,
-            corrected=self._corrected,
+            corrected=None if process and not self._own_corrected else self._corrected,
             overhead=self._overhead,
             dropped=dropped,
             rdp=rdp,
@@ -338,12 +310,21 @@ class PrivacyMonitor:
     @property
     def attached(self) -> bool:
         """Whether the monitor is attached to an optimizer."""
-        return self._optimizer is not None
+        return self._hooks.optimizer is not None
 
     @property
     def optimizer(self) -> Any:
         """The ``DPOptimizer`` the monitor is attached to (None when detached)."""
-        return self._optimizer
+        return self._hooks.optimizer
+
+    @property
+    def physical_steps(self) -> int:
+        """``optimizer.step()`` calls seen while attached (virtual steps included)."""
+        return self._hooks.physical_steps
+
+    @physical_steps.setter
+    def physical_steps(self, value: int) -> None:
+        self._hooks.physical_steps = value
 
     @property
     def num_steps(self) -> int:
@@ -364,51 +345,15 @@ class PrivacyMonitor:
             ValueError: if it has no step hook (no accountant attached) or the monitor is
                 attached already.
         """
-        from opacus.optimizers import DPOptimizer
-
-        if not isinstance(optimizer, DPOptimizer):
-            raise TypeError(
-                "`optimizer` must be the Opacus DPOptimizer returned by make_private, got "
-                f"{type(optimizer).__name__}."
-            )
-        if self._optimizer is not None:
-            if self._optimizer is optimizer:
-                return self
-            raise ValueError("this PrivacyMonitor is attached to another optimizer already.")
-        if optimizer in _ATTACHED:
-            raise ValueError("`optimizer` has a PrivacyMonitor attached already.")
-        if optimizer.step_hook is None:
-            raise ValueError(
-                "`optimizer` has no step hook: make_private attaches the accountant's hook; "
-                "a monitor needs it to follow the accountant."
-            )
+        if not self._hooks.check(optimizer):
+            return self  # attached to it already
         assert self._evaluator is not None
         if not self._queue and (
             self._evaluator.evaluated != steps_of(self.accountant)
             or self._synced_sampling != getattr(self.accountant, "sampling", None)
         ):
             self._sync()  # the accountant moved on (or make_private gave it its sampling)
-        self._inner_hook = optimizer.step_hook
-        optimizer.step_hook = self._on_pre_step  # type: ignore[assignment]
-        inner = optimizer.original_optimizer
-        inner_step = inner.step
-
-        def step(*args: Any, **kwargs: Any) -> Any:
-            return self._on_update(inner_step, *args, **kwargs)
-
-        inner.step = step  # instance attribute: DPOptimizer.step calls original_optimizer.step()
-        self._own_pre_step = optimizer.__dict__.get("pre_step")
-        pre_step = optimizer.pre_step
-
-        def counted_pre_step(*args: Any, **kwargs: Any) -> Any:  # every physical step
-            self.physical_steps += 1
-            return pre_step(*args, **kwargs)
-
-        # DPOptimizer.step calls self.pre_step() once per optimizer.step() call, skipped
-        # (virtual) steps included; step itself is left alone (LR schedulers wrap it)
-        optimizer.pre_step = counted_pre_step  # type: ignore[method-assign]
-        _ATTACHED[optimizer] = self
-        self._optimizer = optimizer
+        self._hooks.install(optimizer, self, self._on_pre_step, self._after_update)
         self._was_attached = True
         self._overhead.restart()
         return self
@@ -432,18 +377,10 @@ class PrivacyMonitor:
 
     def detach(self) -> None:
         """Flush, then undo :meth:`attach` (the accountant's hook is restored)."""
-        opt = self._optimizer
-        if opt is None:
+        if self._hooks.optimizer is None:
             return
         self.flush()
-        opt.step_hook = self._inner_hook
-        opt.original_optimizer.__dict__.pop("step", None)
-        if self._own_pre_step is not None:
-            opt.pre_step = self._own_pre_step
-        else:
-            opt.__dict__.pop("pre_step", None)
-        _ATTACHED.pop(opt, None)
-        self._optimizer = None
+        self._hooks.remove()
 
     # -- per step: the hot path -------------------------------------------------------------
 
@@ -451,10 +388,11 @@ class PrivacyMonitor:
         """The wrapped step hook: the accountant records the step, the monitor queues it
         and checks the budget. No epsilon is computed here unless the budget needs it."""
         if self.should_stop:
-            self._skip_update = True
+            self._hooks.skip_update = True
             return
-        assert self._inner_hook is not None
-        self._inner_hook(optim)
+        inner_hook = self._hooks.inner_hook
+        assert inner_hook is not None
+        inner_hook(optim)
         acc = self.accountant
         sigma, q = last_step_of(acc)
         if self._own_corrected:  # what its own hook would record: the same (sigma, q)
@@ -467,20 +405,16 @@ class PrivacyMonitor:
             acc.last_settings if self._heuristic else None,
         )
         self._queue.append(entry)
-        self._physical_at[entry[0]] = self.physical_steps
+        self._hooks.mark(entry[0])
         if self._guard is not None:
             self._check_budget(entry)
 
-    def _on_update(self, inner_step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self._skip_update:
-            self._skip_update = False
-            return None
-        out = inner_step(*args, **kwargs)
+    def _after_update(self) -> None:
+        """After each update applied: flush when ``flush_every`` steps wait."""
         assert self._evaluator is not None
         backlog = len(self._queue) if self._evaluator.offloads else self.pending
         if self.flush_every is not None and backlog >= self.flush_every:
             self.flush()
-        return out
 
     # -- the budget guard -----------------------------------------------------------------
 
@@ -499,7 +433,7 @@ class PrivacyMonitor:
         if guard.budget.action == "raise":
             raise refusal
         self.should_stop = True
-        self._skip_update = True
+        self._hooks.skip_update = True
 
     # -- evaluation -----------------------------------------------------------------------
 
@@ -522,11 +456,9 @@ class PrivacyMonitor:
         self._ready.extend(self._evaluator.drain())
 
     def _emit(self, record: EpsilonRecord) -> EpsilonRecord:
-        physical = self._physical_at.get(record.step)
+        physical = self._hooks.physical_steps_at(record.step)
         if physical is not None:
             record = dataclasses.replace(record, physical_steps=physical)
-            for old in [s for s in self._physical_at if s < record.step]:
-                del self._physical_at[old]
         self.last_record = record
         self.records_emitted += 1
         if self.calls_sinks:
@@ -614,27 +546,17 @@ class PrivacyMonitor:
         checkpoint (with ``evaluation="process"``, after waiting for every record)."""
         self._drain()
         self.flush()
-
-        def plain(state: Mapping[str, Any]) -> dict[str, Any]:
-            return {
-                k: ([list(e) for e in v] if isinstance(v, list) else v)
-                for k, v in state.items()
-            }
-
         assert self._evaluator is not None
-        return {
-            "format": 2,
-            "accountant": plain(self.accountant.state_dict()),
-            "corrected_accountant": (
-                plain(self._corrected.state_dict()) if self._own_corrected else None
-            ),
-            "rdp": [float(v) for v in self._evaluator.rdp_vector],
-            "should_stop": self.should_stop,
-            "stop_reason": self.stop_reason,
-            "records_emitted": self.records_emitted,
-            "physical_steps": self.physical_steps,
-            "last_record": None if self.last_record is None else self.last_record.as_dict(),
-        }
+        return monitor_state(
+            accountant=self.accountant,
+            corrected=self._corrected if self._own_corrected else None,
+            rdp=self._evaluator.rdp_vector,
+            should_stop=self.should_stop,
+            stop_reason=self.stop_reason,
+            records_emitted=self.records_emitted,
+            physical_steps=self.physical_steps,
+            last_record=self.last_record,
+        )
 
     def load_state_dict(self, state: Mapping[str, Any], *, rewind_sinks: bool = True) -> None:
         """Restore :meth:`state_dict` (the accountants' histories included); records queued
@@ -650,48 +572,17 @@ class PrivacyMonitor:
             TypeError, ValueError: if ``state`` is not such a state; nothing changes then
                 unless an accountant rejects its part.
         """
-        if not isinstance(state, Mapping) or state.get("format") not in (1, 2):
-            raise ValueError("`state` must be a PrivacyMonitor.state_dict() (format 1 or 2).")
-        last = state.get("last_record")
-        if last is not None:
-            if not isinstance(last, Mapping):
-                raise ValueError(f"`state['last_record']` must have the keys {FIELDS}.")
-            try:
-                last_record: EpsilonRecord | None = EpsilonRecord.from_dict(last)
-            except (TypeError, ValueError) as err:
-                raise ValueError(f"`state['last_record']` must have the keys {FIELDS}.") from err
-        else:
-            last_record = None
-        rdp = state.get("rdp")
-        if rdp is not None and (
-            not isinstance(rdp, (list, tuple))
-            or not all(isinstance(v, numbers.Real) for v in rdp)
-        ):
-            raise ValueError("`state['rdp']` must be a list of numbers.")
-
-        def tuples(s: Mapping[str, Any]) -> dict[str, Any]:
-            return {
-                k: ([tuple(e) for e in v] if k in ("history", "optimizer_trace") else v)
-                for k, v in s.items()
-            }
-
-        self.accountant.load_state_dict(tuples(state["accountant"]))
-        if self._own_corrected and state.get("corrected_accountant") is not None:
-            self._corrected.load_state_dict(tuples(state["corrected_accountant"]))
-        self.should_stop = bool(state.get("should_stop", False))
-        self.stop_reason = state.get("stop_reason")
-        self.records_emitted = int(state.get("records_emitted", 0))
-        self.physical_steps = int(state.get("physical_steps", 0))
-        self._physical_at = {}
-        self.last_record = last_record
-        self._sync(rdp)
+        restored = restore(state, self.accountant, self._corrected if self._own_corrected else None)
+        self.should_stop = restored.should_stop
+        self.stop_reason = restored.stop_reason
+        self.records_emitted = restored.records_emitted
+        self._hooks.restart(restored.physical_steps)
+        self.last_record = restored.last_record
+        self._sync(restored.rdp)
         self._overhead.restart()
         assert self._evaluator is not None
         if rewind_sinks and self.calls_sinks:
-            for sink in self.sinks:
-                rewind = getattr(sink, "rewind", None)
-                if callable(rewind):
-                    rewind(self._evaluator.evaluated)
+            rewind(self.sinks, self._evaluator.evaluated)
 
     def __repr__(self) -> str:
         return (
