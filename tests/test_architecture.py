@@ -114,7 +114,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 PRIVATE_ACCESS_FOLDERS = ("callbacks", "auditing")
 THIRD_PARTY_PRIVATE: dict[str, str] = {
     # "path:expression" -> why there is no public way; each is a documented exception
-    "opacus_lastiterate/auditing/opacus_releases/probe.py:engine._set_seed": (
+    "opacus_lastiterate/auditing/opacus_releases/_driver.py:engine._set_seed": (
         "Opacus 0.x, probed as released: its PrivacyEngine has no public way to seed the noise"
     ),
     "opacus_lastiterate/auditing/runner/process_pool.py:"

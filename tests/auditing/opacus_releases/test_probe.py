@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,13 +33,52 @@ from opacus_lastiterate.auditing.opacus_releases.real_code_audit import (
     summarise_audit,
 )
 
+PROBE_FILES = ("probe.py", "_driver.py", "_observations.py")  # probe.py and what it loads
 
-def test_probe_module_imports_only_the_standard_library_torch_numpy_and_opacus() -> None:
-    # the sweep runs this file by path in environments that hold one Opacus release only
-    tree = ast.parse(Path(opacus_probe.__file__).read_text())
+
+@pytest.mark.parametrize("name", PROBE_FILES)
+def test_probe_module_imports_only_the_standard_library_torch_numpy_and_opacus(name: str) -> None:
+    # the sweep runs probe.py by path in environments that hold one Opacus release only
+    tree = ast.parse((Path(opacus_probe.__file__).parent / name).read_text())
     roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert roots <= set(sys.stdlib_module_names) | {"torch", "numpy", "opacus"}
+    relative = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level for a in n.names}
+    loaded = {
+        n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute) and n.func.attr == "import_module"
+        and isinstance(n.args[0], ast.Constant)
+    }  # fmt: skip
+    assert {f"{m}.py" for m in relative | loaded} <= set(PROBE_FILES)
+    assert relative == loaded  # by path, the same siblings as in the package
+
+
+@pytest.mark.slow  # a fresh interpreter imports torch and opacus (~10-20 s)
+def test_probe_runs_by_path_without_the_package_as_in_the_package(tmp_path: Path) -> None:
+    # the sweep's way (scripts/probe_opacus_versions.py): the file by path, from a folder that
+    # is not the repository; here the package cannot be imported at all
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'opacus_lastiterate':\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"), OMP_NUM_THREADS="1")
+    config = dict(trials=2, steps=3, dimension=5, others=9, batch_size=5, noise_multiplier=1.0)
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in config.items()]
+    result = subprocess.run(
+        [sys.executable, opacus_probe.__file__, "audit", "--seed=4", "--out=obs.npz", *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    by_path = np.load(tmp_path / "obs.npz")
+    here = opacus_probe.audit_observations(with_canary=True, seed=5, **config)
+    for key in ("u", "v", "status"):
+        np.testing.assert_array_equal(by_path[f"with_{key}"], np.asarray(here[key]))
+    assert float(by_path["with_reported_epsilon"]) == here["reported_epsilon"]
 
 
 def test_api_generation_follows_the_releases() -> None:
