@@ -88,6 +88,7 @@ import numpy as np
 from scipy import signal
 
 from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
+from opacus_lastiterate.analysis.last_iterate.incremental_fourier import IncrementalCharacteristic
 from opacus_lastiterate.analysis.last_iterate.weighted_fourier import fourier_solve
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
     WeightedHeuristicResult,
@@ -291,6 +292,8 @@ class IncrementalWeightedHeuristic:
         self._fine_points = self.fine_points / self.accuracy
         self._state: _State | None = None
         self._fourier = bool(fourier)  # epsilon by weighted_fourier until it first declines
+        # the characteristic function kept step by step (after a first answer from scratch)
+        self._characteristic: IncrementalCharacteristic | None = None
         # active window (steps frozen..T-1): R_t(T)
         self._r = np.zeros(0)
         self._exponent = 0
@@ -534,6 +537,7 @@ class IncrementalWeightedHeuristic:
                 self._state = None  # no grid to keep up to date while this route answers
                 return got
             self._fourier = False
+            self._characteristic = None
         state = self._state
         if state is None:
             state = self._state = self._build()
@@ -562,7 +566,21 @@ class IncrementalWeightedHeuristic:
         return result(upper, lower, rel, round(self._fine_points), size, up.dropped)
 
     def _fourier_solve(self, delta: float) -> WeightedHeuristicResult | None:
-        """Exact weights through the characteristic function (:mod:`.weighted_fourier`)."""
+        """Exact weights through the characteristic function, kept up to date step by step
+        (:mod:`.incremental_fourier`); from scratch (:mod:`.weighted_fourier`) whenever the
+        kept one declines."""
+        char = self._characteristic
+        if char is None:
+            assert self._settings is not None
+            char = self._characteristic = IncrementalCharacteristic(*self._settings)
+        got = char.solve(delta, self._eta, self._sigma, self._q, self.accuracy)
+        if got is not None:
+            upper, lower, terms = got
+            rel = (upper - lower) / upper if upper > 0 else 0.0
+            return WeightedHeuristicResult(
+                upper, lower, rel, self.accuracy, False, 0, terms, 0.0, self.num_steps,
+                "epsilon", delta,
+            )  # fmt: skip
         w = self._weights(0, self._discounted_rates())
         keep = w > 0
         return fourier_solve(

@@ -1,0 +1,239 @@
+"""Both epsilons of the grid-free weighted heuristic from one scan, the roots refined together.
+
+:mod:`.weighted_fourier` reads each epsilon at a root in x of a gap function (the stationary
+point of a hockey-stick divergence), found by a scan of x and a scalar root find per root: four
+of them (two directions, the upper and the lower bound), each about 13 calls of numpy on one
+point. Here the brackets of the scan are refined together: a safeguarded Newton step on every
+bracket at once (the slope of each gap function is known in closed form from p~ and dp~/dx),
+pushed across the root by the size of its last step so that both ends of every bracket
+tighten, until the brackets are narrower than ``XTOL`` x s or the epsilons at their two ends
+agree to 1e-9 (relative: a millionth of the usual ``accuracy``).
+
+Each epsilon is then read at the *safe end* of its bracket, where the sign of the gap has
+been evaluated: the upper bound at the end where the approximate divergence (solved against
+delta - e) is already <= delta - e, the lower bound where it is still >= delta + e. So the
+upper value is an upper bound and the lower value a lower bound on the exact weighted
+heuristic whatever the refinement achieved (a bracket left wide only widens the gap between
+them, which the caller checks against the requested accuracy).
+
+With L = p~/q (increasing) and Qt the tail of Q:
+
+* P -> Q: g(x) = 1 - F~(x) - L Qt(x) - (delta - sign e), g' = -L Qt (p~'/p~ + (x + mu)/s^2);
+  g decreases; epsilon = log L(x);
+* Q -> P: g(x) = Q(X <= x) - F~(x)/L - (delta - sign e / L), g' = (F~ - sign e)/L x
+  (p~'/p~ + (x + mu)/s^2); g increases; epsilon = -log L(x).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import special
+
+from opacus_lastiterate.analysis.last_iterate.weighted_fourier import Inversion
+
+__all__ = ["XTOL", "solve_epsilons"]
+
+XTOL = 1e-11
+"""Bracket width, relative to s, below which a root is not refined further."""
+_ROUNDS = 12
+_DEBUG = False
+_PUSH = 3.0  # probes at _PUSH x the predicted miss of a Newton step either side of it
+_LTOL = 1e-9  # epsilons at the two ends of a bracket that agree to this (relative) are final
+_SQRT_HALF_PI = math.sqrt(math.pi / 2.0)
+_SQRT2 = math.sqrt(2.0)
+
+
+class _Gaps:
+    """The gap functions of both directions at any points, for one inversion."""
+
+    def __init__(self, inv: Inversion, delta: float) -> None:
+        self.inv, self.delta = inv, delta
+        theta = inv.k * inv.step
+        # with E = e^{-i theta x} = cos - i sin: Im(E phi / k) (for F~), Re(E phi) (p~) and
+        # Im(E phi theta) (dp~/dx) are cos @ vc + sin @ vs
+        phi = inv.phi
+        a, b = phi / inv.k, phi * theta
+        self.vc = np.stack([a.imag, phi.real, b.imag], axis=1)
+        self.vs = np.stack([-a.real, phi.imag, -b.real], axis=1)
+        self.theta = theta
+        self.c = inv.step / math.pi
+        self.log_s = math.log(inv.s) + 0.5 * math.log(2.0 * math.pi)
+
+    def at(
+        self, x: np.ndarray, sign: np.ndarray, pq: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(g, g', log L) of each problem at its point x (pq: the direction P -> Q)."""
+        ph = np.multiply.outer(x.ravel(), self.theta)
+        r = (np.cos(ph) @ self.vc + np.sin(ph) @ self.vs).reshape(*x.shape, 3)
+        cdf = 0.5 - r[..., 0] / math.pi
+        pdf = self.c * r[..., 1]
+        slope = self.c * r[..., 2]
+        return self.values(x, cdf, pdf, slope, sign, pq)
+
+    def values(
+        self, x: np.ndarray, cdf: np.ndarray, pdf: np.ndarray, slope: np.ndarray | None,
+        sign: np.ndarray | float, pq: np.ndarray | bool,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(g, g', log L) from (F~, p~, dp~/dx) at x (no ``np.errstate`` here: it makes every
+        numpy call inside it several times slower; the operations below cannot overflow in
+        [a, b], where L >= p~ floor s sqrt(2 pi) > 1e-300, and NaN marks p~ below its floor)."""
+        inv = self.inv
+        z = (x + inv.mu) / inv.s
+        solid = pdf > inv.pdf_floor
+        safe = np.where(solid, pdf, 1.0)
+        log_l = np.log(safe) + (0.5 * z * z + self.log_s)
+        log_l[~solid] = np.nan
+        inv_l = np.exp(-log_l)
+        tail_q = safe * (inv.s * _SQRT_HALF_PI) * special.erfcx(z * (1.0 / _SQRT2))
+        err = sign * inv.error
+        g = np.where(
+            pq, (1.0 - cdf) - tail_q - (self.delta - err),
+            special.ndtr(z) - cdf * inv_l - (self.delta - err * inv_l),
+        )  # fmt: skip
+        if slope is None:
+            return g, g, log_l
+        dlog = slope / safe + z / inv.s
+        d = np.where(pq, -tail_q, (cdf - err) * inv_l) * dlog
+        return g, d, log_l
+
+
+def _bracket(values: np.ndarray, decreasing: bool) -> int | None:
+    """The index i of the scan's single sign change between i and i + 1 (as
+    :func:`.weighted_fourier._root`), or None."""
+    ok = np.isfinite(values)
+    left = values > 0 if decreasing else values < 0
+    idx = np.nonzero(ok[:-1] & ok[1:] & left[:-1] & ~left[1:])[0]
+    return int(idx[0]) if idx.size == 1 else None
+
+
+def solve_epsilons(
+    inv: Inversion, delta: float, xs: np.ndarray, cdf: np.ndarray, pdf: np.ndarray
+) -> tuple[float, float] | None:
+    """(upper, lower) epsilon at ``delta`` from the scan (F~, p~) at the points ``xs``, or
+    None where the scan does not certify them (module docstring; the same cases as
+    :mod:`.weighted_fourier`: no point above the noise floor, a non-increasing likelihood
+    ratio, no single crossing)."""
+    gaps = _Gaps(inv, delta)
+    # both directions at sign 0; sign +-1 shifts them by -+ e (P -> Q) and -+ e / L (Q -> P)
+    g_pq, _, log_l = gaps.values(xs, cdf, pdf, None, 0.0, True)
+    g_qp, _, _ = gaps.values(xs, cdf, pdf, None, 0.0, False)
+    finite = np.isfinite(log_l)
+    if not finite.any() or np.any(np.diff(log_l[finite]) <= 0):
+        return None
+    inv_l = np.exp(-log_l)
+    found: dict[float, list[float]] = {1.0: [], -1.0: []}
+    # (P -> Q, sign, the bracket's ends, the gap and log L there, from the scan)
+    problems: list[tuple[bool, float, float, float, float, float, float, float]] = []
+    n = xs.size
+    above = finite & (log_l >= 0.0)
+    below = finite & (log_l <= 0.0)
+    first = int(np.argmax(above)) if above.any() else -1
+    if below.any():
+        last = n - int(np.argmax(below[::-1]))
+        lo = int(np.argmax(below))
+    for sign in (1.0, -1.0):
+        if first >= 0:
+            g1 = g_pq[first:] + sign * inv.error
+            if g1[0] <= 0:  # below delta already at the first point with L >= 1
+                found[sign].append(float(log_l[first]) if sign > 0 else 0.0)
+            else:
+                i = _bracket(g1, True)
+                if i is None:
+                    return None
+                j = first + i
+                problems.append((True, sign, xs[j], xs[j + 1], g1[i], g1[i + 1], log_l[j],
+                                 log_l[j + 1]))  # fmt: skip
+        if below.any():
+            g2 = g_qp[lo:last] + sign * inv.error * inv_l[lo:last]
+            if g2[-1] <= 0:  # below delta already at the last point with L <= 1
+                found[sign].append(-float(log_l[last - 1]) if sign > 0 else 0.0)
+            else:
+                i = _bracket(g2, False)
+                if i is None:
+                    return None
+                j = lo + i
+                problems.append((False, sign, xs[j], xs[j + 1], g2[i], g2[i + 1], log_l[j],
+                                 log_l[j + 1]))  # fmt: skip
+    if problems:
+        refined = _refine(gaps, problems)
+        if refined is None:
+            return None
+        for sign, value in refined:
+            found[sign].append(value)
+    if not found[1.0] or not found[-1.0]:
+        return None
+    return max(max(found[1.0]), 0.0), max(max(found[-1.0]), 0.0)
+
+
+def _refine(
+    gaps: _Gaps, problems: list[tuple[bool, float, float, float, float, float, float, float]]
+) -> list[tuple[float, float]]:
+    """(sign, epsilon) of each problem at the safe end of its refined bracket (module
+    docstring). The bookkeeping is in Python floats (a handful of problems: cheaper than numpy
+    calls)."""
+    count = len(problems)
+    pq = np.array([p[0] for p in problems])[:, None]
+    sign = np.array([p[1] for p in problems])[:, None]
+    orient = [1.0 if p[0] else -1.0 for p in problems]  # > 0 left of the root, <= 0 right
+    lo = [float(p[2]) for p in problems]
+    hi = [float(p[3]) for p in problems]
+    l_lo = [float(p[6]) for p in problems]
+    l_hi = [float(p[7]) for p in problems]
+    s = gaps.inv.s
+    x, push, last = [], [], []
+    for i, p in enumerate(problems):
+        g_lo, g_hi = orient[i] * float(p[4]), orient[i] * float(p[5])
+        x.append(lo[i] + g_lo * (hi[i] - lo[i]) / (g_lo - g_hi))  # regula falsi start
+        push.append(0.05 * (hi[i] - lo[i]))
+        last.append(hi[i] - lo[i])
+    tol = XTOL * s
+    live = list(range(count))
+    for _ in range(_ROUNDS):
+        live = [
+            i for i in live
+            if hi[i] - lo[i] > tol and abs(l_hi[i] - l_lo[i]) > _LTOL * max(1.0, abs(l_lo[i]))
+        ]  # fmt: skip
+        if not live:
+            break
+        if _DEBUG:
+            print([(i, (hi[i] - lo[i]) / s, l_hi[i] - l_lo[i], push[i] / s) for i in live])
+        probes = np.array(
+            [[max(lo[i], x[i] - push[i]), min(hi[i], x[i] + push[i])] for i in live]
+        )
+        g, d, ll = gaps.at(probes, sign[live], pq[live])
+        p_l, g_l, d_l, l_l = probes.tolist(), g.tolist(), d.tolist(), ll.tolist()
+        for r, i in enumerate(live):
+            best = (math.inf, 0.0, 0.0)
+            for j in (0, 1):
+                xj, gj, dj, lj = p_l[r][j], orient[i] * g_l[r][j], orient[i] * d_l[r][j], l_l[r][j]
+                if not (math.isfinite(gj) and math.isfinite(lj)):
+                    continue
+                if gj > 0:
+                    if xj > lo[i]:
+                        lo[i], l_lo[i] = xj, lj
+                elif xj < hi[i]:
+                    hi[i], l_hi[i] = xj, lj
+                if dj != 0.0 and abs(gj / dj) < best[0]:
+                    best = (abs(gj / dj), xj, -gj / dj)
+            h = best[2]
+            x_new = best[1] + h
+            if math.isfinite(best[0]) and lo[i] < x_new < hi[i]:
+                # Newton's miss is about C h^2, C = (the last step) / (the step before)^2:
+                # the probes go a few times that far (and a quarter tolerance) either side,
+                # so that both ends tighten
+                step = abs(h)
+                x[i], push[i] = x_new, _PUSH * step**3 / max(last[i], step) ** 2 + 0.25 * tol
+                last[i] = step
+            else:
+                x[i], push[i] = 0.5 * (lo[i] + hi[i]), 0.0
+    out = []
+    for i, (is_pq, sgn, *_) in enumerate(problems):
+        upper = sgn > 0
+        if is_pq:  # epsilon = log L, increasing in x: the upper bound at hi
+            value = l_hi[i] if upper else l_lo[i]
+        else:  # epsilon = -log L: the upper bound at lo
+            value = -(l_lo[i] if upper else l_hi[i])
+        out.append((sgn, float(value)))
+    return out
