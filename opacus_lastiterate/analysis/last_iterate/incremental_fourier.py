@@ -197,6 +197,8 @@ class IncrementalCharacteristic:
         self.grid: _Grid | None = None
         self._pw = np.ones(1)
         self.rebuilds = 0
+        self.last: tuple[np.ndarray, np.ndarray, float, float, np.ndarray] | None = None
+        """(theta, phi, s, mu, bound on abs(phi - exact phi)) of the last query (checks)."""
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -365,8 +367,11 @@ class IncrementalCharacteristic:
         abs_phi = np.abs(phi)
         rounding = float(np.sum(abs_phi * rel / k)) / math.pi
         big_r = 0.5 * theta * theta * self.quad[3]
-        freeze = float(np.sum(np.exp(-0.5 * (s * theta) ** 2) * big_r * np.exp(big_r) / k))
+        freeze_phi = np.exp(-0.5 * (s * theta) ** 2) * big_r * np.exp(big_r)
+        freeze = float(np.sum(freeze_phi / k))
         error = 2.0 * tail + truncation + rounding + freeze / math.pi
+        # the bound on abs(phi - exact phi) at each frequency (freezing and rounding)
+        self.last = (theta, phi, s, mu, freeze_phi + abs_phi * rel)
         if not error < 1e-3 * delta:
             return None
         inv = Inversion()
