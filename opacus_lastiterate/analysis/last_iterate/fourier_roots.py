@@ -7,7 +7,7 @@ point. Here the brackets of the scan are refined together: a safeguarded Newton 
 bracket at once (the slope of each gap function is known in closed form from p~ and dp~/dx),
 pushed across the root by the size of its last step so that both ends of every bracket
 tighten, until the brackets are narrower than ``XTOL`` x s or the epsilons at their two ends
-agree to 1e-9 (relative: a millionth of the usual ``accuracy``).
+agree to 1e-8 (relative: a hundred-thousandth of the usual ``accuracy``).
 
 Each epsilon is then read at the *safe end* of its bracket, where the sign of the gap has
 been evaluated: the upper bound at the end where the approximate divergence (solved against
@@ -35,12 +35,14 @@ from opacus_lastiterate.analysis.last_iterate.weighted_fourier import Inversion
 
 __all__ = ["XTOL", "solve_epsilons"]
 
-XTOL = 1e-11
-"""Bracket width, relative to s, below which a root is not refined further."""
+XTOL = 1e-10
+"""Bracket width, relative to s, below which a root is not refined further (about the
+resolution of F~'s rounding there)."""
 _ROUNDS = 12
 _DEBUG = False
 _PUSH = 3.0  # probes at _PUSH x the predicted miss of a Newton step either side of it
-_LTOL = 1e-9  # epsilons at the two ends of a bracket that agree to this (relative) are final
+_WIDEN = 1000.0  # a round whose two probes fell on one side of the root reaches this much farther
+_LTOL = 1e-8  # epsilons at the two ends of a bracket that agree to this (relative) are final
 _SQRT_HALF_PI = math.sqrt(math.pi / 2.0)
 _SQRT2 = math.sqrt(2.0)
 
@@ -62,23 +64,48 @@ class _Gaps:
         self.log_s = math.log(inv.s) + 0.5 * math.log(2.0 * math.pi)
 
     def at(
-        self, x: np.ndarray, sign: np.ndarray, pq: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(g, g', log L) of each problem at its point x (pq: the direction P -> Q)."""
-        ph = np.multiply.outer(x.ravel(), self.theta)
-        r = (np.cos(ph) @ self.vc + np.sin(ph) @ self.vs).reshape(*x.shape, 3)
-        cdf = 0.5 - r[..., 0] / math.pi
-        pdf = self.c * r[..., 1]
-        slope = self.c * r[..., 2]
-        return self.values(x, cdf, pdf, slope, sign, pq)
+        self, x: list[float], sign: list[float], pq: list[bool]
+    ) -> tuple[list[float], list[float], list[float]]:
+        """(g, g', log L) of each problem at its point x (pq: the direction P -> Q); the
+        Fourier sums in numpy, the rest in Python floats (a few points: cheaper than numpy
+        calls; erfcx(y) = exp(y^2) erfc(y) to about y^2 ulps, |y| < 25 on [a, b])."""
+        inv = self.inv
+        ph = np.multiply.outer(np.asarray(x), self.theta)
+        r = (np.cos(ph) @ self.vc + np.sin(ph) @ self.vs).tolist()
+        mu, s, floor, err0, delta = inv.mu, inv.s, inv.pdf_floor, inv.error, self.delta
+        c, log_s = self.c, self.log_s
+        gs, ds, ls = [], [], []
+        for xi, sg, is_pq, (f0, p0, d0) in zip(x, sign, pq, r, strict=True):
+            cdf, pdf, slope = 0.5 - f0 / math.pi, c * p0, c * d0
+            if not pdf > floor:
+                gs.append(math.nan)
+                ds.append(math.nan)
+                ls.append(math.nan)
+                continue
+            z = (xi + mu) / s
+            log_l = math.log(pdf) + 0.5 * z * z + log_s
+            dlog = slope / pdf + z / s
+            err = sg * err0
+            if is_pq:
+                y = z / _SQRT2
+                erfcx = math.exp(y * y) * math.erfc(y) if y < 25.0 else float(special.erfcx(y))
+                tail_q = pdf * s * _SQRT_HALF_PI * erfcx
+                gs.append((1.0 - cdf) - tail_q - (delta - err))
+                ds.append(-tail_q * dlog)
+            else:
+                inv_l = math.exp(-log_l)
+                gs.append(0.5 * math.erfc(-z / _SQRT2) - cdf * inv_l - (delta - err * inv_l))
+                ds.append((cdf - err) * inv_l * dlog)
+            ls.append(log_l)
+        return gs, ds, ls
 
-    def values(
-        self, x: np.ndarray, cdf: np.ndarray, pdf: np.ndarray, slope: np.ndarray | None,
-        sign: np.ndarray | float, pq: np.ndarray | bool,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(g, g', log L) from (F~, p~, dp~/dx) at x (no ``np.errstate`` here: it makes every
-        numpy call inside it several times slower; the operations below cannot overflow in
-        [a, b], where L >= p~ floor s sqrt(2 pi) > 1e-300, and NaN marks p~ below its floor)."""
+    def scan(
+        self, x: np.ndarray, cdf: np.ndarray, pdf: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Both gaps at sign 0 (P -> Q, Q -> P), log L and 1/L at the scan points (no
+        ``np.errstate`` here: it makes every numpy call inside it several times slower; the
+        operations below cannot overflow in [a, b], where L >= p~ floor s sqrt(2 pi) >
+        1e-300, and NaN marks p~ below its floor)."""
         inv = self.inv
         z = (x + inv.mu) / inv.s
         solid = pdf > inv.pdf_floor
@@ -87,16 +114,9 @@ class _Gaps:
         log_l[~solid] = np.nan
         inv_l = np.exp(-log_l)
         tail_q = safe * (inv.s * _SQRT_HALF_PI) * special.erfcx(z * (1.0 / _SQRT2))
-        err = sign * inv.error
-        g = np.where(
-            pq, (1.0 - cdf) - tail_q - (self.delta - err),
-            special.ndtr(z) - cdf * inv_l - (self.delta - err * inv_l),
-        )  # fmt: skip
-        if slope is None:
-            return g, g, log_l
-        dlog = slope / safe + z / inv.s
-        d = np.where(pq, -tail_q, (cdf - err) * inv_l) * dlog
-        return g, d, log_l
+        g_pq = (1.0 - cdf) - tail_q - self.delta
+        g_qp = special.ndtr(z) - cdf * inv_l - self.delta
+        return g_pq, g_qp, log_l, inv_l
 
 
 def _bracket(values: np.ndarray, decreasing: bool) -> int | None:
@@ -117,12 +137,10 @@ def solve_epsilons(
     ratio, no single crossing)."""
     gaps = _Gaps(inv, delta)
     # both directions at sign 0; sign +-1 shifts them by -+ e (P -> Q) and -+ e / L (Q -> P)
-    g_pq, _, log_l = gaps.values(xs, cdf, pdf, None, 0.0, True)
-    g_qp, _, _ = gaps.values(xs, cdf, pdf, None, 0.0, False)
+    g_pq, g_qp, log_l, inv_l = gaps.scan(xs, cdf, pdf)
     finite = np.isfinite(log_l)
     if not finite.any() or np.any(np.diff(log_l[finite]) <= 0):
         return None
-    inv_l = np.exp(-log_l)
     found: dict[float, list[float]] = {1.0: [], -1.0: []}
     # (P -> Q, sign, the bracket's ends, the gap and log L there, from the scan)
     problems: list[tuple[bool, float, float, float, float, float, float, float]] = []
@@ -173,9 +191,8 @@ def _refine(
     """(sign, epsilon) of each problem at the safe end of its refined bracket (module
     docstring). The bookkeeping is in Python floats (a handful of problems: cheaper than numpy
     calls)."""
-    count = len(problems)
-    pq = np.array([p[0] for p in problems])[:, None]
-    sign = np.array([p[1] for p in problems])[:, None]
+    pq = [p[0] for p in problems]
+    sign = [p[1] for p in problems]
     orient = [1.0 if p[0] else -1.0 for p in problems]  # > 0 left of the root, <= 0 right
     lo = [float(p[2]) for p in problems]
     hi = [float(p[3]) for p in problems]
@@ -189,7 +206,7 @@ def _refine(
         push.append(0.05 * (hi[i] - lo[i]))
         last.append(hi[i] - lo[i])
     tol = XTOL * s
-    live = list(range(count))
+    live = list(range(len(problems)))
     for _ in range(_ROUNDS):
         live = [
             i for i in live
@@ -199,13 +216,19 @@ def _refine(
             break
         if _DEBUG:
             print([(i, (hi[i] - lo[i]) / s, l_hi[i] - l_lo[i], push[i] / s) for i in live])
-        probes = np.array(
-            [[max(lo[i], x[i] - push[i]), min(hi[i], x[i] + push[i])] for i in live]
-        )
-        g, d, ll = gaps.at(probes, sign[live], pq[live])
-        p_l, g_l, d_l, l_l = probes.tolist(), g.tolist(), d.tolist(), ll.tolist()
+        px, ps, pp = [], [], []
+        for i in live:  # inside the bracket: at worst halfway to its ends
+            px += [max(0.5 * (lo[i] + x[i]), x[i] - push[i]), min(0.5 * (x[i] + hi[i]), x[i] + push[i])]
+            ps += [sign[i], sign[i]]
+            pp += [pq[i], pq[i]]
+        g_f, d_f, l_f = gaps.at(px, ps, pp)
+        p_l = [px[2 * r : 2 * r + 2] for r in range(len(live))]
+        g_l = [g_f[2 * r : 2 * r + 2] for r in range(len(live))]
+        d_l = [d_f[2 * r : 2 * r + 2] for r in range(len(live))]
+        l_l = [l_f[2 * r : 2 * r + 2] for r in range(len(live))]
         for r, i in enumerate(live):
             best = (math.inf, 0.0, 0.0)
+            sides = 0
             for j in (0, 1):
                 xj, gj, dj, lj = p_l[r][j], orient[i] * g_l[r][j], orient[i] * d_l[r][j], l_l[r][j]
                 if not (math.isfinite(gj) and math.isfinite(lj)):
@@ -213,21 +236,27 @@ def _refine(
                 if gj > 0:
                     if xj > lo[i]:
                         lo[i], l_lo[i] = xj, lj
+                        sides |= 1
                 elif xj < hi[i]:
                     hi[i], l_hi[i] = xj, lj
+                    sides |= 2
                 if dj != 0.0 and abs(gj / dj) < best[0]:
                     best = (abs(gj / dj), xj, -gj / dj)
             h = best[2]
             x_new = best[1] + h
             if math.isfinite(best[0]) and lo[i] < x_new < hi[i]:
-                # Newton's miss is about C h^2, C = (the last step) / (the step before)^2:
-                # the probes go a few times that far (and a quarter tolerance) either side,
-                # so that both ends tighten
-                step = abs(h)
-                x[i], push[i] = x_new, _PUSH * step**3 / max(last[i], step) ** 2 + 0.25 * tol
+                # the estimate moved by `step`, about the error of the last one; Newton's miss
+                # is about C step^2, C = step / (the move before)^2, at least 1 / s here: the
+                # probes go a few times that far (and a quarter tolerance) either side, so
+                # that both ends tighten
+                step = abs(x_new - x[i])
+                miss = max(step**3 / max(last[i], step) ** 2, step * step / s)
+                if sides != 3:  # the probes missed the root: reach farther
+                    miss = max(miss, _WIDEN * push[i])
+                x[i], push[i] = x_new, _PUSH * miss + 0.25 * tol
                 last[i] = step
-            else:
-                x[i], push[i] = 0.5 * (lo[i] + hi[i]), 0.0
+            else:  # bisect (the probes a quarter of the bracket either side)
+                x[i], push[i] = 0.5 * (lo[i] + hi[i]), 0.25 * (hi[i] - lo[i])
     out = []
     for i, (is_pq, sgn, *_) in enumerate(problems):
         upper = sgn > 0

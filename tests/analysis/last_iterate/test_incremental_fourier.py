@@ -92,7 +92,7 @@ def test_query_patterns_against_from_scratch(pattern):
     n = 600
     q = np.where(np.arange(n) % 3 == 0, 0.02, 0.06)
     sigma = np.where(np.arange(n) % 5 == 0, 1.5, 2.5)
-    inc, lrs, q, sigma, got = _run("momentum-cosine", n, pattern, q=q, sigma=sigma)
+    _, lrs, q, sigma, got = _run("momentum-cosine", n, pattern, q=q, sigma=sigma)
     for t in sorted(got)[:: max(1, len(got) // 8)] + [max(got)]:
         _check(got[t], _scratch(lrs, q, sigma, t, 0.9, 0.0, False, 1e-5))
 
@@ -139,7 +139,7 @@ def test_characteristic_function_within_its_stated_bound(freeze_error, monkeypat
     difference is far above rounding, so the bound is exercised."""
     monkeypatch.setattr(incremental_fourier, "FREEZE_ERROR", freeze_error)
     n = 700
-    inc, lrs, q, sigma, _ = _run("momentum-cosine", n, lambda t: t % 7 == 0 or t > 690)
+    inc, lrs, q, _, _ = _run("momentum-cosine", n, lambda t: t % 7 == 0 or t > 690)
     theta, phi, s, mu, bound = inc.last
     w = sgd_weights(lrs, momentum=0.9)
     terms = np.log1p(q * (np.exp(1j * np.outer(theta, w)) - 1.0)).sum(axis=1)
