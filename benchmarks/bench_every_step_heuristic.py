@@ -240,10 +240,12 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="CI: T = 1e3, 1e4; fewer steps")
     parser.add_argument("--steps", type=int, nargs="+", default=None)
     parser.add_argument("--no-monitor", action="store_true")
+    parser.add_argument("--no-queries", action="store_true", help="the monitor's overhead only")
     args = parser.parse_args()
     steps = args.steps or ([1_000, 10_000] if args.quick else [1_000, 10_000, 100_000])
     n = 10 if args.quick else 30
-    query_table(steps, n, grid_limit=2_000 if args.quick else 10_000)
+    if not args.no_queries:
+        query_table(steps, n, grid_limit=2_000 if args.quick else 10_000)
     if not args.no_monitor:
         overhead_table(100 if args.quick else 300, 1 if args.quick else 3)
     return 0

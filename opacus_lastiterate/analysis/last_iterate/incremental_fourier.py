@@ -55,7 +55,10 @@ checked (the Chernoff sum of the frozen steps is kept at their frozen weights, p
 lambda e^{lambda w_bound} sum_t q_t c_t rho_t(T) for their growth), and so is M(T) <= M of the
 grid. Aliasing and truncation are bounded as in :mod:`.weighted_fourier` with D = B - A and
 the current s. When they fail the grid is rebuilt (an O(T M) step, rare: the span grows like
-s, about sqrt(T)). The scan points are a fixed lattice on [A, B] whose cos/sin tables are
+s, about sqrt(T)). A rebuild refreezes every frozen step at its current weight (coefficient
+c_t beta^(T + 1 - j_t), rho = 0), so E2 of the old expansion still bounds the remainder; the
+first-order term is kept only for coefficients above ``_C_CUT`` (the steps of the last few
+hundred), the others are charged theta sum q_t / abs(1 - 2 q_t) c_t rho_t in log phi. The scan points are a fixed lattice on [A, B] whose cos/sin tables are
 cached, so the scan is two matrix-vector products; the roots are refined by
 :func:`.fourier_roots.solve_epsilons`.
 
@@ -92,6 +95,7 @@ _SCAN = 384  # lattice points on [A, B]
 _CHUNK = 2048  # steps per block when a grid is built
 _FP = FP_CHARGE
 _Q_HALF = 1e-3  # steps with abs(q - 1/2) below this are never frozen
+_C_CUT = 1e-16  # steps refrozen with a growth coefficient below this: no first-order term
 
 
 class _Pairwise:
@@ -133,26 +137,30 @@ class _Grid:
         self.first_abs = np.zeros(m)  # the same two sums of abs(u_t)
         self.first_abs_y = np.zeros(m)
         self.expm1 = 0.0  # sum_t q_t expm1(lam w^f)
+        self.drop_x = self.drop_y = 0.0  # sum q/|1-2q| c_t (rho_t, beta^(T+1-j_t)), no u_t
+        self.w_round = 0.0  # rounding of the weights refrozen at the build
         self.cache: tuple[int, np.ndarray] | None = None  # (parts version, log0 total)
         self.version = 0
 
-    def fold(self, w: np.ndarray, q: np.ndarray, c: np.ndarray, rho: np.ndarray,
-             decay: np.ndarray) -> None:
-        """Add frozen steps (weights w, sample rates q, growth coefficients c, current rho_t
-        and beta^(T + 1 - j_t)) to the sums."""
+    def fold(self, w: np.ndarray, q: np.ndarray, c: np.ndarray) -> None:
+        """Add steps frozen now (weights w, sample rates q, growth coefficients c; rho_t = 0)
+        to the sums; the first-order term only where c_t > ``_C_CUT`` (the others are
+        charged to ``drop``: its error is at most theta q / abs(1 - 2 q) c_t rho_t)."""
+        big = c > _C_CUT  # c grows along the steps (older first): a prefix is dropped
+        cut = int(np.argmax(big)) if big.any() else c.size
+        if cut:
+            self.drop_y += float(np.dot(_g_q(q[:cut]), c[:cut]))
         for i in range(0, w.size, _CHUNK):
             sl = slice(i, i + _CHUNK)
-            qi = q[sl, None]
             re, im, cos, sin = _log_factors(w[sl], q[sl], self.theta)
-            z = cos + 1j * sin
-            u = (1j * self.theta) * (qi * z / (1.0 + qi * (z - 1.0))) * c[sl, None]
-            ua = np.abs(u)
             self.log0.add(re.shape[0], re.sum(axis=0) + 1j * im.sum(axis=0))
             self.size += np.hypot(re, im).sum(axis=0)
-            self.first += rho[sl] @ u
-            self.first_y += decay[sl] @ u
-            self.first_abs += rho[sl] @ ua
-            self.first_abs_y += decay[sl] @ ua
+            lo = max(cut - i, 0)
+            if lo < re.shape[0]:
+                qi, z = q[sl][lo:, None], cos[lo:] + 1j * sin[lo:]
+                u = (1j * self.theta) * (qi * z / (1.0 + qi * (z - 1.0))) * c[sl][lo:, None]
+                self.first_y += u.sum(axis=0)
+                self.first_abs_y += np.abs(u).sum(axis=0)
         self.expm1 += float(np.dot(q, np.expm1(self.lam * w)))
         self.version += 1
 
@@ -163,6 +171,8 @@ class _Grid:
         self.first_y *= decay
         self.first_abs += rho * self.first_abs_y
         self.first_abs_y *= decay
+        self.drop_x += rho * self.drop_y
+        self.drop_y *= decay
 
     def log_frozen(self) -> np.ndarray:
         if self.cache is None or self.cache[0] != self.version:
@@ -277,7 +287,7 @@ class IncrementalCharacteristic:
         j = np.full(count, t_now + 1)
         self._frozen_parts.append((w, qq, c, j))
         if self.grid is not None:
-            self.grid.fold(w, qq, c, np.zeros(count), np.ones(count))
+            self.grid.fold(w, qq, c)
         self.r, self.r_age = self.r[count:], self.r_age[count:]
         self.frozen += count
 
@@ -364,6 +374,7 @@ class IncrementalCharacteristic:
         rel = _FP * (size * (4.0 + 2.0 * math.log2(n + 1) + theta * w_top)
                      + math.log2(m + 1) + 4.0 + theta * span) + theta * w_round  # fmt: skip
         rel = rel + _FP * (self.syncs + 4.0) * grid.first_abs[:m]
+        rel = rel + theta * (grid.drop_x + grid.w_round)
         abs_phi = np.abs(phi)
         rounding = float(np.sum(abs_phi * rel / k)) / math.pi
         big_r = 0.5 * theta * theta * self.quad[3]
@@ -420,13 +431,15 @@ class IncrementalCharacteristic:
             r_all = signal.lfilter([1.0], [1.0, -beta], eta_all[::-1])[::-1]
         else:
             r_all = eta_all.copy()
-        # rho_t(T) = R_{j_t}(T) (0 when j_t = n), beta^(T + 1 - j_t)
+        # rho_t(T) = R_{j_t}(T) (0 when j_t = n), beta^(T + 1 - j_t): the frozen steps are
+        # refrozen at their current weights (their coefficients times beta^(T + 1 - j_t))
         r_ext = np.r_[r_all, 0.0]
         rho = r_ext[j_f.astype(np.int64)] if j_f.size else np.zeros(0)
         decay = beta ** (n - j_f.astype(float)) if j_f.size else np.zeros(0)
+        w_re = w_f + c_f * rho
         first = self.frozen
         w_act = self._weights(first, self.r, eta_all[first:])
-        w_now = np.r_[w_f + c_f * rho, w_act]
+        w_now = np.r_[w_re, w_act]
         q_now = np.r_[q_f, np.asarray(q[first:n], dtype=float)]
         keep = w_now > 0
         if not keep.any():
@@ -447,7 +460,8 @@ class IncrementalCharacteristic:
         # a little room for more frequencies (a smaller delta later at the same grid)
         grid = _Grid(delta, step, m + 2, lo, hi, lam)
         if w_f.size:
-            grid.fold(w_f, q_f, c_f, rho, decay)
+            grid.fold(w_re, q_f, c_f * decay)
+            grid.w_round = float(np.dot(_g_q(q_f), 4.0 * _FP * w_re))
         self.grid = grid
         return grid
 
