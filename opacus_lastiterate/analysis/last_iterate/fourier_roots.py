@@ -43,6 +43,7 @@ _DEBUG = False
 _PUSH = 3.0  # probes at _PUSH x the predicted miss of a Newton step either side of it
 _WIDEN = 1000.0  # a round whose two probes fell on one side of the root reaches this much farther
 _LTOL = 1e-8  # epsilons at the two ends of a bracket that agree to this (relative) are final
+Hints = dict[tuple[bool, float], tuple[float, float]]
 _SQRT_HALF_PI = math.sqrt(math.pi / 2.0)
 _SQRT2 = math.sqrt(2.0)
 
@@ -129,12 +130,16 @@ def _bracket(values: np.ndarray, decreasing: bool) -> int | None:
 
 
 def solve_epsilons(
-    inv: Inversion, delta: float, xs: np.ndarray, cdf: np.ndarray, pdf: np.ndarray
+    inv: Inversion, delta: float, xs: np.ndarray, cdf: np.ndarray, pdf: np.ndarray,
+    hints: Hints | None = None,
 ) -> tuple[float, float] | None:
     """(upper, lower) epsilon at ``delta`` from the scan (F~, p~) at the points ``xs``, or
     None where the scan does not certify them (module docstring; the same cases as
     :mod:`.weighted_fourier`: no point above the noise floor, a non-increasing likelihood
-    ratio, no single crossing)."""
+    ratio, no single crossing). ``hints``: a dict kept by the caller between queries of a
+    growing run, holding each root's last two positions (uncentred); a root predicted from
+    them inside its scan bracket starts the refinement there (the result does not depend on
+    the hints beyond the last bits: each bracket is verified as without them)."""
     gaps = _Gaps(inv, delta)
     # both directions at sign 0; sign +-1 shifts them by -+ e (P -> Q) and -+ e / L (Q -> P)
     g_pq, g_qp, log_l, inv_l = gaps.scan(xs, cdf, pdf)
@@ -175,7 +180,7 @@ def solve_epsilons(
                 problems.append((False, sign, xs[j], xs[j + 1], g2[i], g2[i + 1], log_l[j],
                                  log_l[j + 1]))  # fmt: skip
     if problems:
-        refined = _refine(gaps, problems)
+        refined = _refine(gaps, problems, hints)
         if refined is None:
             return None
         for sign, value in refined:
@@ -186,7 +191,8 @@ def solve_epsilons(
 
 
 def _refine(
-    gaps: _Gaps, problems: list[tuple[bool, float, float, float, float, float, float, float]]
+    gaps: _Gaps, problems: list[tuple[bool, float, float, float, float, float, float, float]],
+    hints: Hints | None = None,
 ) -> list[tuple[float, float]]:
     """(sign, epsilon) of each problem at the safe end of its refined bracket (module
     docstring). The bookkeeping is in Python floats (a handful of problems: cheaper than numpy
@@ -200,12 +206,22 @@ def _refine(
     l_hi = [float(p[7]) for p in problems]
     s = gaps.inv.s
     x, push, last = [], [], []
+    mu = gaps.inv.mu
+    tol = XTOL * s
     for i, p in enumerate(problems):
+        hint = hints.get((p[0], p[1])) if hints is not None else None
+        if hint is not None:  # linear prediction from the last two roots (uncentred)
+            move = hint[0] - hint[1]
+            guess = hint[0] + move - mu
+            if lo[i] < guess < hi[i]:
+                x.append(guess)
+                push.append(2.0 * abs(move) + tol)
+                last.append(max(abs(move), tol))
+                continue
         g_lo, g_hi = orient[i] * float(p[4]), orient[i] * float(p[5])
         x.append(lo[i] + g_lo * (hi[i] - lo[i]) / (g_lo - g_hi))  # regula falsi start
         push.append(0.05 * (hi[i] - lo[i]))
         last.append(hi[i] - lo[i])
-    tol = XTOL * s
     live = list(range(len(problems)))
     for _ in range(_ROUNDS):
         live = [
@@ -257,6 +273,11 @@ def _refine(
                 last[i] = step
             else:  # bisect (the probes a quarter of the bracket either side)
                 x[i], push[i] = 0.5 * (lo[i] + hi[i]), 0.25 * (hi[i] - lo[i])
+    if hints is not None:
+        for i, p in enumerate(problems):
+            root = 0.5 * (lo[i] + hi[i]) + mu
+            prev = hints.get((p[0], p[1]))
+            hints[(p[0], p[1])] = (root, prev[0] if prev is not None else root)
     out = []
     for i, (is_pq, sgn, *_) in enumerate(problems):
         upper = sgn > 0

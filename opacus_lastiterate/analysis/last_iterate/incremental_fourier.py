@@ -75,7 +75,7 @@ import math
 import numpy as np
 from scipy import signal, special
 
-from opacus_lastiterate.analysis.last_iterate.fourier_roots import solve_epsilons
+from opacus_lastiterate.analysis.last_iterate.fourier_roots import Hints, solve_epsilons
 from opacus_lastiterate.analysis.last_iterate.weighted_fourier import (
     ETA,
     FP_CHARGE,
@@ -95,6 +95,7 @@ _SCAN = 384  # lattice points on [A, B]
 _CHUNK = 2048  # steps per block when a grid is built
 _FP = FP_CHARGE
 _Q_HALF = 1e-3  # steps with abs(q - 1/2) below this are never frozen
+_FREEZE_BLOCK = 16  # steps are frozen in blocks of at least this many (less work per query)
 _C_CUT = 1e-16  # steps refrozen with a growth coefficient below this: no first-order term
 
 
@@ -140,6 +141,7 @@ class _Grid:
         self.drop_x = self.drop_y = 0.0  # sum q/|1-2q| c_t (rho_t, beta^(T+1-j_t)), no u_t
         self.w_round = 0.0  # rounding of the weights refrozen at the build
         self.cache: tuple[int, np.ndarray] | None = None  # (parts version, log0 total)
+        self.hints: Hints = {}  # the roots' last positions (fourier_roots.solve_epsilons)
         self.version = 0
 
     def fold(self, w: np.ndarray, q: np.ndarray, c: np.ndarray) -> None:
@@ -339,7 +341,7 @@ class IncrementalCharacteristic:
             count = w_a.size if ok.all() else int(np.argmin(ok))
         else:
             count = w_a.size  # beta = 0: the weights never change
-        if count:
+        if count >= _FREEZE_BLOCK or (count and self.grid is None):
             self._freeze(count, eta, sigma, q)
             w_a, q_a, eta_a = w_a[count:], q_a[count:], eta_a[count:]
         tail = ETA * delta
@@ -391,7 +393,7 @@ class IncrementalCharacteristic:
         cos, sin = grid.cos[:, :m], grid.sin[:, :m]
         cdf = 0.5 - (cos @ (im / k) - sin @ (re / k)) / math.pi
         pdf = step / math.pi * (cos @ re + sin @ im)
-        got = solve_epsilons(inv, delta, grid.xs, cdf, pdf)
+        got = solve_epsilons(inv, delta, grid.xs, cdf, pdf, grid.hints)
         if got is None:
             return None
         upper, lower = got
