@@ -111,6 +111,7 @@ def test_brackets_the_enumerated_value(seed, monkeypatch):
     """Every inclusion pattern of a short momentum run, with freezing forced early (a large
     FREEZE_ERROR, so that the first-order correction and its remainder bound matter)."""
     monkeypatch.setattr(incremental_fourier, "FREEZE_ERROR", 3e-4)
+    monkeypatch.setattr(incremental_fourier, "_FREEZE_BLOCK", 1)
     rng = np.random.default_rng(seed)
     n = int(rng.integers(9, 14))
     lrs = rng.uniform(0.05, 0.5, n)
