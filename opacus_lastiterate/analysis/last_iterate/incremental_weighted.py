@@ -358,6 +358,45 @@ class IncrementalWeightedHeuristic:
         if self._r.size >= state.horizon + state.block:
             self._freeze(state, self._r.size - state.horizon)
 
+    def extend(
+        self,
+        noise_multipliers: np.ndarray,
+        sample_rates: np.ndarray,
+        lrs: np.ndarray,
+        momentum: np.ndarray,
+        dampening: np.ndarray,
+        nesterov: np.ndarray,
+        weight_decay: np.ndarray,
+    ) -> None:
+        """:meth:`append` for each step of these per-step arrays, in order (the same state,
+        without a Python call per step while no grid is kept)."""
+        if self._state is not None or self._settings is None or not len(lrs):
+            for s_, q_, l_, m_, d_, n_, w_ in zip(noise_multipliers, sample_rates, lrs, momentum,
+                                                  dampening, nesterov, weight_decay, strict=True):
+                self.append(float(s_), float(q_), float(l_), float(m_), float(d_), bool(n_),
+                            float(w_))  # fmt: skip
+            return
+        beta = np.asarray(momentum, dtype=float)
+        damp = np.asarray(dampening, dtype=float)
+        nest = np.asarray(nesterov, dtype=bool)
+        wd = np.asarray(weight_decay, dtype=float)
+        sigma = np.asarray(noise_multipliers, dtype=float)
+        lr = np.asarray(lrs, dtype=float)
+        b0, d0, n0 = self._settings
+        same = (
+            np.all(beta == b0)
+            and np.all(np.where(beta > 0, damp, 0.0) == d0)
+            and np.all((nest & (beta > 0)) == n0)
+        )
+        if not (same and np.all(wd == 0.0) and b0 < 1.0 and np.all(sigma > 0.0)):
+            self._supported, self._state = False, None
+        self._eta.extend(lr.tolist())
+        self._sigma.extend(sigma.tolist())
+        self._q.extend(np.asarray(sample_rates, dtype=float).tolist())
+        self._opt.extend(zip(beta.tolist(), damp.tolist(), nest.tolist(), wd.tolist(), strict=True))
+        if self._supported:
+            self._max_eta = max(self._max_eta, float(lr.max()))
+
     # -- weights ------------------------------------------------------------------------------
 
     def _weights(self, first: int, r: np.ndarray) -> np.ndarray:
