@@ -9,10 +9,12 @@ where w_t(T) is the weight of step t's noisy gradient in the model after T steps
 from scratch costs one convolution per step, T per query. :class:`IncrementalWeightedHeuristic`
 keeps most of that work between steps.
 
-Epsilon queries go first to the grid-free route of :mod:`.weighted_fourier` (exact weights,
-characteristic-function inversion with a certified error; ``docs/last_iterate.md``, "Weighted
-heuristic without a grid"): O(T) per query and no work per step. While it answers, no grid
-state is kept. It answers however often it is asked (every step, every k steps, after a
+Epsilon queries go first to the grid-free route (exact weights, characteristic-function
+inversion with a certified error; ``docs/last_iterate.md``, "Weighted heuristic without a
+grid"), its characteristic function kept up to date between queries by
+:class:`~.incremental_fourier.IncrementalCharacteristic` (old steps frozen with a certified
+remainder; no O(T) work per query, nothing per step); :mod:`.weighted_fourier` from scratch
+answers whenever the kept one declines. While the route answers, no grid state is kept. It answers however often it is asked (every step, every k steps, after a
 long gap): there is no switch of route, hence no switch stall. The first time it declines (a
 bracket wider than ``accuracy``, typically epsilon above about 14 at delta = 1e-5, 8 at
 1e-8) the engine switches to the grid below for good, so that the grid state is built once.

@@ -177,3 +177,22 @@ def test_another_delta_is_answered_from_scratch():
     s, q = [2.0] * 200, [0.045] * 200
     assert inc.solve(1e-12, eta, s, q, ACC) is None
     assert inc.solve(1e-5, eta, s, q, ACC) is not None
+
+
+def test_extend_is_append_step_by_step():
+    """extend() (a run of steps at once, as the accountant replays its trace) leaves the
+    engine as appending them one by one does: the same answers, bit for bit."""
+    n = 300
+    lrs = cosine_schedule(0.3, n)
+    one, many = IncrementalWeightedHeuristic(ACC), IncrementalWeightedHeuristic(ACC)
+    for t in range(n):
+        one.append(1.5, 0.03, float(lrs[t]), 0.9, 0.1, False, 0.0)
+    many.append(1.5, 0.03, float(lrs[0]), 0.9, 0.1, False, 0.0)
+    rest = n - 1
+    many.extend(np.full(rest, 1.5), np.full(rest, 0.03), lrs[1:], np.full(rest, 0.9),
+                np.full(rest, 0.1), np.zeros(rest, bool), np.zeros(rest))  # fmt: skip
+    assert one.epsilon(1e-5) == many.epsilon(1e-5)
+    # a step outside the incremental scope (weight decay) is noticed as by append
+    many.extend(np.ones(1), np.full(1, 0.03), lrs[:1], np.full(1, 0.9), np.full(1, 0.1),
+                np.zeros(1, bool), np.full(1, 1e-4))  # fmt: skip
+    assert not many.supported
