@@ -205,7 +205,7 @@ def _refine(
     l_lo = [float(p[6]) for p in problems]
     l_hi = [float(p[7]) for p in problems]
     s = gaps.inv.s
-    x, push, last = [], [], []
+    x, push = [], []
     mu = gaps.inv.mu
     tol = XTOL * s
     for i, p in enumerate(problems):
@@ -216,12 +216,10 @@ def _refine(
             if lo[i] < guess < hi[i]:
                 x.append(guess)
                 push.append(2.0 * abs(move) + tol)
-                last.append(max(abs(move), tol))
                 continue
         g_lo, g_hi = orient[i] * float(p[4]), orient[i] * float(p[5])
         x.append(lo[i] + g_lo * (hi[i] - lo[i]) / (g_lo - g_hi))  # regula falsi start
         push.append(0.05 * (hi[i] - lo[i]))
-        last.append(hi[i] - lo[i])
     live = list(range(len(problems)))
     for _ in range(_ROUNDS):
         live = [
@@ -261,16 +259,18 @@ def _refine(
             h = best[2]
             x_new = best[1] + h
             if math.isfinite(best[0]) and lo[i] < x_new < hi[i]:
-                # the estimate moved by `step`, about the error of the last one; Newton's miss
-                # is about C step^2, C = step / (the move before)^2, at least 1 / s here: the
-                # probes go a few times that far (and a quarter tolerance) either side, so
-                # that both ends tighten
-                step = abs(x_new - x[i])
-                miss = max(step**3 / max(last[i], step) ** 2, step * step / s)
+                # Newton from distance h misses by about C h^2, C = abs(g'' / (2 g')), g''
+                # from the slopes at the two probes (at least 1 / s if they do not tell): the
+                # probes go a few times that far (and a quarter tolerance) either side of the
+                # new estimate, so that both ends of the bracket tighten
+                (x0, x1), (d0, d1) = p_l[r], d_l[r]
+                curv = 1.0 / s
+                if x1 > x0 and math.isfinite(d0) and math.isfinite(d1) and d0 + d1 != 0.0:
+                    curv = max(curv, abs((d1 - d0) / (x1 - x0) / (d0 + d1)))
+                miss = curv * h * h
                 if sides != 3:  # the probes missed the root: reach farther
                     miss = max(miss, _WIDEN * push[i])
                 x[i], push[i] = x_new, _PUSH * miss + 0.25 * tol
-                last[i] = step
             else:  # bisect (the probes a quarter of the bracket either side)
                 x[i], push[i] = 0.5 * (lo[i] + hi[i]), 0.25 * (hi[i] - lo[i])
     if hints is not None:
