@@ -254,7 +254,12 @@ class IncrementalCharacteristic:
             self.r = self.r + rho * pw[self.r.size : 0 : -1]
             self.r_age = self.r_age + 1.0
         self.r = np.concatenate([self.r, r_new])
-        self.r_age = np.concatenate([self.r_age, np.arange(add, 0, -1, dtype=float)])
+        # rounding of the new R_t: the backward recursion r = eta + beta r loses about 2 ulps
+        # per step, damped by beta: at most about 2 / (1 - beta) ulps (charged as updates)
+        fresh = np.arange(add, 0, -1, dtype=float)
+        if beta > 0.0:
+            fresh = np.minimum(fresh, 2.0 / (1.0 - beta) + 2.0)
+        self.r_age = np.concatenate([self.r_age, fresh])
         lin, quad = self.lin, self.quad
         for i in (0, 2):
             lin[i] += rho * lin[i + 1]
