@@ -2,8 +2,9 @@
 per-query time of each route and of Opacus's accountants, and the monitor's overhead.
 
 Per-query seconds (``time.perf_counter``; a step's append is counted with its query) at
-T = 10^3, 10^4, 10^5, sigma 2, q 0.045 (the examples' digits rate), delta 1e-5, accuracy
-1e-3, for these query patterns, each over the last ``n`` steps before T:
+T = 10^3, 10^4, 10^5, sigma 2 (6 at T = 10^5: epsilon about 9.5 as at 10^4, inside the
+grid-free route), q 0.045 (the examples' digits rate), delta 1e-5, accuracy 1e-3, for these
+query patterns, each over the last ``n`` steps before T:
 
 * ``every``: a query after each step (the steps before: a query every 100 steps);
 * ``every10``: a query every 10 steps;
@@ -50,6 +51,10 @@ from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
 from opacus_lastiterate.analysis.last_iterate.weighted_fourier import fourier_solve
 
 Q, SIGMA, DELTA, ACC, MOMENTUM, LR = 64 / 1437, 2.0, 1e-5, 1e-3, 0.9, 0.5
+SIGMA_AT = {100_000: 6.0}
+"""Noise multiplier per T where it is not SIGMA: at T = 10^5 and sigma 2 epsilon is about 20,
+where the grid-free route declines (and the grid route answers: minutes per pattern); sigma 6
+keeps epsilon about 9.5, as at T = 10^4 and sigma 2."""
 GAP = 1_500
 PATTERNS = ("every", "every10", "gap", "load")
 
@@ -64,6 +69,10 @@ def _queried(pattern: str, t: int, total: int, n: int) -> bool:
     return t % 100 == 0
 
 
+def _sigma(total: int) -> float:
+    return SIGMA_AT.get(total, SIGMA)
+
+
 def _accountant_route(lrs: np.ndarray, pattern: str, n: int) -> list[float]:
     """Per-query seconds of LastIterateAccountant.get_epsilon (append + query)."""
     acc = LastIterateAccountant(weight_accuracy=ACC)
@@ -72,7 +81,7 @@ def _accountant_route(lrs: np.ndarray, pattern: str, n: int) -> list[float]:
     split = total - n if pattern == "load" else total
     for t in range(1, split + 1):
         settings = SGDSettings(float(lrs[t - 1]), MOMENTUM, 0.0, False, 0.0)
-        acc.replay_step(SIGMA, Q, settings)
+        acc.replay_step(_sigma(total), Q, settings)
         if pattern != "load" and _queried(pattern, t, total, n):
             t0 = time.perf_counter()
             acc.get_epsilon(DELTA)
@@ -85,7 +94,7 @@ def _accountant_route(lrs: np.ndarray, pattern: str, n: int) -> list[float]:
         for t in range(split + 1, total + 1):
             settings = SGDSettings(float(lrs[t - 1]), MOMENTUM, 0.0, False, 0.0)
             t0 = time.perf_counter()
-            acc.replay_step(SIGMA, Q, settings)
+            acc.replay_step(_sigma(total), Q, settings)
             acc.get_epsilon(DELTA)
             times.append(time.perf_counter() - t0)
     return times
@@ -96,7 +105,7 @@ def _grid_route(lrs: np.ndarray, pattern: str, n: int) -> list[float]:
     total, times = lrs.size, []
     for t in range(1, total + 1):
         t0 = time.perf_counter()
-        eng.append(SIGMA, Q, float(lrs[t - 1]), MOMENTUM)
+        eng.append(_sigma(total), Q, float(lrs[t - 1]), MOMENTUM)
         if _queried("every" if pattern == "load" else pattern, t, total, n):
             eng.epsilon(DELTA)
             if t > total - (10 * n if pattern == "every10" else n):
@@ -109,7 +118,7 @@ def _grid_free(lrs: np.ndarray, n: int) -> list[float]:
     for t in range(lrs.size - min(n, 5) + 1, lrs.size + 1):  # each query is independent
         w = sgd_weights(lrs[:t], momentum=MOMENTUM)
         t0 = time.perf_counter()
-        fourier_solve(DELTA, w, np.full(t, Q), np.full(t, SIGMA), ACC)
+        fourier_solve(DELTA, w, np.full(t, Q), np.full(t, _sigma(lrs.size)), ACC)
         times.append(time.perf_counter() - t0)
     return times
 
@@ -120,7 +129,7 @@ def _opacus(steps: int) -> tuple[float, float]:
     out = []
     for cls in (RDPAccountant, PRVAccountant):
         acc = cls()
-        acc.history = [(SIGMA, Q, steps)]
+        acc.history = [(_sigma(steps), Q, steps)]
         ts = []
         for _ in range(3):
             t0 = time.perf_counter()
@@ -135,7 +144,8 @@ def _ms(x: float) -> str:
 
 
 def query_table(steps: list[int], n: int, grid_limit: int) -> None:
-    print(f"per-query ms (median / max), momentum {MOMENTUM} + cosine, sigma {SIGMA}, "
+    print(f"per-query ms (median / max), momentum {MOMENTUM} + cosine, sigma {SIGMA} "
+          f"(T = 10^5: {SIGMA_AT[100_000]}), "
           f"q {Q:.4f}, delta {DELTA}, accuracy {ACC}; last {n} queried steps")  # fmt: skip
     print(f"{'T':>7} {'pattern':>8} | {'new med':>8} {'new max':>8} | {'grid med':>8} "
           f"{'grid max':>8} | {'free med':>8} | {'RDP':>8} {'PRV':>8} | max/med")  # fmt: skip
@@ -240,10 +250,15 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="CI: T = 1e3, 1e4; fewer steps")
     parser.add_argument("--steps", type=int, nargs="+", default=None)
     parser.add_argument("--no-monitor", action="store_true")
+    parser.add_argument("--no-queries", action="store_true", help="the monitor's overhead only")
+    parser.add_argument("--grid-limit", type=int, default=None,
+                        help="largest T for the grid route (default 2,000 quick, 10,000 full)")
     args = parser.parse_args()
     steps = args.steps or ([1_000, 10_000] if args.quick else [1_000, 10_000, 100_000])
     n = 10 if args.quick else 30
-    query_table(steps, n, grid_limit=2_000 if args.quick else 10_000)
+    if not args.no_queries:
+        limit = args.grid_limit or (2_000 if args.quick else 10_000)
+        query_table(steps, n, grid_limit=limit)
     if not args.no_monitor:
         overhead_table(100 if args.quick else 300, 1 if args.quick else 3)
     return 0

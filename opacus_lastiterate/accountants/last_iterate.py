@@ -273,14 +273,14 @@ class LastIterateAccountant(RunAccountant):
         ):
             engine = IncrementalWeightedHeuristic(self.weight_accuracy, self._weighted_fine_points)
             sigma, q = self.run.per_step()
-            t = 0
-            for lr, momentum, dampening, nesterov, weight_decay, steps in self._trace:
-                for _ in range(steps):
-                    engine.append(
-                        float(sigma[t]), float(q[t]), lr, momentum, dampening, nesterov,
-                        weight_decay,
-                    )  # fmt: skip
-                    t += 1
+            if self._trace:
+                first = self._trace[0]
+                engine.append(float(sigma[0]), float(q[0]), *first[:5])
+                counts = [e[5] for e in self._trace]
+                total = sum(counts)
+                counts[0] -= 1
+                settings = np.repeat(np.array([e[:5] for e in self._trace], float), counts, 0)
+                engine.extend(sigma[1:total], q[1:total], *settings.T)
             self._weighted_engine = engine
         return engine
 

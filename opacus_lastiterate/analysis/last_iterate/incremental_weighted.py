@@ -9,10 +9,12 @@ where w_t(T) is the weight of step t's noisy gradient in the model after T steps
 from scratch costs one convolution per step, T per query. :class:`IncrementalWeightedHeuristic`
 keeps most of that work between steps.
 
-Epsilon queries go first to the grid-free route of :mod:`.weighted_fourier` (exact weights,
-characteristic-function inversion with a certified error; ``docs/last_iterate.md``, "Weighted
-heuristic without a grid"): O(T) per query and no work per step. While it answers, no grid
-state is kept. It answers however often it is asked (every step, every k steps, after a
+Epsilon queries go first to the grid-free route (exact weights, characteristic-function
+inversion with a certified error; ``docs/last_iterate.md``, "Weighted heuristic without a
+grid"), its characteristic function kept up to date between queries by
+:class:`~.incremental_fourier.IncrementalCharacteristic` (old steps frozen with a certified
+remainder; no O(T) work per query, nothing per step); :mod:`.weighted_fourier` from scratch
+answers whenever the kept one declines. While the route answers, no grid state is kept. It answers however often it is asked (every step, every k steps, after a
 long gap): there is no switch of route, hence no switch stall. The first time it declines (a
 bracket wider than ``accuracy``, typically epsilon above about 14 at delta = 1e-5, 8 at
 1e-8) the engine switches to the grid below for good, so that the grid state is built once.
@@ -88,6 +90,7 @@ import numpy as np
 from scipy import signal
 
 from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
+from opacus_lastiterate.analysis.last_iterate.incremental_fourier import IncrementalCharacteristic
 from opacus_lastiterate.analysis.last_iterate.weighted_fourier import fourier_solve
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
     WeightedHeuristicResult,
@@ -291,6 +294,8 @@ class IncrementalWeightedHeuristic:
         self._fine_points = self.fine_points / self.accuracy
         self._state: _State | None = None
         self._fourier = bool(fourier)  # epsilon by weighted_fourier until it first declines
+        # the characteristic function kept step by step (after a first answer from scratch)
+        self._characteristic: IncrementalCharacteristic | None = None
         # active window (steps frozen..T-1): R_t(T)
         self._r = np.zeros(0)
         self._exponent = 0
@@ -354,6 +359,45 @@ class IncrementalWeightedHeuristic:
         self._r = np.r_[self._r, float(lr)]
         if self._r.size >= state.horizon + state.block:
             self._freeze(state, self._r.size - state.horizon)
+
+    def extend(
+        self,
+        noise_multipliers: np.ndarray,
+        sample_rates: np.ndarray,
+        lrs: np.ndarray,
+        momentum: np.ndarray,
+        dampening: np.ndarray,
+        nesterov: np.ndarray,
+        weight_decay: np.ndarray,
+    ) -> None:
+        """:meth:`append` for each step of these per-step arrays, in order (the same state,
+        without a Python call per step while no grid is kept)."""
+        if self._state is not None or self._settings is None or not len(lrs):
+            for s_, q_, l_, m_, d_, n_, w_ in zip(noise_multipliers, sample_rates, lrs, momentum,
+                                                  dampening, nesterov, weight_decay, strict=True):
+                self.append(float(s_), float(q_), float(l_), float(m_), float(d_), bool(n_),
+                            float(w_))  # fmt: skip
+            return
+        beta = np.asarray(momentum, dtype=float)
+        damp = np.asarray(dampening, dtype=float)
+        nest = np.asarray(nesterov, dtype=bool)
+        wd = np.asarray(weight_decay, dtype=float)
+        sigma = np.asarray(noise_multipliers, dtype=float)
+        lr = np.asarray(lrs, dtype=float)
+        b0, d0, n0 = self._settings
+        same = (
+            np.all(beta == b0)
+            and np.all(np.where(beta > 0, damp, 0.0) == d0)
+            and np.all((nest & (beta > 0)) == n0)
+        )
+        if not (same and np.all(wd == 0.0) and b0 < 1.0 and np.all(sigma > 0.0)):
+            self._supported, self._state = False, None
+        self._eta.extend(lr.tolist())
+        self._sigma.extend(sigma.tolist())
+        self._q.extend(np.asarray(sample_rates, dtype=float).tolist())
+        self._opt.extend(zip(beta.tolist(), damp.tolist(), nest.tolist(), wd.tolist(), strict=True))
+        if self._supported:
+            self._max_eta = max(self._max_eta, float(lr.max()))
 
     # -- weights ------------------------------------------------------------------------------
 
@@ -534,6 +578,7 @@ class IncrementalWeightedHeuristic:
                 self._state = None  # no grid to keep up to date while this route answers
                 return got
             self._fourier = False
+            self._characteristic = None
         state = self._state
         if state is None:
             state = self._state = self._build()
@@ -562,7 +607,21 @@ class IncrementalWeightedHeuristic:
         return result(upper, lower, rel, round(self._fine_points), size, up.dropped)
 
     def _fourier_solve(self, delta: float) -> WeightedHeuristicResult | None:
-        """Exact weights through the characteristic function (:mod:`.weighted_fourier`)."""
+        """Exact weights through the characteristic function, kept up to date step by step
+        (:mod:`.incremental_fourier`); from scratch (:mod:`.weighted_fourier`) whenever the
+        kept one declines."""
+        char = self._characteristic
+        if char is None:
+            assert self._settings is not None
+            char = self._characteristic = IncrementalCharacteristic(*self._settings)
+        got = char.solve(delta, self._eta, self._sigma, self._q, self.accuracy)
+        if got is not None:
+            upper, lower, terms = got
+            rel = (upper - lower) / upper if upper > 0 else 0.0
+            return WeightedHeuristicResult(
+                upper, lower, rel, self.accuracy, False, 0, terms, 0.0, self.num_steps,
+                "epsilon", delta,
+            )  # fmt: skip
         w = self._weights(0, self._discounted_rates())
         keep = w > 0
         return fourier_solve(

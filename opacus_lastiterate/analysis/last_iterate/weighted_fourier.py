@@ -49,12 +49,16 @@ from scipy import optimize, special
 
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import WeightedHeuristicResult
 
-__all__ = ["fourier_solve"]
+__all__ = ["ETA", "FP_CHARGE", "MAX_TERMS", "Inversion", "chernoff_upper", "fourier_solve"]
 
 ETA = 1e-9
 """Each neglected tail (aliasing, truncation) is at most ETA x delta."""
-_FP = 8.0 * np.finfo(float).eps  # rounding charge per operation (module docstring)
-_MAX_TERMS = 20_000
+FP_CHARGE = 8.0 * np.finfo(float).eps
+"""Rounding charge per operation, relative (module docstring)."""
+MAX_TERMS = 20_000
+"""At most this many frequencies (a noise scale too small for the interval: declined)."""
+_FP = FP_CHARGE
+_MAX_TERMS = MAX_TERMS
 _SCAN = 192  # points of x scanned for the root brackets
 _XTOL = 1e-13  # root tolerance in x, relative to s
 _SQRT_HALF_PI = math.sqrt(math.pi / 2.0)
@@ -66,6 +70,12 @@ _Values = tuple[np.ndarray, np.ndarray]  # (F~(x), p~(x)) at points x
 def _chernoff_upper(w: np.ndarray, q: np.ndarray, s: float, target: float) -> float:
     """A point b with Pr[X >= b] <= target: min over lambda of
     (lambda^2 s^2 / 2 + sum_t q_t expm1(lambda w_t) - log target) / lambda (any lambda is valid)."""
+    return chernoff_upper(w, q, s, target)[0]
+
+
+def chernoff_upper(w: np.ndarray, q: np.ndarray, s: float, target: float) -> tuple[float, float]:
+    """(b, lambda): a point b with Pr[X >= b] <= target, from the Chernoff bound at the
+    returned lambda (any lambda > 0 gives a valid b; this one is about the best)."""
     log_t = math.log(target)
     w_max = float(w.max())
 
@@ -77,45 +87,47 @@ def _chernoff_upper(w: np.ndarray, q: np.ndarray, s: float, target: float) -> fl
 
     lo, hi = math.log(1e-6 / s), math.log(min(700.0 / w_max, 1e6 / s))
     res = optimize.minimize_scalar(b, bounds=(lo, hi), method="bounded", options={"xatol": 1e-3})
-    return min(b(float(res.x)), b(lo), b(hi))
+    best = min((b(float(res.x)), float(res.x)), (b(lo), lo), (b(hi), hi))
+    return best[0], math.exp(best[1])
 
 
-class _Inversion:
-    """F~ and p~ of X - mu (centred: smaller phases) on the interval R (module docstring)."""
+class Inversion:
+    """F~ and p~ of X - mu (centred: smaller phases) on the interval R = [a, b], from the
+    characteristic function ``phi`` of X - mu at the frequencies ``(k + 1/2) step``, k < M,
+    with ``error`` the certified bound on abs(F - F~) on R (module docstring). Built from
+    scratch by :class:`_Inversion`; incrementally by :mod:`.incremental_fourier`."""
 
-    def __init__(self, w: np.ndarray, q: np.ndarray, sigma: np.ndarray, delta: float) -> None:
-        self.s = s = math.sqrt(float(np.dot(sigma * sigma, w * w)))
-        self.mu = mu = float(np.dot(q, w))
-        tail = ETA * delta
-        self.a = s * float(special.ndtri(tail)) - mu  # centred coordinates from here on
-        self.b = _chernoff_upper(w, q, s, tail) - mu
-        span = self.b - self.a
-        self.step = 2.0 * math.pi / span
-        if not math.isfinite(span):
-            raise OverflowError("no finite interval R")
-        # truncation: the terms k >= M sum to at most a geometric series (module docstring)
-        theta_min = math.sqrt(2.0 * (-math.log(tail) + 1.0)) / s
-        m = math.ceil(theta_min / self.step - 0.5) + 1
-        if m > _MAX_TERMS:
-            raise OverflowError("too many frequencies")
-        self.k = np.arange(m) + 0.5
-        theta = self.k * self.step
-        theta_m = (m + 0.5) * self.step
-        ratio = math.exp(-s * s * self.step * theta_m)
-        truncation = math.exp(-0.5 * (s * theta_m) ** 2) / (math.pi * (m + 0.5)) / (1.0 - ratio)
-        terms = np.log1p(q * (np.exp(1j * np.outer(theta, w)) - 1.0))
-        log_phi = terms.sum(axis=1) - 1j * theta * mu - 0.5 * (s * theta) ** 2
-        self.phi = np.exp(log_phi)
-        # rounding: pairwise sums of T terms, each off by a few ulps of its size and of
-        # |w theta|; then the phases theta x (|x| <= span) and the M-term sums of evaluate()
-        size = np.abs(terms).sum(axis=1) + theta * mu + 0.5 * (s * theta) ** 2
-        rel = _FP * (size * (4.0 + math.log2(w.size + 1) + theta * float(w.max()))
-                     + math.log2(m + 1) + 4.0 + theta * span)
-        rounding = float(np.sum(np.abs(self.phi) * rel / self.k)) / math.pi
-        self.error = 2.0 * tail + truncation + rounding  # |F - F~| on R (aliasing: one side)
-        self.terms = m
+    s: float
+    mu: float
+    a: float
+    b: float
+    step: float
+    k: np.ndarray
+    phi: np.ndarray
+    error: float
+    terms: int
+    pdf_floor: float
+
+    def set_parts(
+        self, phi: np.ndarray, step: float, s: float, mu: float, a: float, b: float,
+        error: float,
+    ) -> None:
+        """Set the inversion from its parts (the frequencies are (k + 1/2) ``step``)."""
+        self.phi, self.step, self.s, self.mu, self.a, self.b = phi, step, s, mu, a, b
+        self.k = np.arange(phi.size) + 0.5
+        self.error = error
+        self.terms = int(phi.size)
         # densities below this are treated as noise (no likelihood ratio is read there)
         self.pdf_floor = 1e3 * self.error / s
+
+    def evaluate_slope(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(F~(x), p~(x), dp~/dx(x)) at centred points x."""
+        theta = self.k * self.step
+        e = self.phi * np.exp(-1j * np.multiply.outer(x, theta))
+        cdf = 0.5 - (e.imag / self.k).sum(axis=-1) / math.pi
+        pdf = self.step / math.pi * e.real.sum(axis=-1)
+        slope = self.step / math.pi * (e.imag * theta).sum(axis=-1)
+        return cdf, pdf, slope
 
     def evaluate(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(F~(x), p~(x)) at centred points x."""
@@ -154,12 +166,53 @@ class _Inversion:
             inv_l = np.exp(-log_l)
         return special.ndtr(z) - cdf * inv_l - (target - sign * self.error * inv_l), log_l
 
-    def _log_ratio(self, x: np.ndarray, pdf: np.ndarray) -> np.ndarray:
+    def log_ratio(self, x: np.ndarray, pdf: np.ndarray) -> np.ndarray:
         """log p~/q, NaN where p~ is below its noise floor."""
+        return self._log_ratio(x, pdf)
+
+    def _log_ratio(self, x: np.ndarray, pdf: np.ndarray) -> np.ndarray:
         solid = pdf > self.pdf_floor
         out = np.full(np.shape(pdf), np.nan)
         np.log(pdf, out=out, where=solid)
         return out - self.log_q(x)
+
+
+class _Inversion(Inversion):
+    """The inversion from scratch: phi as a product over the T steps (module docstring)."""
+
+    def __init__(self, w: np.ndarray, q: np.ndarray, sigma: np.ndarray, delta: float) -> None:
+        self.s = s = math.sqrt(float(np.dot(sigma * sigma, w * w)))
+        self.mu = mu = float(np.dot(q, w))
+        tail = ETA * delta
+        self.a = s * float(special.ndtri(tail)) - mu  # centred coordinates from here on
+        self.b = _chernoff_upper(w, q, s, tail) - mu
+        span = self.b - self.a
+        self.step = 2.0 * math.pi / span
+        if not math.isfinite(span):
+            raise OverflowError("no finite interval R")
+        # truncation: the terms k >= M sum to at most a geometric series (module docstring)
+        theta_min = math.sqrt(2.0 * (-math.log(tail) + 1.0)) / s
+        m = math.ceil(theta_min / self.step - 0.5) + 1
+        if m > _MAX_TERMS:
+            raise OverflowError("too many frequencies")
+        self.k = np.arange(m) + 0.5
+        theta = self.k * self.step
+        theta_m = (m + 0.5) * self.step
+        ratio = math.exp(-s * s * self.step * theta_m)
+        truncation = math.exp(-0.5 * (s * theta_m) ** 2) / (math.pi * (m + 0.5)) / (1.0 - ratio)
+        terms = np.log1p(q * (np.exp(1j * np.outer(theta, w)) - 1.0))
+        log_phi = terms.sum(axis=1) - 1j * theta * mu - 0.5 * (s * theta) ** 2
+        self.phi = np.exp(log_phi)
+        # rounding: pairwise sums of T terms, each off by a few ulps of its size and of
+        # |w theta|; then the phases theta x (|x| <= span) and the M-term sums of evaluate()
+        size = np.abs(terms).sum(axis=1) + theta * mu + 0.5 * (s * theta) ** 2
+        rel = _FP * (size * (4.0 + math.log2(w.size + 1) + theta * float(w.max()))
+                     + math.log2(m + 1) + 4.0 + theta * span)
+        rounding = float(np.sum(np.abs(self.phi) * rel / self.k)) / math.pi
+        self.error = 2.0 * tail + truncation + rounding  # |F - F~| on R (aliasing: one side)
+        self.terms = m
+        # densities below this are treated as noise (no likelihood ratio is read there)
+        self.pdf_floor = 1e3 * self.error / s
 
 
 def _root(fun, xs: np.ndarray, values: np.ndarray, decreasing: bool, s: float) -> float | None:

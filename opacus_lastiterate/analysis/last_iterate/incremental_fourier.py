@@ -1,0 +1,499 @@
+"""The grid-free weighted heuristic of a growing SGD run, its characteristic function kept
+up to date step by step (no O(T) work per query).
+
+:mod:`.weighted_fourier` inverts the characteristic function of X = K + Z,
+
+    phi(theta) = exp(-s^2 theta^2 / 2) prod_t f_t(theta),  f_t = 1 - q_t + q_t e^{i w_t(T) theta},
+
+rebuilt at each query from all T weights: O(T M). Here (heavy-ball or nesterov SGD without
+weight decay, one momentum beta, dampening d; ``optimizer_weights``) the weight of step t after
+T steps is w_t(T) = a_t R_t(T) (nesterov: eta_t + beta a_t R_t(T)) with
+R_t(T) = sum_{s=t..T} eta_s beta^(s-t). Appending step T + 1 adds eta_{T+1} beta^(T+1-t) to
+R_t: every weight still grows, but an old step's growth is geometrically small.
+
+Freezing
+--------
+At a query (the last step being T_f), each step whose predicted further growth is small
+enough is *frozen*: its factor log f_t is computed once, at its current weight w^f = w_t(T_f),
+and added to a running (pairwise) sum. Its exact weight at any later T is
+
+    w_t(T) = w^f + c_t rho_t(T),   c_t = a_t beta^(T_f + 1 - t) (x beta for nesterov),
+    rho_t(T) = R_{T_f+1}(T) >= 0,
+
+and log f_t is analytic in w (f_t != 0 when q_t != 1/2), with d/dw log f_t = i theta g_t,
+g_t = q_t e^{i w theta} / f_t, and abs(d^2/dw^2 log f_t) <= theta^2 C(q_t),
+C(q) = q (1 - q) / (1 - 2 q)^2. So, by Taylor's theorem,
+
+    sum_frozen log f_t(w_t(T)) = sum log f_t(w^f) + sum_t i theta g_t(w^f) c_t rho_t(T) + r,
+    abs(r) <= theta^2 E2 / 2,   E2 = sum_t C(q_t) (c_t rho_t(T))^2.
+
+The first-order term is kept exactly, and so are s^2 = sum sigma_t^2 w_t(T)^2 and
+mu = sum q_t w_t(T): all are sums of k_t rho_t(T)^p (p = 0, 1, 2), and since every
+rho_t(T') = rho_t(T) + beta^(T + 1 - j_t) R_{T+1}(T') (j_t = T_f + 1), each such sum moves
+forward from one query to the next with a few companion sums (sum k rho beta^(T+1-j),
+sum k beta^(2 (T+1-j))), O(1) per sum and O(M) per frequency vector, whatever the number of
+steps in between. With the frozen part then off from the exact one by at most abs(r) in
+log phi (and abs(phi) <= exp(-s^2 theta^2 / 2) for the exact one),
+
+    abs(delta phi(theta)) <= exp(-s^2 theta^2 / 2) R e^R,   R = theta^2 E2 / 2,
+
+which adds sum_k abs(delta phi(theta_k)) / (pi (k + 1/2)) to the error bound e of
+:mod:`.weighted_fourier` (``freeze`` below). A step is frozen once its predicted share of E2
+(its growth bounded with ``RATE_SAFETY`` x the largest rate of the active steps) keeps that term below
+``FREEZE_ERROR`` x delta; the bound used is the exact E2 of the query, so a later rate above
+the prediction only loosens the bracket (and a bracket wider than the accuracy is declined:
+the caller answers from scratch). Steps with q = 1/2 are never frozen; at q = 1, C = 0.
+
+The active steps (under about 100 for beta = 0.9) enter with their exact current weights.
+
+The frequency grid and the scan
+-------------------------------
+The frequencies (k + 1/2) Delta and the interval R = [A, B] (centred coordinates) are fixed
+when the grid is built, with a margin ``GRID_MARGIN`` of the span on each side; at each query
+A <= s Phi^{-1}(1e-9 delta) - mu and B >= (Chernoff bound at the grid's lambda) - mu are
+checked (the Chernoff sum of the frozen steps is kept at their frozen weights, plus
+lambda e^{lambda w_bound} sum_t q_t c_t rho_t(T) for their growth), and so is M(T) <= M of the
+grid. Aliasing and truncation are bounded as in :mod:`.weighted_fourier` with D = B - A and
+the current s. When they fail the grid is rebuilt (an O(T M) step, rare: the span grows like
+s, about sqrt(T)). A rebuild refreezes every frozen step at its current weight (coefficient
+c_t beta^(T + 1 - j_t), rho = 0), so E2 of the old expansion still bounds the remainder; the
+first-order term is kept only for coefficients above ``_C_CUT`` (the steps of the last few
+hundred), the others are charged theta sum q_t / abs(1 - 2 q_t) c_t rho_t in log phi. The scan points are a fixed lattice on [A, B] whose cos/sin tables are
+cached, so the scan is two matrix-vector products; the roots are refined by
+:func:`.fourier_roots.solve_epsilons`.
+
+Rounding is charged as in :mod:`.weighted_fourier` (8 machine epsilons per operation times
+the size of every sum, the pairwise sums charged log2 of their length twice), plus the
+rounding of the recursively kept weights (8 epsilons per update of R_t, times the weight)
+and of the first-order vector (8 epsilons per update, times the sum of its magnitudes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import signal, special
+
+from opacus_lastiterate.analysis.last_iterate.fourier_roots import Hints, solve_epsilons
+from opacus_lastiterate.analysis.last_iterate.weighted_fourier import (
+    ETA,
+    FP_CHARGE,
+    MAX_TERMS,
+    Inversion,
+    chernoff_upper,
+)
+
+__all__ = ["FREEZE_ERROR", "GRID_MARGIN", "IncrementalCharacteristic"]
+
+FREEZE_ERROR = 1e-5
+"""Freezing adds at most about this times delta to the error bound (predicted)."""
+GRID_MARGIN = 0.25
+"""The grid's interval extends by this times its span on each side."""
+RATE_SAFETY = 2.0  # later rates predicted <= RATE_SAFETY x the largest active one (freezing)
+_SCAN = 384  # lattice points on [A, B]
+_CHUNK = 2048  # steps per block when a grid is built
+_FP = FP_CHARGE
+_Q_HALF = 1e-3  # steps with abs(q - 1/2) below this are never frozen
+_FREEZE_BLOCK = 16  # steps are frozen in blocks of at least this many (less work per query)
+_C_CUT = 1e-16  # steps refrozen with a growth coefficient below this: no first-order term
+
+
+class _Pairwise:
+    """A running sum of vectors added in blocks, kept as partial sums of equal size classes
+    (a binary counter), so that its rounding is that of a pairwise sum."""
+
+    def __init__(self, m: int) -> None:
+        self.parts: list[tuple[int, np.ndarray]] = []
+        self.m = m
+
+    def add(self, count: int, vec: np.ndarray) -> None:
+        self.parts.append((count, vec))
+        while len(self.parts) > 1 and self.parts[-2][0] <= self.parts[-1][0]:
+            c2, v2 = self.parts.pop()
+            c1, v1 = self.parts.pop()
+            self.parts.append((c1 + c2, v1 + v2))
+
+    def total(self) -> np.ndarray:
+        out = np.zeros(self.m, complex)
+        for _, v in self.parts:
+            out += v
+        return out
+
+
+class _Grid:
+    """Frequencies, the scan lattice and the frozen steps' sums at them."""
+
+    def __init__(self, delta: float, step: float, m: int, lo: float, hi: float, lam: float):
+        self.delta, self.step, self.m, self.lo, self.hi, self.lam = delta, step, m, lo, hi, lam
+        self.k = np.arange(m) + 0.5
+        self.theta = self.k * step
+        self.xs = np.linspace(lo, hi, _SCAN)
+        ph = np.multiply.outer(self.xs, self.theta)
+        self.cos, self.sin = np.cos(ph), np.sin(ph)
+        self.log0 = _Pairwise(m)  # sum of log f_t at the frozen weights
+        self.size = np.zeros(m)  # sum of their magnitudes
+        self.first = np.zeros(m, complex)  # sum_t u_t rho_t(T), u_t = i theta g_t c_t
+        self.first_y = np.zeros(m, complex)  # sum_t u_t beta^(T + 1 - j_t)
+        self.first_abs = np.zeros(m)  # the same two sums of abs(u_t)
+        self.first_abs_y = np.zeros(m)
+        self.expm1 = 0.0  # sum_t q_t expm1(lam w^f)
+        self.drop_x = self.drop_y = 0.0  # sum q/|1-2q| c_t (rho_t, beta^(T+1-j_t)), no u_t
+        self.w_round = 0.0  # rounding of the weights refrozen at the build
+        self.cache: tuple[int, np.ndarray] | None = None  # (parts version, log0 total)
+        self.hints: Hints = {}  # the roots' last positions (fourier_roots.solve_epsilons)
+        self.version = 0
+
+    def fold(self, w: np.ndarray, q: np.ndarray, c: np.ndarray) -> None:
+        """Add steps frozen now (weights w, sample rates q, growth coefficients c; rho_t = 0)
+        to the sums; the first-order term only where c_t > ``_C_CUT`` (the others are
+        charged to ``drop``: its error is at most theta q / abs(1 - 2 q) c_t rho_t)."""
+        big = c > _C_CUT  # c grows along the steps (older first): a prefix is dropped
+        cut = int(np.argmax(big)) if big.any() else c.size
+        if cut:
+            self.drop_y += float(np.dot(_g_q(q[:cut]), c[:cut]))
+        for i in range(0, w.size, _CHUNK):
+            sl = slice(i, i + _CHUNK)
+            re, im, cos, sin = _log_factors(w[sl], q[sl], self.theta)
+            self.log0.add(re.shape[0], re.sum(axis=0) + 1j * im.sum(axis=0))
+            self.size += np.hypot(re, im).sum(axis=0)
+            lo = max(cut - i, 0)
+            if lo < re.shape[0]:
+                qi, z = q[sl][lo:, None], cos[lo:] + 1j * sin[lo:]
+                u = (1j * self.theta) * (qi * z / (1.0 + qi * (z - 1.0))) * c[sl][lo:, None]
+                self.first_y += u.sum(axis=0)
+                self.first_abs_y += np.abs(u).sum(axis=0)
+        self.expm1 += float(np.dot(q, np.expm1(self.lam * w)))
+        self.version += 1
+
+    def advance(self, rho: float, decay: float) -> None:
+        """The first-order sums after steps whose R_{T+1}(T') is ``rho``, ``decay`` =
+        beta^(T' - T)."""
+        self.first += rho * self.first_y
+        self.first_y *= decay
+        self.first_abs += rho * self.first_abs_y
+        self.first_abs_y *= decay
+        self.drop_x += rho * self.drop_y
+        self.drop_y *= decay
+
+    def log_frozen(self) -> np.ndarray:
+        if self.cache is None or self.cache[0] != self.version:
+            self.cache = (self.version, self.log0.total())
+        return self.cache[1]
+
+
+class IncrementalCharacteristic:
+    """Upper and lower bounds on the weighted heuristic epsilon of a growing heavy-ball or
+    nesterov SGD run (one momentum ``beta`` and ``dampening``, no weight decay), with the
+    characteristic function kept up to date (module docstring). The run's per-step lists
+    are passed to :meth:`solve` (they only grow) and read from where the last call stopped.
+    """
+
+    def __init__(self, beta: float, dampening: float, nesterov: bool) -> None:
+        self.beta = float(beta)
+        self.damp = float(dampening) if beta > 0 else 0.0
+        self.nesterov = bool(nesterov) and beta > 0
+        self.n = 0  # steps taken in
+        self.frozen = 0  # steps 0..frozen-1 are frozen
+        self.r = np.zeros(0)  # R_t(T) of the active steps frozen..n-1
+        self.r_age = np.zeros(0)  # updates of each active R_t (rounding)
+        self.max_eta = 0.0
+        # sums over the frozen steps: constants, linear (x, y) and quadratic (x, y, z) in rho
+        self.mu0 = self.s20 = 0.0
+        self.lin = [0.0, 0.0, 0.0, 0.0]  # mu: x, y; s^2: x, y
+        self.quad = [0.0] * 6  # s^2: x, y, z; E2: x, y, z
+        self.w_round = 0.0  # sum q/|1-2q| x rounding of w^f
+        self.w_max = 0.0
+        self.syncs = 0
+        self._frozen_parts: list[tuple[np.ndarray, ...]] = []  # (w, q, c, j) per freeze
+        self.grid: _Grid | None = None
+        self._pw = np.ones(1)
+        self.rebuilds = 0
+        self.last: tuple[np.ndarray, np.ndarray, float, float, np.ndarray] | None = None
+        """(theta, phi, s, mu, bound on abs(phi - exact phi)) of the last query (checks)."""
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def _powers(self, n: int) -> np.ndarray:
+        """beta^0 .. beta^n."""
+        if self._pw.size <= n:
+            self._pw = self.beta ** np.arange(2 * n + 2, dtype=float)
+        return self._pw[: n + 1]
+
+    def _a(self, first: int, n: int) -> np.ndarray:
+        a = np.full(n, 1.0 - self.damp)
+        if first == 0 and n:
+            a[0] = 1.0
+        return a
+
+    def _weights(self, first: int, r: np.ndarray, eta: np.ndarray) -> np.ndarray:
+        a = self._a(first, r.size)
+        if self.nesterov:
+            return eta + self.beta * a * r
+        return a * r
+
+    def _sync(self, eta: list[float]) -> None:
+        """Take in the steps appended since the last call (module docstring)."""
+        n_new = len(eta)
+        add = n_new - self.n
+        if add <= 0:
+            return
+        new = np.asarray(eta[self.n : n_new], dtype=float)
+        self.max_eta = max(self.max_eta, float(new.max()))
+        beta = self.beta
+        if add == 1:
+            r_new = new
+        elif beta > 0.0:
+            r_new = signal.lfilter([1.0], [1.0, -beta], new[::-1])[::-1]
+        else:
+            r_new = new.copy()
+        rho = float(r_new[0])  # R_{T+1}(T'), T the last step taken in before
+        decay = beta**add
+        if self.r.size:
+            pw = self._powers(self.r.size)
+            self.r = self.r + rho * pw[self.r.size : 0 : -1]
+            self.r_age = self.r_age + 1.0
+        self.r = np.concatenate([self.r, r_new])
+        # rounding of the new R_t: the backward recursion r = eta + beta r loses about 2 ulps
+        # per step, damped by beta: at most about 2 / (1 - beta) ulps (charged as updates)
+        fresh = np.arange(add, 0, -1, dtype=float)
+        if beta > 0.0:
+            fresh = np.minimum(fresh, 2.0 / (1.0 - beta) + 2.0)
+        self.r_age = np.concatenate([self.r_age, fresh])
+        lin, quad = self.lin, self.quad
+        for i in (0, 2):
+            lin[i] += rho * lin[i + 1]
+            lin[i + 1] *= decay
+        for i in (0, 3):
+            x, y, z = quad[i : i + 3]
+            quad[i : i + 3] = [x + 2.0 * rho * y + rho * rho * z, decay * (y + rho * z),
+                               decay * decay * z]  # fmt: skip
+        if self.grid is not None:
+            self.grid.advance(rho, decay)
+        self.n = n_new
+        self.syncs += 1
+
+    def _freeze(self, count: int, eta: list[float], sigma: list[float], q: list[float]) -> None:
+        """Freeze the ``count`` oldest active steps at their current weights."""
+        first, t_now = self.frozen, self.n - 1
+        idx = np.arange(first, first + count)
+        r = self.r[:count]
+        w = self._weights(first, r, np.asarray(eta[first : first + count]))
+        a = self._a(first, count)
+        c = (self.beta if self.nesterov else 1.0) * a * self.beta ** (t_now + 1.0 - idx)
+        qq = np.asarray(q[first : first + count], dtype=float)
+        s2 = np.asarray(sigma[first : first + count], dtype=float) ** 2
+        self.mu0 += float(np.dot(qq, w))
+        self.s20 += float(np.dot(s2, w * w))
+        self.lin[1] += float(np.dot(qq, c))
+        self.lin[3] += float(np.dot(2.0 * s2 * w, c))
+        self.quad[2] += float(np.dot(s2, c * c))
+        self.quad[5] += float(np.dot(_c_q(qq), c * c))
+        self.w_round += float(np.dot(_g_q(qq), _FP * (self.r_age[:count] + 4.0) * w))
+        self.w_max = max(self.w_max, float(w.max()))
+        j = np.full(count, t_now + 1)
+        self._frozen_parts.append((w, qq, c, j))
+        if self.grid is not None:
+            self.grid.fold(w, qq, c)
+        self.r, self.r_age = self.r[count:], self.r_age[count:]
+        self.frozen += count
+
+    def _frozen_arrays(self) -> tuple[np.ndarray, ...]:
+        if len(self._frozen_parts) > 1:
+            self._frozen_parts = [tuple(np.concatenate(x) for x in zip(*self._frozen_parts))]
+        if not self._frozen_parts:
+            e = np.zeros(0)
+            return e, e, e, e
+        return self._frozen_parts[0]
+
+    def _weight_bound(self) -> float:
+        """An upper bound on every weight (all rates so far <= max_eta)."""
+        beta = self.beta
+        top = self.max_eta * max(1.0, (1.0 - self.damp)) / (1.0 - beta)
+        return self.max_eta + beta * top if self.nesterov else top
+
+    # -- a query ----------------------------------------------------------------------------
+
+    def solve(
+        self, delta: float, eta: list[float], sigma: list[float], q: list[float],
+        accuracy: float,
+    ) -> tuple[float, float, int] | None:
+        """(upper, lower, frequencies) epsilon at ``delta`` for the run of the per-step lists
+        (sigma_t > 0, q_t in (0, 1]), or None when not certified within ``accuracy``."""
+        self._sync(eta)
+        n = self.n
+        if n == 0:
+            return None
+        first = self.frozen
+        eta_a = np.asarray(eta[first:n], dtype=float)
+        q_a = np.asarray(q[first:n], dtype=float)
+        s2_a = np.asarray(sigma[first:n], dtype=float) ** 2
+        w_a = self._weights(first, self.r, eta_a)
+        lin, quad = self.lin, self.quad
+        s2 = self.s20 + lin[2] + quad[0] + float(np.dot(s2_a, w_a * w_a))
+        mu = self.mu0 + lin[0] + float(np.dot(q_a, w_a))
+        if not s2 > 0.0:
+            return None
+        s = math.sqrt(s2)
+        # freeze the leading active steps whose predicted share of E2 is small enough
+        if self.beta > 0.0 and w_a.size:
+            kappa = FREEZE_ERROR * delta * 2.0 * math.pi * s2 / n
+            growth = RATE_SAFETY * float(eta_a.max()) / (1.0 - self.beta)
+            age = (n - 1) - np.arange(first, n)
+            c = (self.beta if self.nesterov else 1.0) * self._a(first, w_a.size)
+            c = c * self.beta ** (age + 1.0) * growth
+            ok = (_c_q(q_a) * c * c <= kappa) & (np.abs(q_a - 0.5) > _Q_HALF)
+            count = w_a.size if ok.all() else int(np.argmin(ok))
+        else:
+            count = w_a.size  # beta = 0: the weights never change
+        if count >= _FREEZE_BLOCK or (count and self.grid is None):
+            self._freeze(count, eta, sigma, q)
+            w_a, q_a, eta_a = w_a[count:], q_a[count:], eta_a[count:]
+        tail = ETA * delta
+        a_end = s * float(special.ndtri(tail)) - mu
+        theta_min = math.sqrt(2.0 * (-math.log(tail) + 1.0)) / s
+        grid = self.grid
+        fits = grid is not None and self._fits(grid, tail, s, mu, a_end, theta_min, q_a, w_a)
+        if not fits:
+            if grid is not None and grid.delta != delta:
+                return None  # another delta than the grid's: the caller answers from scratch
+            grid = self._build(delta, tail, s, mu, a_end, theta_min, eta, q)
+            if grid is None or not self._fits(grid, tail, s, mu, a_end, theta_min, q_a, w_a):
+                return None
+        assert grid is not None
+        m = math.ceil(theta_min / grid.step - 0.5) + 1
+        theta, k = grid.theta[:m], grid.k[:m]
+        t_re, t_im, _, _ = _log_factors(w_a, q_a, theta)
+        log_phi = (grid.log_frozen()[:m] + grid.first[:m]
+                   + (t_re.sum(axis=0) - 0.5 * (s * theta) ** 2)
+                   + 1j * (t_im.sum(axis=0) - theta * mu))  # fmt: skip
+        phi = np.exp(log_phi)
+        step = grid.step
+        span = grid.hi - grid.lo
+        theta_m = (m + 0.5) * step
+        ratio = math.exp(-s * s * step * theta_m)
+        truncation = math.exp(-0.5 * (s * theta_m) ** 2) / (math.pi * (m + 0.5)) / (1.0 - ratio)
+        size = (grid.size[:m] + np.hypot(t_re, t_im).sum(axis=0) + np.abs(grid.first[:m])
+                + theta * abs(mu) + 0.5 * (s * theta) ** 2)  # fmt: skip
+        w_top = self._weight_bound()
+        age_a = self.r_age[-w_a.size :] if w_a.size else np.zeros(0)
+        w_round = self.w_round + float(np.dot(_g_q(q_a), _FP * (age_a + 4.0) * w_a))
+        rel = _FP * (size * (4.0 + 2.0 * math.log2(n + 1) + theta * w_top)
+                     + math.log2(m + 1) + 4.0 + theta * span) + theta * w_round  # fmt: skip
+        rel = rel + _FP * (self.syncs + 4.0) * grid.first_abs[:m]
+        rel = rel + theta * (grid.drop_x + grid.w_round)
+        abs_phi = np.abs(phi)
+        rounding = float(np.sum(abs_phi * rel / k)) / math.pi
+        big_r = 0.5 * theta * theta * self.quad[3]
+        freeze_phi = np.exp(-0.5 * (s * theta) ** 2) * big_r * np.exp(big_r)
+        freeze = float(np.sum(freeze_phi / k))
+        error = 2.0 * tail + truncation + rounding + freeze / math.pi
+        # the bound on abs(phi - exact phi) at each frequency (freezing and rounding)
+        self.last = (theta, phi, s, mu, freeze_phi + abs_phi * rel)
+        if not error < 1e-3 * delta:
+            return None
+        inv = Inversion()
+        inv.set_parts(phi, step, s, mu, grid.lo, grid.hi, error)
+        re, im = phi.real, phi.imag
+        cos, sin = grid.cos[:, :m], grid.sin[:, :m]
+        cdf = 0.5 - (cos @ (im / k) - sin @ (re / k)) / math.pi
+        pdf = step / math.pi * (cos @ re + sin @ im)
+        got = solve_epsilons(inv, delta, grid.xs, cdf, pdf, grid.hints)
+        if got is None:
+            return None
+        upper, lower = got
+        if not lower <= upper:
+            return None
+        if upper > 0 and (upper - lower) / upper > accuracy:
+            return None
+        return upper, lower, m
+
+    def _fits(
+        self, grid: _Grid, tail: float, s: float, mu: float, a_end: float, theta_min: float,
+        q_a: np.ndarray, w_a: np.ndarray,
+    ) -> bool:
+        """Whether the grid's interval and frequencies still certify the query."""
+        if a_end < grid.lo or math.ceil(theta_min / grid.step - 0.5) + 1 > grid.m:
+            return False
+        lam = grid.lam
+        bound = self._weight_bound()
+        if lam * bound > 700.0:
+            return False
+        # the frozen steps grew by c_t rho_t: expm1 grows by at most lam e^{lam bound} q c rho
+        chern = grid.expm1 + lam * math.exp(lam * bound) * self.lin[0]
+        chern += float(np.dot(q_a, np.expm1(lam * w_a)))
+        b_end = (0.5 * lam * lam * s * s + chern - math.log(tail)) / lam - mu
+        return b_end <= grid.hi
+
+    def _build(
+        self, delta: float, tail: float, s: float, mu: float, a_end: float, theta_min: float,
+        eta: list[float], q: list[float],
+    ) -> _Grid | None:
+        """A new grid with the frozen steps folded in (O(T M))."""
+        self.rebuilds += 1
+        n, beta = self.n, self.beta
+        w_f, q_f, c_f, j_f = self._frozen_arrays()
+        eta_all = np.asarray(eta[:n], dtype=float)
+        if beta > 0.0:
+            r_all = signal.lfilter([1.0], [1.0, -beta], eta_all[::-1])[::-1]
+        else:
+            r_all = eta_all.copy()
+        # rho_t(T) = R_{j_t}(T) (0 when j_t = n), beta^(T + 1 - j_t): the frozen steps are
+        # refrozen at their current weights (their coefficients times beta^(T + 1 - j_t))
+        r_ext = np.r_[r_all, 0.0]
+        rho = r_ext[j_f.astype(np.int64)] if j_f.size else np.zeros(0)
+        decay = beta ** (n - j_f.astype(float)) if j_f.size else np.zeros(0)
+        w_re = w_f + c_f * rho
+        first = self.frozen
+        w_act = self._weights(first, self.r, eta_all[first:])
+        w_now = np.r_[w_re, w_act]
+        q_now = np.r_[q_f, np.asarray(q[first:n], dtype=float)]
+        keep = w_now > 0
+        if not keep.any():
+            return None
+        try:
+            b_unc, lam = chernoff_upper(w_now[keep], q_now[keep], s, tail)
+        except (OverflowError, ValueError, FloatingPointError):
+            return None
+        b_end = b_unc - mu
+        span = b_end - a_end
+        if not (math.isfinite(span) and span > 0):
+            return None
+        lo, hi = a_end - GRID_MARGIN * span, b_end + GRID_MARGIN * span
+        step = 2.0 * math.pi / (hi - lo)
+        m = math.ceil(theta_min / step - 0.5) + 1
+        if m > MAX_TERMS:
+            return None
+        # a little room for more frequencies (a smaller delta later at the same grid)
+        grid = _Grid(delta, step, m + 2, lo, hi, lam)
+        if w_f.size:
+            grid.fold(w_re, q_f, c_f * decay)
+            grid.w_round = float(np.dot(_g_q(q_f), 4.0 * _FP * w_re))
+        self.grid = grid
+        return grid
+
+
+def _log_factors(w: np.ndarray, q: np.ndarray, theta: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(Re, Im) of log f_t(theta) = log(1 - q + q e^{i w theta}) for steps x frequencies, and
+    (cos, sin) of w theta: log abs(f)^2 = log1p(-4 q (1 - q) sin^2(w theta / 2)) and
+    arg f = atan2(q sin, 1 - q + q cos), each to a few ulps (numpy's complex log is several
+    times slower)."""
+    half = np.multiply.outer(w, 0.5 * theta)
+    h, k = np.sin(half), np.cos(half)
+    qq = q[:, None]
+    sin = 2.0 * h * k
+    cos = 1.0 - 2.0 * h * h
+    re = 0.5 * np.log1p((-4.0 * qq * (1.0 - qq)) * (h * h))
+    im = np.arctan2(qq * sin, 1.0 - qq + qq * cos)
+    return re, im, cos, sin
+
+
+def _c_q(q: np.ndarray) -> np.ndarray:
+    """C(q) = q (1 - q) / (1 - 2 q)^2 (module docstring; huge near q = 1/2)."""
+    return q * (1.0 - q) / np.maximum((1.0 - 2.0 * q) ** 2, 1e-300)
+
+
+def _g_q(q: np.ndarray) -> np.ndarray:
+    """A bound on abs(g_t) = abs(q e^{i w theta} / f_t): q / abs(1 - 2 q) (capped at
+    q / _Q_HALF: steps that close to q = 1/2 are never frozen)."""
+    return q / np.maximum(np.abs(1.0 - 2.0 * q), _Q_HALF)
