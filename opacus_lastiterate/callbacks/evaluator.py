@@ -201,12 +201,7 @@ class InlineEvaluator:
             history = trim_history(accountant.history, dropped)
         self.history, self.evaluated, self.rdp = evaluated_state(history, rdp)
         self.last_lr = last_lr
-        self.sampling = getattr(accountant, "sampling", None)
-        scheme = effective_sampling(self.sampling)
-        self.epoch_sampling = scheme is not None and not isinstance(scheme, PoissonSampling)
-        """Whether the run's batches come in epochs (the standard fields are then that
-        scheme's bound, and no Poisson bound certifies a budget)."""
-        self._sampling_name = sampling_field(self.sampling)
+        self._sampling = getattr(accountant, "sampling", None)
 
     # -- the Evaluator protocol -------------------------------------------------------------
 
@@ -294,7 +289,7 @@ class InlineEvaluator:
             noise_multiplier=float(sigma),
             sample_rate=float(q),
             final=True,
-            sampling=self._sampling_name,
+            sampling=sampling_field(self.sampling),
             poisson_assumed_epsilon=assumed,
         )
 
@@ -420,14 +415,31 @@ class InlineEvaluator:
             noise_multiplier=float(sigma),
             sample_rate=float(q),
             final=False,
-            sampling=self._sampling_name,
+            sampling=sampling_field(self.sampling),
             poisson_assumed_epsilon=assumed,
         )
 
+    @property
+    def sampling(self) -> Any:
+        """The run's sampling scheme as evaluated now: the replica's (which drops a scheme
+        that a recorded step does not fit, as the accountant does), else the accountant's
+        at the start, dropped on the first step that does not fit it."""
+        return self.replica.sampling if self.replica is not None else self._sampling
+
+    @property
+    def epoch_sampling(self) -> bool:
+        """Whether the run's batches come in epochs (the standard fields are then that
+        scheme's bound, and no Poisson bound certifies a budget)."""
+        scheme = effective_sampling(self.sampling)
+        return scheme is not None and not isinstance(scheme, PoissonSampling)
+
     def _scheme_run(self) -> DPSGDRun:
-        return DPSGDRun.from_history(
-            [tuple(h) for h in self.history], sampling=self.sampling  # type: ignore[misc]
-        )
+        history = [tuple(h) for h in self.history]
+        try:
+            return DPSGDRun.from_history(history, sampling=self.sampling)  # type: ignore[arg-type]
+        except ValueError:  # a step that does not fit the scheme: Poisson from now on
+            self._sampling = None
+            return DPSGDRun.from_history(history)  # type: ignore[arg-type]
 
     def _standard_rdp(self, poisson_rdp: float) -> float:
         """The record's ``standard_rdp_epsilon``: the Poisson RDP bound, or for batches in
