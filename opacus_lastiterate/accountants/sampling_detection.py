@@ -74,8 +74,10 @@ def _qualname(obj: object) -> str:
 
 
 def _poisson_types() -> tuple[type, ...]:
-    from opacus.data_loader import DistributedUniformWithReplacementSampler
-    from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+    from opacus.utils.uniform_sampler import (  # where every Opacus 1.x defines them
+        DistributedUniformWithReplacementSampler,
+        UniformWithReplacementSampler,
+    )
 
     return (UniformWithReplacementSampler, DistributedUniformWithReplacementSampler)
 
