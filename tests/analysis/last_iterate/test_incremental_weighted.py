@@ -212,11 +212,11 @@ def test_long_sweep_against_from_scratch(name):
 
 
 def test_pmf_fold_in_scratch_arrays_equals_fresh_arrays_and_spares_copies() -> None:
-    """_Pmf.fold reuses its scratch arrays: every value is the float of the allocate-per-fold
+    """GridPmf.fold reuses its scratch arrays: every value is the float of the allocate-per-fold
     formula, and an array handed to a copy (or to a pickle) is never written afterwards."""
     import pickle
 
-    from opacus_lastiterate.analysis.last_iterate.incremental_weighted import _Pmf
+    from opacus_lastiterate.analysis.last_iterate.grid_pmf import GridPmf as _Pmf
 
     rng = np.random.default_rng(7)
     start = rng.random(50)
