@@ -168,6 +168,17 @@ class RunAccountant(IAccountant):
         self._segments = list(segments)
         self._num_steps = sum(s.steps for s in segments)
         self._run = None
+        if self._sampling is not None:  # a history at other rates is not of this scheme
+            try:
+                check_sampling_matches(self._sampling, [s.sample_rate for s in segments])
+            except ValueError as exc:
+                warn(
+                    f"{type(self).__name__}: the history assigned does not fit the run's "
+                    f"sampling ({exc}); the numbers assume Poisson sampling at its rates.",
+                    SamplingWarning,
+                )
+                self._set_sampling(None)
+                self._sampling_declared = False
         self._after_reset()
 
     @property

@@ -219,3 +219,13 @@ def test_shuffled_run_reports_the_shuffled_heuristic_and_poisson_is_unchanged() 
         warnings.simplefilter("ignore")
         assert poisson.get_epsilon(1e-5) == plain.get_epsilon(1e-5)
     assert poisson.get_epsilon(1e-5) > expected  # the Poisson value is not the shuffled one
+
+
+def test_a_history_at_other_rates_drops_the_scheme_with_a_warning() -> None:
+    acc = LastIterateAccountant()
+    acc.declare_sampling(ShuffledBatches(N, 100, False))
+    acc.history = [(1.0, 0.1, 20)]  # fits: kept
+    assert acc.sampling == ShuffledBatches(N, 100, False)
+    with pytest.warns(SamplingWarning, match="does not fit"):
+        acc.history = [(1.0, 0.5, 20)]
+    assert acc.sampling is None and not acc.sampling_declared
