@@ -27,6 +27,7 @@ from opacus_lastiterate.analysis.sampling import (
 )
 from opacus_lastiterate.exceptions import SamplingWarning
 from opacus_lastiterate.samplers import balls_in_bins_data_loader
+from tests._gaussian import gaussian_mechanism_epsilon
 
 N = 1000
 DATA = TensorDataset(torch.randn(N, 5), torch.randint(0, 2, (N,)))
@@ -184,18 +185,6 @@ def test_make_private_with_epsilon_calibrates_for_the_detected_scheme() -> None:
     assert 2.0 - 0.02 <= eps <= 2.0
 
 
-def _gaussian_mechanism_epsilon(mu: float, delta: float) -> float:
-    """Independent closed form (Balle and Wang): delta(eps) of the Gaussian mechanism with
-    sensitivity/noise mu, inverted by brentq."""
-    from scipy.optimize import brentq
-    from scipy.stats import norm
-
-    def excess(eps: float) -> float:
-        return norm.cdf(-eps / mu + mu / 2) - np.exp(eps) * norm.cdf(-eps / mu - mu / 2) - delta
-
-    return brentq(excess, 0.0, 100.0, xtol=1e-12)
-
-
 def test_shuffled_run_reports_the_shuffled_heuristic_and_poisson_is_unchanged() -> None:
     """3 whole epochs of N = 1000, B = 100, sigma = 1 (T = 30): the record is in exactly one
     step per epoch, so the final model is a Gaussian mechanism with mu = 3 / sqrt(30); the
@@ -205,7 +194,7 @@ def test_shuffled_run_reports_the_shuffled_heuristic_and_poisson_is_unchanged() 
         warnings.simplefilter("ignore", UserWarning)
         _train(engine, DataLoader(DATA, batch_size=100, shuffle=True), poisson=False, epochs=3)
     assert engine.accountant.num_steps == 30
-    expected = _gaussian_mechanism_epsilon(3 / np.sqrt(30), 1e-5)
+    expected = gaussian_mechanism_epsilon(3 / np.sqrt(30), 1e-5)
     assert engine.get_epsilon(1e-5) == pytest.approx(expected, rel=1e-9)
 
     poisson = PrivacyEngine(accountant="last_iterate")

@@ -132,8 +132,7 @@ def test_known_answer_shuffled_run_bound_below_the_shuffled_heuristic() -> None:
     N(0, sigma^2 T) (times lr C / B): a Gaussian mechanism with mu = 5 / (sigma sqrt(50)),
     the shuffled heuristic, which is then the true epsilon; the one-run bounds stay below it
     and below the Poisson value of the same history."""
-    from scipy.optimize import brentq
-    from scipy.stats import norm
+    from tests._gaussian import gaussian_mechanism_epsilon
 
     run = _linear_setup(m=500, sigma=0.5, poisson=False)
     _train(run, 50)
@@ -141,11 +140,7 @@ def test_known_answer_shuffled_run_bound_below_the_shuffled_heuristic() -> None:
     insertions, coins = run.audit.insertions(), run.audit.coins
     assert (insertions[coins] == 5).all() and (insertions[~coins] == 0).all()
     report = run.audit.report(delta=DELTA, standard=False)
-    mu = 5 / (0.5 * np.sqrt(50))
-    truth = brentq(
-        lambda e: norm.cdf(-e / mu + mu / 2) - np.exp(e) * norm.cdf(-e / mu - mu / 2) - DELTA,
-        0.0, 60.0, xtol=1e-12,
-    )
+    truth = gaussian_mechanism_epsilon(5 / (0.5 * np.sqrt(50)), DELTA)
     assert report.heuristic_epsilon == pytest.approx(truth, rel=1e-9)
     grad = report.audit("gradient")
     for result in (grad.one_run, grad.one_run_fdp):

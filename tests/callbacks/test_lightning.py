@@ -288,10 +288,9 @@ def test_lightning_shuffled_run_logs_shuffled_values_and_labels(tmp_path: Path) 
     tells the monitor, whose records carry the shuffled heuristic (closed form: a Gaussian
     mechanism with mu = 2 / sqrt(16), computed here with scipy) and the shuffled labels."""
     from opacus import PrivacyEngine
-    from scipy.optimize import brentq
-    from scipy.stats import norm
 
     from opacus_lastiterate.callbacks import PrivacyMonitorCallback
+    from tests._gaussian import gaussian_mechanism_epsilon
 
     torch.manual_seed(0)
     engine = PrivacyEngine(accountant="last_iterate")
@@ -304,11 +303,7 @@ def test_lightning_shuffled_run_logs_shuffled_values_and_labels(tmp_path: Path) 
         trainer.fit(_module_class(pl.LightningModule)(engine, poisson=False), loader)
     final = records[-1]
     assert final.final and final.step == 16 and final.sampling == "shuffled"
-    mu = 2 / np.sqrt(16)
-    expected = brentq(
-        lambda e: norm.cdf(-e / mu + mu / 2) - np.exp(e) * norm.cdf(-e / mu - mu / 2) - DELTA,
-        0.0, 50.0, xtol=1e-12,
-    )
+    expected = gaussian_mechanism_epsilon(2 / np.sqrt(16), DELTA)
     assert final.heuristic_epsilon == pytest.approx(expected, rel=1e-9)
     assert final.poisson_assumed_epsilon is not None
     labels = final.labels()
