@@ -82,6 +82,9 @@ def _validate_trace(trace: object, name: str) -> list[TraceEntry]:
     """Validate a recorded optimizer trace (see :attr:`LastIterateAccountant.optimizer_trace`)."""
     if not isinstance(trace, (list, tuple)):
         raise TypeError(f"`{name}` must be a list of 6-tuples, got {type(trace).__name__}.")
+    fast = _plain_trace(trace)
+    if fast is not None:
+        return fast
     out: list[TraceEntry] = []
     for i, entry in enumerate(trace):
         if not isinstance(entry, (list, tuple)) or len(entry) != 6:
@@ -103,6 +106,36 @@ def _validate_trace(trace: object, name: str) -> list[TraceEntry]:
             )
         )
     return out
+
+
+def _plain_trace(trace: list[Any] | tuple[Any, ...]) -> list[TraceEntry] | None:
+    """:func:`_validate_trace` of a trace of Python floats and ints (the state_dict of this
+    accountant), checked column by column in numpy: the same entries, in one pass instead of
+    a few microseconds per entry (a checkpoint of 10^5 steps under a schedule holds 10^5
+    entries); None for anything else, which the entry-by-entry check then reports."""
+    if not all(type(e) in (tuple, list) and len(e) == 6 for e in trace):
+        return None
+    if not trace:
+        return []
+    lr, momentum, dampening, nesterov, weight_decay, steps = zip(*trace)
+    plain = (float, int)  # exact types: a bool is neither
+    if not (
+        all(type(x) is bool for x in nesterov)
+        and all(type(x) is int for x in steps)
+        and all(type(x) in plain for col in (lr, momentum, dampening, weight_decay) for x in col)
+    ):
+        return None
+    try:
+        a = np.array([lr, momentum, dampening, weight_decay], dtype=float)
+        n = np.array(steps, dtype=np.int64)
+    except OverflowError:
+        return None
+    unit = (a[1:3] >= 0.0) & (a[1:3] <= 1.0)  # NaN fails every comparison
+    rates = (a[[0, 3]] >= 0.0) & (a[[0, 3]] < math.inf)
+    if not (unit.all() and rates.all() and (n >= 1).all()):
+        return None
+    return list(zip(a[0].tolist(), a[1].tolist(), a[2].tolist(), nesterov, a[3].tolist(),
+                    n.tolist(), strict=True))  # fmt: skip
 
 
 class LastIterateAccountant(RunAccountant):
@@ -152,6 +185,9 @@ class LastIterateAccountant(RunAccountant):
         self._trace_disabled = False
         self._weighted_cache: tuple[tuple[int, float], WeightedHeuristicResult] | None = None
         self._weighted_engine: IncrementalWeightedHeuristic | None = None
+        # the weighted engine's characteristic function from a loaded state, taken up when
+        # the engine is next built (ignored unless saved for the same run)
+        self._saved_characteristic: Mapping[str, Any] | None = None
         self._monotonicity = MonotonicityWatch()
         self.weight_accuracy = accuracy
         """Requested relative accuracy of the schedule/momentum-weighted epsilon."""
@@ -180,6 +216,7 @@ class LastIterateAccountant(RunAccountant):
         self._last_settings = None
         self._weighted_cache = None
         self._weighted_engine = None
+        self._saved_characteristic = None
         self._monotonicity = MonotonicityWatch()
 
     def _steps(self) -> int:
@@ -276,11 +313,15 @@ class LastIterateAccountant(RunAccountant):
             if self._trace:
                 first = self._trace[0]
                 engine.append(float(sigma[0]), float(q[0]), *first[:5])
-                counts = [e[5] for e in self._trace]
-                total = sum(counts)
+                columns = list(zip(*self._trace))
+                counts = np.array(columns[5], dtype=np.int64)
+                total = int(counts.sum())
                 counts[0] -= 1
-                settings = np.repeat(np.array([e[:5] for e in self._trace], float), counts, 0)
-                engine.extend(sigma[1:total], q[1:total], *settings.T)
+                settings = np.repeat(np.array(columns[:5], float), counts, 1)
+                engine.extend(sigma[1:total], q[1:total], *settings)
+            saved, self._saved_characteristic = self._saved_characteristic, None
+            if saved is not None:
+                engine.restore_characteristic(saved)
             self._weighted_engine = engine
         return engine
 
@@ -419,10 +460,17 @@ class LastIterateAccountant(RunAccountant):
         return self._weighted_cache[1]
 
     def _extra_state(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "optimizer_trace": list(self._trace),
             "optimizer_trace_disabled": self._trace_disabled,
         }
+        engine = self._weighted_engine
+        saved = self._saved_characteristic
+        if engine is not None and engine.num_steps == self._steps():
+            saved = engine.characteristic_state()
+        if saved is not None:  # a cache: restored only onto the same run (its fingerprint)
+            out["weighted_characteristic"] = saved
+        return out
 
     def _check_extra_state(self, state_dict: Mapping[str, Any]) -> Any:
         trace = _validate_trace(
@@ -433,10 +481,16 @@ class LastIterateAccountant(RunAccountant):
             raise TypeError(
                 f"`state_dict['optimizer_trace_disabled']` must be a bool, got {disabled!r}."
             )
-        return trace, disabled
+        saved = state_dict.get("weighted_characteristic")
+        if saved is not None and not isinstance(saved, Mapping):
+            raise TypeError(
+                "`state_dict['weighted_characteristic']` must be a mapping (a state_dict "
+                f"of this accountant) or absent, got {type(saved).__name__}."
+            )
+        return trace, disabled, saved
 
     def _load_extra_state(self, checked: Any) -> None:
-        self._trace, self._trace_disabled = checked
+        self._trace, self._trace_disabled, self._saved_characteristic = checked
         self._summary = None
         self._last_settings = None
         self._calibration_warned = False

@@ -43,7 +43,10 @@ _DEBUG = False
 _PUSH = 3.0  # probes at _PUSH x the predicted miss of a Newton step either side of it
 _WIDEN = 1000.0  # a round whose two probes fell on one side of the root reaches this much farther
 _LTOL = 1e-8  # epsilons at the two ends of a bracket that agree to this (relative) are final
-Hints = dict[tuple[bool, float], tuple[float, float]]
+_NEWTON_FLOOR = 1e-3  # a Newton step misses by at least this fraction of its length (rounding of g, g')
+Hints = dict[tuple[bool, float], tuple[float, float, float, float]]
+"""Per root (direction, sign): its last two positions (uncentred midpoints of the final
+brackets) and the widths of those brackets."""
 _SQRT_HALF_PI = math.sqrt(math.pi / 2.0)
 _SQRT2 = math.sqrt(2.0)
 
@@ -215,7 +218,8 @@ def _refine(
             guess = hint[0] + move - mu
             if lo[i] < guess < hi[i]:
                 x.append(guess)
-                push.append(2.0 * abs(move) + tol)
+                # each stored root is off by up to half its bracket's width
+                push.append(2.0 * abs(move) + 1.5 * (hint[2] + hint[3]) + tol)
                 continue
         g_lo, g_hi = orient[i] * float(p[4]), orient[i] * float(p[5])
         x.append(lo[i] + g_lo * (hi[i] - lo[i]) / (g_lo - g_hi))  # regula falsi start
@@ -267,17 +271,26 @@ def _refine(
                 curv = 1.0 / s
                 if x1 > x0 and math.isfinite(d0) and math.isfinite(d1) and d0 + d1 != 0.0:
                     curv = max(curv, abs((d1 - d0) / (x1 - x0) / (d0 + d1)))
-                miss = curv * h * h
-                if sides != 3:  # the probes missed the root: reach farther
+                miss = max(curv * h * h, _NEWTON_FLOOR * abs(h))
+                if sides == 3:  # the probes straddle the root: the secant through them
+                    g0, g1 = orient[i] * g_l[r][0], orient[i] * g_l[r][1]
+                    x_sec = x0 + g0 * (x1 - x0) / (g0 - g1)
+                    if _DEBUG:
+                        print("newton", (x_new - x_sec) / s, "width", (x1 - x0) / s)
+                    miss = max(miss, abs(x_sec - x_new))
+                else:  # the probes missed the root: reach farther
                     miss = max(miss, _WIDEN * push[i])
                 x[i], push[i] = x_new, _PUSH * miss + 0.25 * tol
             else:  # bisect (the probes a quarter of the bracket either side)
                 x[i], push[i] = 0.5 * (lo[i] + hi[i]), 0.25 * (hi[i] - lo[i])
     if hints is not None:
         for i, p in enumerate(problems):
-            root = 0.5 * (lo[i] + hi[i]) + mu
+            root, width = 0.5 * (lo[i] + hi[i]) + mu, hi[i] - lo[i]
             prev = hints.get((p[0], p[1]))
-            hints[(p[0], p[1])] = (root, prev[0] if prev is not None else root)
+            if prev is None:
+                hints[(p[0], p[1])] = (root, root, width, width)
+            else:
+                hints[(p[0], p[1])] = (root, prev[0], width, prev[2])
     out = []
     for i, (is_pq, sgn, *_) in enumerate(problems):
         upper = sgn > 0

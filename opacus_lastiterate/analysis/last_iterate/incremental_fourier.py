@@ -70,7 +70,10 @@ and of the first-order vector (8 epsilons per update, times the sum of its magni
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from scipy import signal, special
@@ -84,7 +87,7 @@ from opacus_lastiterate.analysis.last_iterate.weighted_fourier import (
     chernoff_upper,
 )
 
-__all__ = ["FREEZE_ERROR", "GRID_MARGIN", "IncrementalCharacteristic"]
+__all__ = ["FREEZE_ERROR", "GRID_MARGIN", "STATE_FORMAT", "IncrementalCharacteristic", "run_fingerprint"]
 
 FREEZE_ERROR = 1e-5
 """Freezing adds at most about this times delta to the error bound (predicted)."""
@@ -97,6 +100,25 @@ _FP = FP_CHARGE
 _Q_HALF = 1e-3  # steps with abs(q - 1/2) below this are never frozen
 _FREEZE_BLOCK = 16  # steps are frozen in blocks of at least this many (less work per query)
 _C_CUT = 1e-16  # steps refrozen with a growth coefficient below this: no first-order term
+STATE_FORMAT = 1
+"""Version of :meth:`IncrementalCharacteristic.state` (a state of another version is not
+restored: the characteristic function is then rebuilt from the run)."""
+_SCALARS = ("n", "frozen", "max_eta", "mu0", "s20", "w_round", "w_max", "syncs", "rebuilds")
+_GRID_SCALARS = ("delta", "step", "m", "lo", "hi", "lam", "expm1", "drop_x", "drop_y",
+                 "w_round", "version")  # fmt: skip
+_GRID_REAL = ("size", "first_abs", "first_abs_y")
+_GRID_COMPLEX = ("first", "first_y")
+
+
+def run_fingerprint(
+    eta: Sequence[float], sigma: Sequence[float], q: Sequence[float], settings: tuple
+) -> str:
+    """A digest of a run's per-step rates, noise multipliers, sample rates and SGD settings
+    (a saved characteristic function is restored only onto the run it was computed for)."""
+    h = hashlib.sha256(repr((STATE_FORMAT, len(eta), tuple(settings))).encode())
+    for values in (eta, sigma, q):
+        h.update(np.asarray(values, dtype=np.float64).tobytes())
+    return h.hexdigest()
 
 
 class _Pairwise:
@@ -205,7 +227,6 @@ class IncrementalCharacteristic:
         self.w_round = 0.0  # sum q/|1-2q| x rounding of w^f
         self.w_max = 0.0
         self.syncs = 0
-        self._frozen_parts: list[tuple[np.ndarray, ...]] = []  # (w, q, c, j) per freeze
         self.grid: _Grid | None = None
         self._pw = np.ones(1)
         self.rebuilds = 0
@@ -291,26 +312,94 @@ class IncrementalCharacteristic:
         self.quad[5] += float(np.dot(_c_q(qq), c * c))
         self.w_round += float(np.dot(_g_q(qq), _FP * (self.r_age[:count] + 4.0) * w))
         self.w_max = max(self.w_max, float(w.max()))
-        j = np.full(count, t_now + 1)
-        self._frozen_parts.append((w, qq, c, j))
         if self.grid is not None:
             self.grid.fold(w, qq, c)
         self.r, self.r_age = self.r[count:], self.r_age[count:]
         self.frozen += count
-
-    def _frozen_arrays(self) -> tuple[np.ndarray, ...]:
-        if len(self._frozen_parts) > 1:
-            self._frozen_parts = [tuple(np.concatenate(x) for x in zip(*self._frozen_parts))]
-        if not self._frozen_parts:
-            e = np.zeros(0)
-            return e, e, e, e
-        return self._frozen_parts[0]
 
     def _weight_bound(self) -> float:
         """An upper bound on every weight (all rates so far <= max_eta)."""
         beta = self.beta
         top = self.max_eta * max(1.0, (1.0 - self.damp)) / (1.0 - beta)
         return self.max_eta + beta * top if self.nesterov else top
+
+    # -- saving and restoring (a checkpoint) ---------------------------------------------------
+
+    def state(self, eta: list[float], sigma: list[float], q: list[float]) -> dict[str, Any]:
+        """The whole state as plain lists and floats (exact: every float round-trips), for
+        the run of these per-step lists, which it is tied to by :func:`run_fingerprint`."""
+        n = self.n
+        out: dict[str, Any] = {
+            "format": STATE_FORMAT,
+            "fingerprint": run_fingerprint(eta[:n], sigma[:n], q[:n], self.settings),
+            "r": self.r.tolist(), "r_age": self.r_age.tolist(),
+            "lin": list(self.lin), "quad": list(self.quad), "grid": None,
+        }  # fmt: skip
+        out.update({k: getattr(self, k) for k in _SCALARS})
+        g = self.grid
+        if g is not None:
+            grid: dict[str, Any] = {k: getattr(g, k) for k in _GRID_SCALARS}
+            grid.update({k: getattr(g, k).tolist() for k in _GRID_REAL})
+            for k in _GRID_COMPLEX:
+                grid[k] = [getattr(g, k).real.tolist(), getattr(g, k).imag.tolist()]
+            grid["log0"] = [[c, v.real.tolist(), v.imag.tolist()] for c, v in g.log0.parts]
+            grid["hints"] = [[key[0], key[1], *val] for key, val in g.hints.items()]
+            out["grid"] = grid
+        return out
+
+    @property
+    def settings(self) -> tuple[float, float, bool]:
+        """(beta, dampening, nesterov) of the run."""
+        return (self.beta, self.damp, self.nesterov)
+
+    @classmethod
+    def from_state(
+        cls, state: Mapping[str, Any], eta: list[float], sigma: list[float], q: list[float],
+        settings: tuple[float, float, bool],
+    ) -> IncrementalCharacteristic | None:
+        """The characteristic function saved by :meth:`state`, if it was saved for this run
+        (its first ``state["n"]`` steps; the others are taken in at the next query), else
+        None. A malformed state is also None: it is a cache, rebuilt from the run."""
+        try:
+            if state.get("format") != STATE_FORMAT:
+                return None
+            n = int(state["n"])
+            if not 0 < n <= len(eta) or state["fingerprint"] != run_fingerprint(
+                eta[:n], sigma[:n], q[:n], settings
+            ):
+                return None
+            char = cls(*settings)
+            for k in _SCALARS:
+                setattr(char, k, type(getattr(char, k))(state[k]))
+            char.r = np.array(state["r"], dtype=float)
+            char.r_age = np.array(state["r_age"], dtype=float)
+            char.lin = [float(x) for x in state["lin"]]
+            char.quad = [float(x) for x in state["quad"]]
+            ok = (char.r.shape == char.r_age.shape == (n - char.frozen,) and len(char.lin) == 4
+                  and len(char.quad) == 6)  # fmt: skip
+            if state["grid"] is not None:
+                g = state["grid"]
+                grid = _Grid(float(g["delta"]), float(g["step"]), int(g["m"]), float(g["lo"]),
+                             float(g["hi"]), float(g["lam"]))  # fmt: skip
+                for k in ("expm1", "drop_x", "drop_y", "w_round"):
+                    setattr(grid, k, float(g[k]))
+                grid.version = int(g["version"])
+                for k in _GRID_REAL:
+                    setattr(grid, k, np.array(g[k], dtype=float))
+                for k in _GRID_COMPLEX:
+                    re, im = g[k]
+                    setattr(grid, k, np.array(re, dtype=float) + 1j * np.array(im, dtype=float))
+                grid.log0.parts = [(int(c), np.array(re, float) + 1j * np.array(im, float))
+                                   for c, re, im in g["log0"]]  # fmt: skip
+                grid.hints = {(bool(h[0]), float(h[1])): (float(h[2]), float(h[3]), float(h[4]),
+                                                          float(h[5])) for h in g["hints"]}  # fmt: skip
+                vectors = [getattr(grid, k) for k in (*_GRID_REAL, *_GRID_COMPLEX)]
+                vectors += [v for _, v in grid.log0.parts]
+                ok = ok and all(v.shape == (grid.m,) for v in vectors)
+                char.grid = grid
+        except (KeyError, TypeError, ValueError, IndexError):
+            return None
+        return char if ok else None
 
     # -- a query ----------------------------------------------------------------------------
 
@@ -431,20 +520,22 @@ class IncrementalCharacteristic:
     ) -> _Grid | None:
         """A new grid with the frozen steps folded in (O(T M))."""
         self.rebuilds += 1
-        n, beta = self.n, self.beta
-        w_f, q_f, c_f, j_f = self._frozen_arrays()
+        n, beta, first = self.n, self.beta, self.frozen
         eta_all = np.asarray(eta[:n], dtype=float)
+        # R_t(T) = sum_{s=t..frozen-1} eta_s beta^(s-t) + beta^(frozen-t) R_frozen(T)
+        r_next, r_next_age = (float(self.r[0]), float(self.r_age[0])) if self.r.size else (0.0, 0.0)
         if beta > 0.0:
-            r_all = signal.lfilter([1.0], [1.0, -beta], eta_all[::-1])[::-1]
+            r_all = signal.lfilter([1.0], [1.0, -beta], eta_all[:first][::-1])[::-1]
+            if first:
+                r_all = r_all + r_next * beta ** np.arange(first, 0, -1.0)
         else:
-            r_all = eta_all.copy()
-        # rho_t(T) = R_{j_t}(T) (0 when j_t = n), beta^(T + 1 - j_t): the frozen steps are
-        # refrozen at their current weights (their coefficients times beta^(T + 1 - j_t))
-        r_ext = np.r_[r_all, 0.0]
-        rho = r_ext[j_f.astype(np.int64)] if j_f.size else np.zeros(0)
-        decay = beta ** (n - j_f.astype(float)) if j_f.size else np.zeros(0)
-        w_re = w_f + c_f * rho
-        first = self.frozen
+            r_all = eta_all[:first].copy()
+        # the frozen steps are refrozen at their current weights w_t(T) (rho = 0), with growth
+        # coefficients (x beta for nesterov) a_t beta^(T + 1 - t), T + 1 = n (as in _freeze)
+        w_re = self._weights(0, r_all, eta_all[:first])
+        q_f = np.asarray(q[:first], dtype=float)
+        idx = np.arange(first, dtype=float)
+        c_f = (beta if self.nesterov else 1.0) * self._a(0, first) * beta ** (n - idx)
         w_act = self._weights(first, self.r, eta_all[first:])
         w_now = np.r_[w_re, w_act]
         q_now = np.r_[q_f, np.asarray(q[first:n], dtype=float)]
@@ -466,9 +557,15 @@ class IncrementalCharacteristic:
             return None
         # a little room for more frequencies (a smaller delta later at the same grid)
         grid = _Grid(delta, step, m + 2, lo, hi, lam)
-        if w_f.size:
-            grid.fold(w_re, q_f, c_f * decay)
-            grid.w_round = float(np.dot(_g_q(q_f), 4.0 * _FP * w_re))
+        if first:
+            grid.fold(w_re, q_f, c_f)
+            # rounding of the refrozen weights: the backward filter loses about 2 ulps per
+            # step, damped by beta (at most about 2 / (1 - beta), as the R_t of _sync), the
+            # continuation from R_frozen(T) and a_t (nesterov: eta_t + beta a_t R_t) a few more
+            age = np.zeros(first)
+            if beta > 0.0:
+                age = np.minimum(first - idx, 2.0 / (1.0 - beta) + 2.0) + r_next_age
+            grid.w_round = float(np.dot(_g_q(q_f), _FP * (age + 6.0) * w_re))
         self.grid = grid
         return grid
 

@@ -84,7 +84,9 @@ on the coarse grid (H about 100 for beta = 0.9) and solve two warm-started roots
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy import signal
@@ -286,6 +288,30 @@ class IncrementalWeightedHeuristic:
         self._opt.extend(zip(beta.tolist(), damp.tolist(), nest.tolist(), wd.tolist(), strict=True))
         if self._supported:
             self._max_eta = max(self._max_eta, float(lr.max()))
+
+    # -- a checkpoint ---------------------------------------------------------------------------
+
+    def characteristic_state(self) -> dict[str, Any] | None:
+        """The kept characteristic function as plain lists and floats (None when there is
+        none: before the first epsilon query, or once the grid answers), so that a restored
+        engine answers its next query without rebuilding it (O(T M))."""
+        char = self._characteristic
+        if char is None or not self._fourier or not self._supported:
+            return None
+        return char.state(self._eta, self._sigma, self._q)
+
+    def restore_characteristic(self, state: Mapping[str, Any]) -> bool:
+        """Take up a :meth:`characteristic_state` saved for this run (the same steps, up to
+        the steps appended since); False (nothing changed) if it is not for this run."""
+        if not (self._supported and self._fourier) or self._settings is None:
+            return False
+        char = IncrementalCharacteristic.from_state(
+            state, self._eta, self._sigma, self._q, self._settings
+        )
+        if char is None:
+            return False
+        self._characteristic = char
+        return True
 
     # -- weights ------------------------------------------------------------------------------
 

@@ -1,0 +1,154 @@
+"""A saved characteristic function (a checkpoint): restored onto the same run it continues
+exactly as if it had never been saved, without rebuilding its grid; onto any other run, or
+malformed, it is not restored at all. The grid rebuilt from the run (no kept arrays of the
+frozen steps) still brackets the from-scratch value."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from opacus_lastiterate.analysis.last_iterate.incremental_fourier import (
+    IncrementalCharacteristic,
+    run_fingerprint,
+)
+from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
+    IncrementalWeightedHeuristic,
+)
+from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
+    cosine_schedule,
+    sgd_weights,
+)
+from opacus_lastiterate.analysis.last_iterate.weighted_fourier import fourier_solve
+
+ACC, DELTA, Q, SIGMA = 1e-3, 1e-5, 0.045, 2.0
+SETTINGS = (0.9, 0.0, False)
+
+
+def _lists(n: int) -> tuple[list[float], list[float], list[float]]:
+    return cosine_schedule(0.5, n).tolist(), [SIGMA] * n, [Q] * n
+
+
+def _grown(n: int, every: int = 7) -> tuple[IncrementalCharacteristic, tuple[list, list, list]]:
+    eta, sigma, q = _lists(n)
+    char = IncrementalCharacteristic(*SETTINGS)
+    for t in range(1, n + 1):
+        if t % every == 0:
+            assert char.solve(DELTA, eta[:t], sigma[:t], q[:t], ACC) is not None
+    return char, (eta, sigma, q)
+
+
+def test_restored_state_continues_bit_identically_without_rebuilding() -> None:
+    n, more = 700, 120
+    char, (eta, sigma, q) = _grown(n)
+    state = json.loads(json.dumps(char.state(eta, sigma, q)))  # plain data, exactly
+    eta2, sigma2, q2 = _lists(n + more)
+    eta2[:n] = eta  # the same run, continued
+    restored = IncrementalCharacteristic.from_state(state, eta2[:n], sigma2[:n], q2[:n], SETTINGS)
+    assert restored is not None
+    rebuilds = restored.rebuilds
+    for t in range(n + 1, n + more + 1):
+        a = char.solve(DELTA, eta2[:t], sigma2[:t], q2[:t], ACC)
+        b = restored.solve(DELTA, eta2[:t], sigma2[:t], q2[:t], ACC)
+        assert a == b  # the same floats
+    assert restored.rebuilds == rebuilds == char.rebuilds
+
+
+def test_restored_state_after_more_steps_answers_the_longer_run() -> None:
+    n = 500
+    char, (eta, sigma, q) = _grown(n)
+    state = char.state(eta, sigma, q)
+    eta2, sigma2, q2 = _lists(n + 40)
+    eta2[:n] = eta
+    restored = IncrementalCharacteristic.from_state(state, eta2, sigma2, q2, SETTINGS)
+    assert restored is not None
+    got = restored.solve(DELTA, eta2, sigma2, q2, ACC)
+    w = sgd_weights(np.asarray(eta2), momentum=SETTINGS[0])
+    scratch = fourier_solve(DELTA, w, np.asarray(q2), np.asarray(sigma2), ACC)
+    assert got is not None
+    upper, lower, _ = got
+    assert lower <= scratch.value and scratch.lower_bound <= upper
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["lr", "sigma", "q", "settings", "shorter run", "format", "garbage", "vector length"],
+)
+def test_state_of_another_run_or_malformed_is_not_restored(change: str) -> None:
+    n = 300
+    char, (eta, sigma, q) = _grown(n)
+    state = copy.deepcopy(char.state(eta, sigma, q))
+    eta, sigma, q, settings = list(eta), list(sigma), list(q), SETTINGS
+    if change == "lr":
+        eta[17] *= 1.0 + 1e-15
+    elif change == "sigma":
+        sigma[100] = 2.5
+    elif change == "q":
+        q[0] = 0.05
+    elif change == "settings":
+        settings = (0.9, 0.0, True)
+    elif change == "shorter run":
+        eta, sigma, q = eta[:200], sigma[:200], q[:200]  # fewer steps than were saved
+    elif change == "format":
+        state["format"] = 0
+    elif change == "garbage":
+        state["grid"]["lo"] = "a"
+    else:
+        state["grid"]["size"] = state["grid"]["size"][:-1]
+    assert IncrementalCharacteristic.from_state(state, eta, sigma, q, settings) is None
+
+
+def test_fingerprint_depends_on_every_input() -> None:
+    eta, sigma, q = _lists(50)
+    base = run_fingerprint(eta, sigma, q, SETTINGS)
+    assert base == run_fingerprint(list(eta), list(sigma), list(q), SETTINGS)
+    for i in range(3):
+        lists = [list(eta), list(sigma), list(q)]
+        lists[i][25] = np.nextafter(lists[i][25], 1.0)
+        assert run_fingerprint(*lists, SETTINGS) != base
+    assert run_fingerprint(eta, sigma, q, (0.9, 0.1, False)) != base
+
+
+def test_engine_restores_only_onto_its_run() -> None:
+    n = 400
+    eta, sigma, q = _lists(n)
+    engine = IncrementalWeightedHeuristic(ACC)
+    for t in range(n):
+        engine.append(sigma[t], q[t], eta[t], 0.9)
+        if t % 50 == 49:
+            engine.epsilon(DELTA)
+    state = engine.characteristic_state()
+    assert state is not None
+    again = IncrementalWeightedHeuristic(ACC)
+    other = IncrementalWeightedHeuristic(ACC)
+    for t in range(n):
+        again.append(sigma[t], q[t], eta[t], 0.9)
+        other.append(sigma[t], q[t], eta[t], 0.8)
+    assert again.restore_characteristic(state)
+    assert not other.restore_characteristic(state)
+    engine.append(SIGMA, Q, 0.01, 0.9)
+    again.append(SIGMA, Q, 0.01, 0.9)
+    assert engine.epsilon(DELTA) == again.epsilon(DELTA)
+
+
+def test_rebuilt_grids_bracket_the_scratch_value() -> None:
+    """Grids rebuilt as the run grows refreeze every frozen step from the run itself."""
+    n = 1500
+    eta, sigma, q = _lists(n)
+    char = IncrementalCharacteristic(*SETTINGS)
+    checked = 0
+    for t in range(1, n + 1):
+        if t % 5:
+            continue
+        before = char.rebuilds
+        got = char.solve(DELTA, eta[:t], sigma[:t], q[:t], ACC)
+        if char.rebuilds > before and char.frozen > 0:
+            assert got is not None
+            w = sgd_weights(np.asarray(eta[:t]), momentum=SETTINGS[0])
+            scratch = fourier_solve(DELTA, w, np.asarray(q[:t]), np.asarray(sigma[:t]), ACC)
+            assert got[1] <= scratch.value and scratch.lower_bound <= got[0]
+            checked += 1
+    assert checked >= 2  # the grid was rebuilt with frozen steps more than once
