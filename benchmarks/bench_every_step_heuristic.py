@@ -9,13 +9,19 @@ query patterns, each over the last ``n`` steps before T:
 * ``every``: a query after each step (the steps before: a query every 100 steps);
 * ``every10``: a query every 10 steps;
 * ``gap``: 1,500 steps without a query, then a query after each step;
-* ``load``: ``load_state_dict`` into a new accountant, then a query after each step.
+* ``load``: the state of an accountant queried every 100 steps (a monitored run's checkpoint)
+  loaded into a new accountant, then a query after each step;
+* ``load-cold``: the same with an accountant never queried before its state was saved (its
+  first query anywhere takes in every step at once).
 
 Routes: ``grid-free`` (``fourier_solve`` from scratch at each query), ``grid``
 (``IncrementalWeightedHeuristic(fourier=False)``, skipped where it would take minutes),
 ``new`` (``LastIterateAccountant.get_epsilon``: the route the accountant uses), and
 Opacus's ``RDPAccountant`` and ``PRVAccountant`` ``get_epsilon`` at the same (sigma, q, T).
 Each line prints the median and the largest query and the ratios to the new route's median.
+
+Then ``engine.get_epsilon`` after each step of a real Opacus training of a small MLP, after
+1,500 unqueried steps, against the training step (median, first and largest query).
 
 Then the monitor's overhead: a tiny model whose step is padded with a busy-wait to 2 ms and
 20 ms (standing in for GPU work), 300 steps without and with a default ``PrivacyMonitor``
@@ -56,7 +62,7 @@ SIGMA_AT = {100_000: 6.0}
 where the grid-free route declines (and the grid route answers: minutes per pattern); sigma 6
 keeps epsilon about 9.5, as at T = 10^4 and sigma 2."""
 GAP = 1_500
-PATTERNS = ("every", "every10", "gap", "load")
+PATTERNS = ("every", "every10", "gap", "load", "load-cold")
 
 
 def _queried(pattern: str, t: int, total: int, n: int) -> bool:
@@ -78,16 +84,19 @@ def _accountant_route(lrs: np.ndarray, pattern: str, n: int) -> list[float]:
     acc = LastIterateAccountant(weight_accuracy=ACC)
     total = lrs.size
     times: list[float] = []
-    split = total - n if pattern == "load" else total
+    loads = pattern.startswith("load")
+    split = total - n if loads else total
     for t in range(1, split + 1):
         settings = SGDSettings(float(lrs[t - 1]), MOMENTUM, 0.0, False, 0.0)
         acc.replay_step(_sigma(total), Q, settings)
-        if pattern != "load" and _queried(pattern, t, total, n):
+        if pattern == "load" and t % 100 == 0:
+            acc.get_epsilon(DELTA)
+        elif not loads and _queried(pattern, t, total, n):
             t0 = time.perf_counter()
             acc.get_epsilon(DELTA)
             if t > total - (10 * n if pattern == "every10" else n):
                 times.append(time.perf_counter() - t0)
-    if pattern == "load":
+    if loads:
         state = acc.state_dict()
         acc = LastIterateAccountant(weight_accuracy=ACC)
         acc.load_state_dict(state)
@@ -106,7 +115,7 @@ def _grid_route(lrs: np.ndarray, pattern: str, n: int) -> list[float]:
     for t in range(1, total + 1):
         t0 = time.perf_counter()
         eng.append(_sigma(total), Q, float(lrs[t - 1]), MOMENTUM)
-        if _queried("every" if pattern == "load" else pattern, t, total, n):
+        if _queried("every" if pattern.startswith("load") else pattern, t, total, n):
             eng.epsilon(DELTA)
             if t > total - (10 * n if pattern == "every10" else n):
                 times.append(time.perf_counter() - t0)
@@ -156,7 +165,7 @@ def query_table(steps: list[int], n: int, grid_limit: int) -> None:
         for pattern in PATTERNS:
             new = _accountant_route(lrs, pattern, n)
             med = statistics.median(new)
-            if total <= grid_limit and pattern != "every10":
+            if total <= grid_limit and pattern not in ("every10", "load-cold"):
                 grid = _grid_route(lrs, pattern, n)
                 g = f"{_ms(statistics.median(grid))} {_ms(max(grid))}"
             else:
@@ -245,6 +254,52 @@ def overhead_table(steps: int, repeats: int) -> None:
             sys.stdout.flush()
 
 
+def engine_table(gap: int, n: int) -> None:
+    """``engine.get_epsilon`` at every step after ``gap`` unqueried steps of a real Opacus
+    training (a small MLP, momentum 0.9 + cosine), against the training step itself."""
+    import torch
+    from opacus import PrivacyEngine
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(1437, 64), torch.randint(0, 10, (1437,)))
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    engine = PrivacyEngine(accountant="last_iterate")
+    model, opt, loader = engine.make_private(
+        module=model, optimizer=opt, data_loader=DataLoader(data, batch_size=64),
+        noise_multiplier=SIGMA, max_grad_norm=1.0,
+    )  # fmt: skip
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=gap + n)
+    loss_fn = nn.CrossEntropyLoss()
+    steps, queries, done = [], [], 0
+    while done < gap + n:
+        for x, y in loader:
+            if done == gap + n:
+                break
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            if len(x):
+                loss_fn(model(x), y).backward()
+            opt.step()
+            sched.step()
+            steps.append(time.perf_counter() - t0)
+            done += 1
+            if done > gap:
+                t0 = time.perf_counter()
+                engine.get_epsilon(DELTA)
+                queries.append(time.perf_counter() - t0)
+    step = statistics.median(steps)
+    print(f"\nengine.get_epsilon after each step, after {gap} unqueried steps (small MLP "
+          f"64-128-10, batch 64, momentum {MOMENTUM} + cosine, {n} queries): training step "
+          f"median {_ms(step).strip()} ms; query median {_ms(statistics.median(queries)).strip()} ms "
+          f"({statistics.median(queries) / step:.2f}x a step), first {_ms(queries[0]).strip()} ms "
+          f"({queries[0] / step:.2f}x), max {_ms(max(queries)).strip()} ms ({max(queries) / step:.2f}x)")  # fmt: skip
+    sys.stdout.flush()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="CI: T = 1e3, 1e4; fewer steps")
@@ -259,6 +314,8 @@ def main() -> int:
     if not args.no_queries:
         limit = args.grid_limit or (2_000 if args.quick else 10_000)
         query_table(steps, n, grid_limit=limit)
+    if not args.no_queries:
+        engine_table(GAP, n)
     if not args.no_monitor:
         overhead_table(100 if args.quick else 300, 1 if args.quick else 3)
     return 0

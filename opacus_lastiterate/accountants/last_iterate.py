@@ -117,7 +117,7 @@ def _plain_trace(trace: list[Any] | tuple[Any, ...]) -> list[TraceEntry] | None:
         return None
     if not trace:
         return []
-    lr, momentum, dampening, nesterov, weight_decay, steps = zip(*trace)
+    lr, momentum, dampening, nesterov, weight_decay, steps = ([e[k] for e in trace] for k in range(6))
     plain = (float, int)  # exact types: a bool is neither
     if not (
         all(type(x) is bool for x in nesterov)
@@ -313,12 +313,12 @@ class LastIterateAccountant(RunAccountant):
             if self._trace:
                 first = self._trace[0]
                 engine.append(float(sigma[0]), float(q[0]), *first[:5])
-                columns = list(zip(*self._trace))
-                counts = np.array(columns[5], dtype=np.int64)
+                table = np.array(self._trace, dtype=float)  # one call: no tuple per entry
+                counts = table[:, 5].astype(np.int64)
                 total = int(counts.sum())
                 counts[0] -= 1
-                settings = np.repeat(np.array(columns[:5], float), counts, 1)
-                engine.extend(sigma[1:total], q[1:total], *settings)
+                settings = np.repeat(table[:, :5], counts, 0)
+                engine.extend(sigma[1:total], q[1:total], *settings.T)
             saved, self._saved_characteristic = self._saved_characteristic, None
             if saved is not None:
                 engine.restore_characteristic(saved)

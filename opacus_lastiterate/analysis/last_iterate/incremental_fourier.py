@@ -66,6 +66,16 @@ Rounding is charged as in :mod:`.weighted_fourier` (8 machine epsilons per opera
 the size of every sum, the pairwise sums charged log2 of their length twice), plus the
 rounding of the recursively kept weights (8 epsilons per update of R_t, times the weight)
 and of the first-order vector (8 epsilons per update, times the sum of its magnitudes).
+
+Rebuilds and checkpoints
+------------------------
+No per-step arrays of the frozen steps are kept: a rebuild recomputes their current weights
+from the run (one backward filter over the rates, continued from the first active step's
+R_t(T); its rounding, at most about 2 / (1 - beta) + 2 updates, is charged like that of the
+kept R_t) and their growth coefficients a_t beta^(T + 1 - t). :meth:`IncrementalCharacteristic.state`
+saves everything else (a few scalars, the active steps' R_t, the grid's frequency vectors) as
+plain lists, tied to the run by :func:`run_fingerprint`; :meth:`~IncrementalCharacteristic.
+from_state` restores it only onto the same run, which then continues with the same floats.
 """
 
 from __future__ import annotations
