@@ -184,18 +184,18 @@ def _busy(seconds: float) -> None:
         pass
 
 
-def _train(steps: int, step_s: float, schedule: bool, monitored: bool, log: Path | None):
+def _private_mlp(features: int, hidden: int, classes: int, momentum: float):
+    """(engine, model, optimizer, loader): an MLP on random data (1,437 records, batch 64)
+    made private with ``PrivacyEngine(accountant="last_iterate")``, sigma SIGMA, lr LR."""
     import torch
     from opacus import PrivacyEngine
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
-    from opacus_lastiterate.callbacks import JsonlSink, PrivacyMonitor
-
     torch.manual_seed(0)
-    data = TensorDataset(torch.randn(1437, 16), torch.randint(0, 4, (1437,)))
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM if schedule else 0.0)
+    data = TensorDataset(torch.randn(1437, features), torch.randint(0, classes, (1437,)))
+    model = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
     engine = PrivacyEngine(accountant="last_iterate")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -203,6 +203,16 @@ def _train(steps: int, step_s: float, schedule: bool, monitored: bool, log: Path
             module=model, optimizer=opt, data_loader=DataLoader(data, batch_size=64),
             noise_multiplier=SIGMA, max_grad_norm=1.0,
         )  # fmt: skip
+    return engine, model, opt, loader
+
+
+def _train(steps: int, step_s: float, schedule: bool, monitored: bool, log: Path | None):
+    import torch
+    from torch import nn
+
+    from opacus_lastiterate.callbacks import JsonlSink, PrivacyMonitor
+
+    engine, model, opt, loader = _private_mlp(16, 32, 4, MOMENTUM if schedule else 0.0)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps) if schedule else None
     monitor = None
     if monitored:
@@ -258,20 +268,10 @@ def engine_table(gap: int, n: int) -> None:
     """``engine.get_epsilon`` at every step after ``gap`` unqueried steps of a real Opacus
     training (a small MLP, momentum 0.9 + cosine), against the training step itself."""
     import torch
-    from opacus import PrivacyEngine
     from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
 
     warnings.simplefilter("ignore")
-    torch.manual_seed(0)
-    data = TensorDataset(torch.randn(1437, 64), torch.randint(0, 10, (1437,)))
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    engine = PrivacyEngine(accountant="last_iterate")
-    model, opt, loader = engine.make_private(
-        module=model, optimizer=opt, data_loader=DataLoader(data, batch_size=64),
-        noise_multiplier=SIGMA, max_grad_norm=1.0,
-    )  # fmt: skip
+    engine, model, opt, loader = _private_mlp(64, 128, 10, MOMENTUM)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=gap + n)
     loss_fn = nn.CrossEntropyLoss()
     steps, queries, done = [], [], 0

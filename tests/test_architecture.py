@@ -125,7 +125,12 @@ THIRD_PARTY_PRIVATE: dict[str, str] = {
 }
 """Private attributes of other libraries that a module must read, with the reason."""
 
-SHARED_PRIVATE_MODULES = (f"{PACKAGE}.analysis._validation", f"{PACKAGE}._warn", f"{PACKAGE}._lazy")
+SHARED_PRIVATE_MODULES = (
+    f"{PACKAGE}.analysis._validation",
+    f"{PACKAGE}.analysis._bisection",
+    f"{PACKAGE}._warn",
+    f"{PACKAGE}._lazy",
+)
 
 
 @pytest.fixture(scope="module")

@@ -78,6 +78,12 @@ _CAVEAT = (
 TraceEntry = tuple[float, float, float, bool, float, int]
 
 
+_TRACE_REALS = ((0, "lr", math.inf, True), (1, "momentum", 1.0, False),
+                (2, "dampening", 1.0, False), (4, "weight_decay", math.inf, True))  # fmt: skip
+"""The real fields of a trace entry: (index, name, upper end, whether it is open); each lies
+in [0, upper end)."""
+
+
 def _validate_trace(trace: object, name: str) -> list[TraceEntry]:
     """Validate a recorded optimizer trace (see :attr:`LastIterateAccountant.optimizer_trace`)."""
     if not isinstance(trace, (list, tuple)):
@@ -92,50 +98,50 @@ def _validate_trace(trace: object, name: str) -> list[TraceEntry]:
                 f"`{name}[{i}]` must be (lr, momentum, dampening, nesterov, weight_decay, "
                 f"steps), got {entry!r}."
             )
-        lr, momentum, dampening, nesterov, weight_decay, steps = entry
-        if not isinstance(nesterov, bool):
-            raise TypeError(f"`{name}[{i}].nesterov` must be a bool, got {nesterov!r}.")
-        out.append(
-            (
-                check_in_interval(f"{name}[{i}].lr", lr, 0.0, float("inf"), low_open=False),
-                check_in_interval(f"{name}[{i}].momentum", momentum, 0.0, 1.0, low_open=False, high_open=False),
-                check_in_interval(f"{name}[{i}].dampening", dampening, 0.0, 1.0, low_open=False, high_open=False),
-                nesterov,
-                check_in_interval(f"{name}[{i}].weight_decay", weight_decay, 0.0, float("inf"), low_open=False),
-                check_steps(steps, f"{name}[{i}].steps", minimum=1),
-            )
-        )
+        if not isinstance(entry[3], bool):
+            raise TypeError(f"`{name}[{i}].nesterov` must be a bool, got {entry[3]!r}.")
+        lr, momentum, dampening, weight_decay = (
+            check_in_interval(f"{name}[{i}].{field}", entry[k], 0.0, high, low_open=False,
+                              high_open=high_open)
+            for k, field, high, high_open in _TRACE_REALS
+        )  # fmt: skip
+        steps = check_steps(entry[5], f"{name}[{i}].steps", minimum=1)
+        out.append((lr, momentum, dampening, entry[3], weight_decay, steps))
     return out
 
 
 def _plain_trace(trace: list[Any] | tuple[Any, ...]) -> list[TraceEntry] | None:
     """:func:`_validate_trace` of a trace of Python floats and ints (the state_dict of this
-    accountant), checked column by column in numpy: the same entries, in one pass instead of
-    a few microseconds per entry (a checkpoint of 10^5 steps under a schedule holds 10^5
-    entries); None for anything else, which the entry-by-entry check then reports."""
+    accountant), checked column by column in numpy against the same ranges: the same
+    entries, in one pass instead of a few microseconds per entry (a checkpoint of 10^5 steps
+    under a schedule holds 10^5 entries); None for anything else, which the entry-by-entry
+    check then reports."""
     if not all(type(e) in (tuple, list) and len(e) == 6 for e in trace):
         return None
     if not trace:
         return []
-    lr, momentum, dampening, nesterov, weight_decay, steps = ([e[k] for e in trace] for k in range(6))
+    columns = [[e[k] for e in trace] for k in range(6)]
+    reals = [columns[k] for k, *_ in _TRACE_REALS]
     plain = (float, int)  # exact types: a bool is neither
     if not (
-        all(type(x) is bool for x in nesterov)
-        and all(type(x) is int for x in steps)
-        and all(type(x) in plain for col in (lr, momentum, dampening, weight_decay) for x in col)
+        all(type(x) is bool for x in columns[3])
+        and all(type(x) is int for x in columns[5])
+        and all(type(x) in plain for col in reals for x in col)
     ):
         return None
     try:
-        a = np.array([lr, momentum, dampening, weight_decay], dtype=float)
-        n = np.array(steps, dtype=np.int64)
+        a = np.array(reals, dtype=float)
+        n = np.array(columns[5], dtype=np.int64)
     except OverflowError:
         return None
-    unit = (a[1:3] >= 0.0) & (a[1:3] <= 1.0)  # NaN fails every comparison
-    rates = (a[[0, 3]] >= 0.0) & (a[[0, 3]] < math.inf)
-    if not (unit.all() and rates.all() and (n >= 1).all()):
+    for row, (_, _, high, high_open) in zip(a, _TRACE_REALS, strict=True):
+        # NaN fails every comparison
+        if not ((row >= 0.0) & ((row < high) if high_open else (row <= high))).all():
+            return None
+    if not (n >= 1).all():
         return None
-    return list(zip(a[0].tolist(), a[1].tolist(), a[2].tolist(), nesterov, a[3].tolist(),
-                    n.tolist(), strict=True))  # fmt: skip
+    lr, momentum, dampening, weight_decay = (row.tolist() for row in a)
+    return list(zip(lr, momentum, dampening, columns[3], weight_decay, n.tolist(), strict=True))
 
 
 class LastIterateAccountant(RunAccountant):
@@ -430,6 +436,7 @@ class LastIterateAccountant(RunAccountant):
 
     def _trimmed_state(self, state: dict[str, Any], steps: int) -> dict[str, Any]:
         state = super()._trimmed_state(state, steps)
+        state.pop("weighted_characteristic", None)  # a cache of the longer run
         trace = [tuple(e) for e in state.get("optimizer_trace") or ()]
         if trace:  # a trace covers the run's last steps when it covers any
             while steps and trace:

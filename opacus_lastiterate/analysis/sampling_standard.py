@@ -41,7 +41,9 @@ import math
 import numpy as np
 from scipy import special, stats
 
+from opacus_lastiterate.analysis._bisection import monotone_boundary
 from opacus_lastiterate.analysis._validation import (
+    check_delta,
     check_epsilon,
     check_int,
     check_noise_multiplier,
@@ -182,8 +184,6 @@ def shuffle_lower_bound_epsilon(
 ) -> float:
     """A lower bound on epsilon(delta): the largest epsilon whose lower-bound delta still
     exceeds ``delta`` (bisection to 1e-6 relative, rounded down)."""
-    from opacus_lastiterate.analysis._validation import check_delta
-
     d = check_delta(delta)
 
     def f(x: float) -> float:
@@ -191,20 +191,13 @@ def shuffle_lower_bound_epsilon(
             x, noise_multiplier=noise_multiplier, steps_per_epoch=steps_per_epoch, epochs=epochs
         )
 
-    if f(0.0) <= d:
+    def above(x: float) -> bool:
+        return f(x) > d
+
+    if not above(0.0):
         return 0.0
-    lo, hi = 0.0, 1.0
-    while f(hi) > d:
-        lo, hi = hi, 2.0 * hi
-        if hi > 1e4:
-            return math.inf
-    while hi - lo > 1e-6 * (1.0 + lo):
-        mid = 0.5 * (lo + hi)
-        if f(mid) > d:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    lo, hi = monotone_boundary(above, rtol=1e-6, cap=1e4)
+    return lo if math.isfinite(hi) else math.inf
 
 
 class ShuffleLowerBound(PrivacyModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -160,3 +161,35 @@ def test_monotone_region_does_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error", NonMonotoneHeuristicWarning)
         acc.get_epsilon(1e-6)
+
+
+@pytest.mark.parametrize(
+    "entry, field",
+    [
+        ((-0.1, 0.0, 0.0, False, 0.0, 1), "lr"),
+        ((math.inf, 0.0, 0.0, False, 0.0, 1), "lr"),
+        ((math.nan, 0.0, 0.0, False, 0.0, 1), "lr"),
+        ((0.1, 1.0000001, 0.0, False, 0.0, 1), "momentum"),
+        ((0.1, 0.5, -1e-9, False, 0.0, 1), "dampening"),
+        ((0.1, 0.5, 0.0, False, math.inf, 1), "weight_decay"),
+        ((0.1, 0.5, 0.0, False, 0.0, 0), "steps"),
+        ((0.1, 0.5, 0.0, 1, 0.0, 1), "nesterov"),
+    ],
+)
+def test_a_long_plain_trace_is_checked_like_one_entry_at_a_time(entry, field):
+    """Long traces of Python floats are validated column by column: the same entries come
+    back as from numpy scalars (checked one entry at a time), and a bad field anywhere is
+    reported by name and index."""
+    good = [(0.1 + 1e-4 * i, 0.9, 0.0, False, 0.0, 1 + i % 3) for i in range(500)]
+    good.append((0.2, 1.0, 1.0, True, 0.5, 7))  # closed ends of [0, 1]
+    via_numpy = [tuple(np.float64(x) if type(x) is float else x for x in e) for e in good]
+    state = {"history": [(1.0, 0.01, sum(e[5] for e in good))], "mechanism": "last_iterate"}
+    plain, numpy_typed = LastIterateAccountant(), LastIterateAccountant()
+    plain.load_state_dict(dict(state, optimizer_trace=good))
+    numpy_typed.load_state_dict(dict(state, optimizer_trace=via_numpy))
+    assert plain.optimizer_trace == numpy_typed.optimizer_trace == good
+    bad = [*good[:300], entry, *good[300:]]
+    state_bad = dict(state, history=[(1.0, 0.01, sum(e[5] for e in good) + entry[5])],
+                     optimizer_trace=bad)  # fmt: skip
+    with pytest.raises((TypeError, ValueError), match=rf"optimizer_trace'\]\[300\]\.{field}"):
+        LastIterateAccountant().load_state_dict(state_bad)

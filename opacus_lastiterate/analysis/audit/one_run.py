@@ -21,6 +21,7 @@ from scipy.special import expit
 from scipy.stats import binom
 
 from opacus_lastiterate._warn import warn
+from opacus_lastiterate.analysis._bisection import monotone_boundary
 from opacus_lastiterate.analysis._validation import check_epsilon, check_in_interval, check_int
 from opacus_lastiterate.analysis.audit.result import AuditResult, OneRunCounts, result_kind
 from opacus_lastiterate.analysis.audit.warning_types import (
@@ -62,20 +63,13 @@ def epsilon_search(
     Bisection keeping p(lo) < significance <= p(hi); returns ``lo``, so the answer never
     overshoots the true supremum by more than rounding.
     """
-    if p_value(m, r, v, floor, delta) >= significance:
+    def rejected(eps: float) -> bool:
+        return p_value(m, r, v, eps, delta) < significance
+
+    if not rejected(floor):
         return floor
-    lo, hi = floor, max(1.0, 2.0 * floor)
-    while p_value(m, r, v, hi, delta) < significance:
-        lo, hi = hi, 2.0 * hi
-        if hi > 1e6:  # pragma: no cover - p -> 1 as eps -> inf, so this is unreachable
-            return lo
-    while hi - lo > _EPS_TOL * max(1.0, lo):
-        mid = 0.5 * (lo + hi)
-        if p_value(m, r, v, mid, delta) < significance:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    # p -> 1 as eps -> inf, so the cap is never reached
+    return monotone_boundary(rejected, start=floor, rtol=_EPS_TOL, cap=1e6)[0]
 
 
 def _check_counts(num_canaries: object, num_guesses: object, num_correct: object) -> OneRunCounts:

@@ -37,6 +37,7 @@ from typing import Literal
 
 from scipy.special import ndtr, ndtri
 
+from opacus_lastiterate.analysis._bisection import monotone_boundary
 from opacus_lastiterate.analysis._validation import check_delta, check_in_interval
 from opacus_lastiterate.analysis.audit.gaussian_dp import gdp_epsilon
 from opacus_lastiterate.analysis.audit.one_run import _check_counts, warn_one_run
@@ -103,18 +104,8 @@ def parameter_search(
 
     if not rej(floor):
         return floor
-    lo, hi = floor, max(1.0, 2.0 * floor)
-    while rej(hi):
-        lo, hi = hi, 2.0 * hi
-        if hi > _PARAM_MAX:  # pragma: no cover - every claim with a large parameter stands
-            return lo
-    while hi - lo > _TOL * max(1.0, lo):
-        mid = 0.5 * (lo + hi)
-        if rej(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    # every claim with a large parameter stands: the cap is never reached
+    return monotone_boundary(rej, start=floor, rtol=_TOL, cap=_PARAM_MAX)[0]
 
 
 def check_family(family: object) -> TradeOffFamily:

@@ -274,10 +274,7 @@ def _refine(
                 miss = max(curv * h * h, _NEWTON_FLOOR * abs(h))
                 if sides == 3:  # the probes straddle the root: the secant through them
                     g0, g1 = orient[i] * g_l[r][0], orient[i] * g_l[r][1]
-                    x_sec = x0 + g0 * (x1 - x0) / (g0 - g1)
-                    if _DEBUG:
-                        print("newton", (x_new - x_sec) / s, "width", (x1 - x0) / s)
-                    miss = max(miss, abs(x_sec - x_new))
+                    miss = max(miss, abs(x0 + g0 * (x1 - x0) / (g0 - g1) - x_new))
                 else:  # the probes missed the root: reach farther
                     miss = max(miss, _WIDEN * push[i])
                 x[i], push[i] = x_new, _PUSH * miss + 0.25 * tol

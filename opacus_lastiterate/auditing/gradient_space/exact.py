@@ -46,6 +46,7 @@ from scipy.optimize import brentq
 from scipy.signal import fftconvolve
 from scipy.special import gammaln, log_ndtr, ndtr
 
+from opacus_lastiterate.analysis._bisection import monotone_boundary
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_in_interval,
@@ -87,18 +88,7 @@ def discrete_epsilon(
 
     if worst(0.0) <= delta:
         return 0.0
-    lo, hi = 0.0, 1.0
-    while worst(hi) > delta:
-        lo, hi = hi, 2.0 * hi
-        if hi > 1e3:
-            return math.inf
-    while hi - lo > tol * max(1.0, hi):
-        mid = 0.5 * (lo + hi)
-        if worst(mid) > delta:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+    return monotone_boundary(lambda eps: worst(eps) > delta, rtol=tol, cap=1e3)[1]
 
 
 @dataclass(frozen=True)
