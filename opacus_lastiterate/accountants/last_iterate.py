@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -116,17 +117,17 @@ def _plain_trace(trace: list[Any] | tuple[Any, ...]) -> list[TraceEntry] | None:
     entries, in one pass instead of a few microseconds per entry (a checkpoint of 10^5 steps
     under a schedule holds 10^5 entries); None for anything else, which the entry-by-entry
     check then reports."""
-    if not all(type(e) in (tuple, list) and len(e) == 6 for e in trace):
-        return None
     if not trace:
         return []
-    columns = [[e[k] for e in trace] for k in range(6)]
+    # exact types (a bool is neither a float nor an int here), checked by map in C
+    if not (set(map(type, trace)) <= {tuple, list} and set(map(len, trace)) == {6}):
+        return None
+    columns = [list(map(itemgetter(k), trace)) for k in range(6)]
     reals = [columns[k] for k, *_ in _TRACE_REALS]
-    plain = (float, int)  # exact types: a bool is neither
     if not (
-        all(type(x) is bool for x in columns[3])
-        and all(type(x) is int for x in columns[5])
-        and all(type(x) in plain for col in reals for x in col)
+        set(map(type, columns[3])) == {bool}
+        and set(map(type, columns[5])) == {int}
+        and all(set(map(type, col)) <= {float, int} for col in reals)
     ):
         return None
     try:
@@ -501,6 +502,13 @@ class LastIterateAccountant(RunAccountant):
         self._summary = None
         self._last_settings = None
         self._calibration_warned = False
+        if self._saved_characteristic is not None:
+            # the saved accountant was answering weighted queries: restore its engine now
+            # (O(T) bookkeeping, with the rest of the load), so that the next query costs
+            # what it would have cost without the checkpoint
+            if self._weights_in_use():
+                self._weighted_engine_in_sync()
+            self._saved_characteristic = None
 
     # -- privacy ----------------------------------------------------------------------------
 
