@@ -63,7 +63,9 @@ cached, so the scan is two matrix-vector products; the roots are refined by
 :func:`.fourier_roots.solve_epsilons`.
 
 Rounding is charged as in :mod:`.weighted_fourier` (8 machine epsilons per operation times
-the size of every sum, the pairwise sums charged log2 of their length twice), plus the
+the size of every sum, the pairwise sums charged log2 of their length twice: the sums over
+steps run along numpy's contiguous axis, where it sums pairwise, in blocks whose sums are
+added pairwise by ``_Pairwise``), plus the
 rounding of the recursively kept weights (8 epsilons per update of R_t, times the weight)
 and of the first-order vector (8 epsilons per update, times the sum of its magnitudes).
 
@@ -105,7 +107,9 @@ GRID_MARGIN = 0.25
 """The grid's interval extends by this times its span on each side."""
 RATE_SAFETY = 2.0  # later rates predicted <= RATE_SAFETY x the largest active one (freezing)
 _SCAN = 384  # lattice points on [A, B]
-_CHUNK = 2048  # steps per block when a grid is built
+_CHUNK_ELEMENTS = 8192  # steps x frequencies per block when steps are folded (64 kB arrays:
+# reused heap memory, no fresh pages per block; the blocks' sums are then added pairwise)
+_MIN_CHUNK = 16
 _FP = FP_CHARGE
 _Q_HALF = 1e-3  # steps with abs(q - 1/2) below this are never frozen
 _FREEZE_BLOCK = 16  # steps are frozen in blocks of at least this many (less work per query)
@@ -184,17 +188,19 @@ class _Grid:
         cut = int(np.argmax(big)) if big.any() else c.size
         if cut:
             self.drop_y += float(np.dot(_g_q(q[:cut]), c[:cut]))
-        for i in range(0, w.size, _CHUNK):
-            sl = slice(i, i + _CHUNK)
+        chunk = max(_MIN_CHUNK, _CHUNK_ELEMENTS // self.m)
+        i_theta = 1j * self.theta[:, None]
+        for i in range(0, w.size, chunk):
+            sl = slice(i, i + chunk)
             re, im, cos, sin = _log_factors(w[sl], q[sl], self.theta)
-            self.log0.add(re.shape[0], re.sum(axis=0) + 1j * im.sum(axis=0))
-            self.size += np.hypot(re, im).sum(axis=0)
+            self.log0.add(re.shape[1], re.sum(axis=1) + 1j * im.sum(axis=1))
+            self.size += np.hypot(re, im).sum(axis=1)
             lo = max(cut - i, 0)
-            if lo < re.shape[0]:
-                qi, z = q[sl][lo:, None], cos[lo:] + 1j * sin[lo:]
-                u = (1j * self.theta) * (qi * z / (1.0 + qi * (z - 1.0))) * c[sl][lo:, None]
-                self.first_y += u.sum(axis=0)
-                self.first_abs_y += np.abs(u).sum(axis=0)
+            if lo < re.shape[1]:
+                qi, z = q[sl][lo:], cos[:, lo:] + 1j * sin[:, lo:]
+                u = i_theta * (qi * z / (1.0 + qi * (z - 1.0))) * c[sl][lo:]
+                self.first_y += u.sum(axis=1)
+                self.first_abs_y += np.abs(u).sum(axis=1)
         self.expm1 += float(np.dot(q, np.expm1(self.lam * w)))
         self.version += 1
 
@@ -464,15 +470,15 @@ class IncrementalCharacteristic:
         theta, k = grid.theta[:m], grid.k[:m]
         t_re, t_im, _, _ = _log_factors(w_a, q_a, theta)
         log_phi = (grid.log_frozen()[:m] + grid.first[:m]
-                   + (t_re.sum(axis=0) - 0.5 * (s * theta) ** 2)
-                   + 1j * (t_im.sum(axis=0) - theta * mu))  # fmt: skip
+                   + (t_re.sum(axis=1) - 0.5 * (s * theta) ** 2)
+                   + 1j * (t_im.sum(axis=1) - theta * mu))  # fmt: skip
         phi = np.exp(log_phi)
         step = grid.step
         span = grid.hi - grid.lo
         theta_m = (m + 0.5) * step
         ratio = math.exp(-s * s * step * theta_m)
         truncation = math.exp(-0.5 * (s * theta_m) ** 2) / (math.pi * (m + 0.5)) / (1.0 - ratio)
-        size = (grid.size[:m] + np.hypot(t_re, t_im).sum(axis=0) + np.abs(grid.first[:m])
+        size = (grid.size[:m] + np.hypot(t_re, t_im).sum(axis=1) + np.abs(grid.first[:m])
                 + theta * abs(mu) + 0.5 * (s * theta) ** 2)  # fmt: skip
         w_top = self._weight_bound()
         age_a = self.r_age[-w_a.size :] if w_a.size else np.zeros(0)
@@ -581,17 +587,17 @@ class IncrementalCharacteristic:
 
 
 def _log_factors(w: np.ndarray, q: np.ndarray, theta: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(Re, Im) of log f_t(theta) = log(1 - q + q e^{i w theta}) for steps x frequencies, and
-    (cos, sin) of w theta: log abs(f)^2 = log1p(-4 q (1 - q) sin^2(w theta / 2)) and
-    arg f = atan2(q sin, 1 - q + q cos), each to a few ulps (numpy's complex log is several
-    times slower)."""
-    half = np.multiply.outer(w, 0.5 * theta)
+    """(Re, Im) of log f_t(theta) = log(1 - q + q e^{i w theta}) for frequencies x steps
+    (steps along the contiguous axis, so that numpy sums over them pairwise, as the rounding
+    charge assumes), and (cos, sin) of w theta: log abs(f)^2 = log1p(-4 q (1 - q)
+    sin^2(w theta / 2)) and arg f = atan2(q sin, 1 - q + q cos), each to a few ulps (numpy's
+    complex log is several times slower)."""
+    half = np.multiply.outer(0.5 * theta, w)
     h, k = np.sin(half), np.cos(half)
-    qq = q[:, None]
     sin = 2.0 * h * k
     cos = 1.0 - 2.0 * h * h
-    re = 0.5 * np.log1p((-4.0 * qq * (1.0 - qq)) * (h * h))
-    im = np.arctan2(qq * sin, 1.0 - qq + qq * cos)
+    re = 0.5 * np.log1p((-4.0 * q * (1.0 - q)) * (h * h))
+    im = np.arctan2(q * sin, 1.0 - q + q * cos)
     return re, im, cos, sin
 
 
