@@ -57,7 +57,7 @@ grid. Aliasing and truncation are bounded as in :mod:`.weighted_fourier` with D 
 the current s. When they fail the grid is rebuilt (an O(T M) step, rare: the span grows like
 s, about sqrt(T)). A rebuild refreezes every frozen step at its current weight (coefficient
 c_t beta^(T + 1 - j_t), rho = 0), so E2 of the old expansion still bounds the remainder; the
-first-order term is kept only for coefficients above ``_C_CUT`` (the steps of the last few
+first-order term is kept only for coefficients above 1e-16 (the steps of the last few
 hundred), the others are charged theta sum q_t / abs(1 - 2 q_t) c_t rho_t in log phi. The scan points are a fixed lattice on [A, B] whose cos/sin tables are
 cached, so the scan is two matrix-vector products; the roots are refined by
 :func:`.fourier_roots.solve_epsilons`.
@@ -65,7 +65,7 @@ cached, so the scan is two matrix-vector products; the roots are refined by
 Rounding is charged as in :mod:`.weighted_fourier` (8 machine epsilons per operation times
 the size of every sum, the pairwise sums charged log2 of their length twice: the sums over
 steps run along numpy's contiguous axis, where it sums pairwise, in blocks whose sums are
-added pairwise by ``_Pairwise``), plus the
+added pairwise: :mod:`.characteristic_grid`), plus the
 rounding of the recursively kept weights (8 epsilons per update of R_t, times the weight)
 and of the first-order vector (8 epsilons per update, times the sum of its magnitudes).
 
@@ -90,7 +90,14 @@ from typing import Any
 import numpy as np
 from scipy import signal, special
 
-from opacus_lastiterate.analysis.last_iterate.fourier_roots import Hints, solve_epsilons
+from opacus_lastiterate.analysis.last_iterate.characteristic_grid import (
+    Q_HALF,
+    FrequencyGrid,
+    c_q,
+    g_q,
+    log_factors,
+)
+from opacus_lastiterate.analysis.last_iterate.fourier_roots import solve_epsilons
 from opacus_lastiterate.analysis.last_iterate.weighted_fourier import (
     ETA,
     FP_CHARGE,
@@ -106,22 +113,12 @@ FREEZE_ERROR = 1e-5
 GRID_MARGIN = 0.25
 """The grid's interval extends by this times its span on each side."""
 RATE_SAFETY = 2.0  # later rates predicted <= RATE_SAFETY x the largest active one (freezing)
-_SCAN = 384  # lattice points on [A, B]
-_CHUNK_ELEMENTS = 8192  # steps x frequencies per block when steps are folded (64 kB arrays:
-# reused heap memory, no fresh pages per block; the blocks' sums are then added pairwise)
-_MIN_CHUNK = 16
 _FP = FP_CHARGE
-_Q_HALF = 1e-3  # steps with abs(q - 1/2) below this are never frozen
 _FREEZE_BLOCK = 16  # steps are frozen in blocks of at least this many (less work per query)
-_C_CUT = 1e-16  # steps refrozen with a growth coefficient below this: no first-order term
 STATE_FORMAT = 1
 """Version of :meth:`IncrementalCharacteristic.state` (a state of another version is not
 restored: the characteristic function is then rebuilt from the run)."""
 _SCALARS = ("n", "frozen", "max_eta", "mu0", "s20", "w_round", "w_max", "syncs", "rebuilds")
-_GRID_SCALARS = ("delta", "step", "m", "lo", "hi", "lam", "expm1", "drop_x", "drop_y",
-                 "w_round", "version")  # fmt: skip
-_GRID_REAL = ("size", "first_abs", "first_abs_y")
-_GRID_COMPLEX = ("first", "first_y")
 
 
 def run_fingerprint(
@@ -133,91 +130,6 @@ def run_fingerprint(
     for values in (eta, sigma, q):
         h.update(np.asarray(values, dtype=np.float64).tobytes())
     return h.hexdigest()
-
-
-class _Pairwise:
-    """A running sum of vectors added in blocks, kept as partial sums of equal size classes
-    (a binary counter), so that its rounding is that of a pairwise sum."""
-
-    def __init__(self, m: int) -> None:
-        self.parts: list[tuple[int, np.ndarray]] = []
-        self.m = m
-
-    def add(self, count: int, vec: np.ndarray) -> None:
-        self.parts.append((count, vec))
-        while len(self.parts) > 1 and self.parts[-2][0] <= self.parts[-1][0]:
-            c2, v2 = self.parts.pop()
-            c1, v1 = self.parts.pop()
-            self.parts.append((c1 + c2, v1 + v2))
-
-    def total(self) -> np.ndarray:
-        out = np.zeros(self.m, complex)
-        for _, v in self.parts:
-            out += v
-        return out
-
-
-class _Grid:
-    """Frequencies, the scan lattice and the frozen steps' sums at them."""
-
-    def __init__(self, delta: float, step: float, m: int, lo: float, hi: float, lam: float):
-        self.delta, self.step, self.m, self.lo, self.hi, self.lam = delta, step, m, lo, hi, lam
-        self.k = np.arange(m) + 0.5
-        self.theta = self.k * step
-        self.xs = np.linspace(lo, hi, _SCAN)
-        ph = np.multiply.outer(self.xs, self.theta)
-        self.cos, self.sin = np.cos(ph), np.sin(ph)
-        self.log0 = _Pairwise(m)  # sum of log f_t at the frozen weights
-        self.size = np.zeros(m)  # sum of their magnitudes
-        self.first = np.zeros(m, complex)  # sum_t u_t rho_t(T), u_t = i theta g_t c_t
-        self.first_y = np.zeros(m, complex)  # sum_t u_t beta^(T + 1 - j_t)
-        self.first_abs = np.zeros(m)  # the same two sums of abs(u_t)
-        self.first_abs_y = np.zeros(m)
-        self.expm1 = 0.0  # sum_t q_t expm1(lam w^f)
-        self.drop_x = self.drop_y = 0.0  # sum q/|1-2q| c_t (rho_t, beta^(T+1-j_t)), no u_t
-        self.w_round = 0.0  # rounding of the weights refrozen at the build
-        self.cache: tuple[int, np.ndarray] | None = None  # (parts version, log0 total)
-        self.hints: Hints = {}  # the roots' last positions (fourier_roots.solve_epsilons)
-        self.version = 0
-
-    def fold(self, w: np.ndarray, q: np.ndarray, c: np.ndarray) -> None:
-        """Add steps frozen now (weights w, sample rates q, growth coefficients c; rho_t = 0)
-        to the sums; the first-order term only where c_t > ``_C_CUT`` (the others are
-        charged to ``drop``: its error is at most theta q / abs(1 - 2 q) c_t rho_t)."""
-        big = c > _C_CUT  # c grows along the steps (older first): a prefix is dropped
-        cut = int(np.argmax(big)) if big.any() else c.size
-        if cut:
-            self.drop_y += float(np.dot(_g_q(q[:cut]), c[:cut]))
-        chunk = max(_MIN_CHUNK, _CHUNK_ELEMENTS // self.m)
-        i_theta = 1j * self.theta[:, None]
-        for i in range(0, w.size, chunk):
-            sl = slice(i, i + chunk)
-            re, im, cos, sin = _log_factors(w[sl], q[sl], self.theta)
-            self.log0.add(re.shape[1], re.sum(axis=1) + 1j * im.sum(axis=1))
-            self.size += np.hypot(re, im).sum(axis=1)
-            lo = max(cut - i, 0)
-            if lo < re.shape[1]:
-                qi, z = q[sl][lo:], cos[:, lo:] + 1j * sin[:, lo:]
-                u = i_theta * (qi * z / (1.0 + qi * (z - 1.0))) * c[sl][lo:]
-                self.first_y += u.sum(axis=1)
-                self.first_abs_y += np.abs(u).sum(axis=1)
-        self.expm1 += float(np.dot(q, np.expm1(self.lam * w)))
-        self.version += 1
-
-    def advance(self, rho: float, decay: float) -> None:
-        """The first-order sums after steps whose R_{T+1}(T') is ``rho``, ``decay`` =
-        beta^(T' - T)."""
-        self.first += rho * self.first_y
-        self.first_y *= decay
-        self.first_abs += rho * self.first_abs_y
-        self.first_abs_y *= decay
-        self.drop_x += rho * self.drop_y
-        self.drop_y *= decay
-
-    def log_frozen(self) -> np.ndarray:
-        if self.cache is None or self.cache[0] != self.version:
-            self.cache = (self.version, self.log0.total())
-        return self.cache[1]
 
 
 class IncrementalCharacteristic:
@@ -243,7 +155,7 @@ class IncrementalCharacteristic:
         self.w_round = 0.0  # sum q/|1-2q| x rounding of w^f
         self.w_max = 0.0
         self.syncs = 0
-        self.grid: _Grid | None = None
+        self.grid: FrequencyGrid | None = None
         self._pw = np.ones(1)
         self.rebuilds = 0
         self.last: tuple[np.ndarray, np.ndarray, float, float, np.ndarray] | None = None
@@ -325,8 +237,8 @@ class IncrementalCharacteristic:
         self.lin[1] += float(np.dot(qq, c))
         self.lin[3] += float(np.dot(2.0 * s2 * w, c))
         self.quad[2] += float(np.dot(s2, c * c))
-        self.quad[5] += float(np.dot(_c_q(qq), c * c))
-        self.w_round += float(np.dot(_g_q(qq), _FP * (self.r_age[:count] + 4.0) * w))
+        self.quad[5] += float(np.dot(c_q(qq), c * c))
+        self.w_round += float(np.dot(g_q(qq), _FP * (self.r_age[:count] + 4.0) * w))
         self.w_max = max(self.w_max, float(w.max()))
         if self.grid is not None:
             self.grid.fold(w, qq, c)
@@ -349,18 +261,10 @@ class IncrementalCharacteristic:
             "format": STATE_FORMAT,
             "fingerprint": run_fingerprint(eta[:n], sigma[:n], q[:n], self.settings),
             "r": self.r.tolist(), "r_age": self.r_age.tolist(),
-            "lin": list(self.lin), "quad": list(self.quad), "grid": None,
+            "lin": list(self.lin), "quad": list(self.quad),
         }  # fmt: skip
         out.update({k: getattr(self, k) for k in _SCALARS})
-        g = self.grid
-        if g is not None:
-            grid: dict[str, Any] = {k: getattr(g, k) for k in _GRID_SCALARS}
-            grid.update({k: getattr(g, k).tolist() for k in _GRID_REAL})
-            for k in _GRID_COMPLEX:
-                grid[k] = [getattr(g, k).real.tolist(), getattr(g, k).imag.tolist()]
-            grid["log0"] = [[c, v.real.tolist(), v.imag.tolist()] for c, v in g.log0.parts]
-            grid["hints"] = [[key[0], key[1], *val] for key, val in g.hints.items()]
-            out["grid"] = grid
+        out["grid"] = None if self.grid is None else self.grid.as_dict()
         return out
 
     @property
@@ -394,25 +298,7 @@ class IncrementalCharacteristic:
             ok = (char.r.shape == char.r_age.shape == (n - char.frozen,) and len(char.lin) == 4
                   and len(char.quad) == 6)  # fmt: skip
             if state["grid"] is not None:
-                g = state["grid"]
-                grid = _Grid(float(g["delta"]), float(g["step"]), int(g["m"]), float(g["lo"]),
-                             float(g["hi"]), float(g["lam"]))  # fmt: skip
-                for k in ("expm1", "drop_x", "drop_y", "w_round"):
-                    setattr(grid, k, float(g[k]))
-                grid.version = int(g["version"])
-                for k in _GRID_REAL:
-                    setattr(grid, k, np.array(g[k], dtype=float))
-                for k in _GRID_COMPLEX:
-                    re, im = g[k]
-                    setattr(grid, k, np.array(re, dtype=float) + 1j * np.array(im, dtype=float))
-                grid.log0.parts = [(int(c), np.array(re, float) + 1j * np.array(im, float))
-                                   for c, re, im in g["log0"]]  # fmt: skip
-                grid.hints = {(bool(h[0]), float(h[1])): (float(h[2]), float(h[3]), float(h[4]),
-                                                          float(h[5])) for h in g["hints"]}  # fmt: skip
-                vectors = [getattr(grid, k) for k in (*_GRID_REAL, *_GRID_COMPLEX)]
-                vectors += [v for _, v in grid.log0.parts]
-                ok = ok and all(v.shape == (grid.m,) for v in vectors)
-                char.grid = grid
+                char.grid = FrequencyGrid.from_dict(state["grid"])
         except (KeyError, TypeError, ValueError, IndexError):
             return None
         return char if ok else None
@@ -447,7 +333,7 @@ class IncrementalCharacteristic:
             age = (n - 1) - np.arange(first, n)
             c = (self.beta if self.nesterov else 1.0) * self._a(first, w_a.size)
             c = c * self.beta ** (age + 1.0) * growth
-            ok = (_c_q(q_a) * c * c <= kappa) & (np.abs(q_a - 0.5) > _Q_HALF)
+            ok = (c_q(q_a) * c * c <= kappa) & (np.abs(q_a - 0.5) > Q_HALF)
             count = w_a.size if ok.all() else int(np.argmin(ok))
         else:
             count = w_a.size  # beta = 0: the weights never change
@@ -468,7 +354,7 @@ class IncrementalCharacteristic:
         assert grid is not None
         m = math.ceil(theta_min / grid.step - 0.5) + 1
         theta, k = grid.theta[:m], grid.k[:m]
-        t_re, t_im, _, _ = _log_factors(w_a, q_a, theta)
+        t_re, t_im, _, _ = log_factors(w_a, q_a, theta)
         log_phi = (grid.log_frozen()[:m] + grid.first[:m]
                    + (t_re.sum(axis=1) - 0.5 * (s * theta) ** 2)
                    + 1j * (t_im.sum(axis=1) - theta * mu))  # fmt: skip
@@ -482,7 +368,7 @@ class IncrementalCharacteristic:
                 + theta * abs(mu) + 0.5 * (s * theta) ** 2)  # fmt: skip
         w_top = self._weight_bound()
         age_a = self.r_age[-w_a.size :] if w_a.size else np.zeros(0)
-        w_round = self.w_round + float(np.dot(_g_q(q_a), _FP * (age_a + 4.0) * w_a))
+        w_round = self.w_round + float(np.dot(g_q(q_a), _FP * (age_a + 4.0) * w_a))
         rel = _FP * (size * (4.0 + 2.0 * math.log2(n + 1) + theta * w_top)
                      + math.log2(m + 1) + 4.0 + theta * span) + theta * w_round  # fmt: skip
         rel = rel + _FP * (self.syncs + 4.0) * grid.first_abs[:m]
@@ -514,7 +400,7 @@ class IncrementalCharacteristic:
         return upper, lower, m
 
     def _fits(
-        self, grid: _Grid, tail: float, s: float, mu: float, a_end: float, theta_min: float,
+        self, grid: FrequencyGrid, tail: float, s: float, mu: float, a_end: float, theta_min: float,
         q_a: np.ndarray, w_a: np.ndarray,
     ) -> bool:
         """Whether the grid's interval and frequencies still certify the query."""
@@ -533,7 +419,7 @@ class IncrementalCharacteristic:
     def _build(
         self, delta: float, tail: float, s: float, mu: float, a_end: float, theta_min: float,
         eta: list[float], q: list[float],
-    ) -> _Grid | None:
+    ) -> FrequencyGrid | None:
         """A new grid with the frozen steps folded in (O(T M))."""
         self.rebuilds += 1
         n, beta, first = self.n, self.beta, self.frozen
@@ -572,7 +458,7 @@ class IncrementalCharacteristic:
         if m > MAX_TERMS:
             return None
         # a little room for more frequencies (a smaller delta later at the same grid)
-        grid = _Grid(delta, step, m + 2, lo, hi, lam)
+        grid = FrequencyGrid(delta, step, m + 2, lo, hi, lam)
         if first:
             grid.fold(w_re, q_f, c_f)
             # rounding of the refrozen weights: the backward filter loses about 2 ulps per
@@ -581,32 +467,6 @@ class IncrementalCharacteristic:
             age = np.zeros(first)
             if beta > 0.0:
                 age = np.minimum(first - idx, 2.0 / (1.0 - beta) + 2.0) + r_next_age
-            grid.w_round = float(np.dot(_g_q(q_f), _FP * (age + 6.0) * w_re))
+            grid.w_round = float(np.dot(g_q(q_f), _FP * (age + 6.0) * w_re))
         self.grid = grid
         return grid
-
-
-def _log_factors(w: np.ndarray, q: np.ndarray, theta: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(Re, Im) of log f_t(theta) = log(1 - q + q e^{i w theta}) for frequencies x steps
-    (steps along the contiguous axis, so that numpy sums over them pairwise, as the rounding
-    charge assumes), and (cos, sin) of w theta: log abs(f)^2 = log1p(-4 q (1 - q)
-    sin^2(w theta / 2)) and arg f = atan2(q sin, 1 - q + q cos), each to a few ulps (numpy's
-    complex log is several times slower)."""
-    half = np.multiply.outer(0.5 * theta, w)
-    h, k = np.sin(half), np.cos(half)
-    sin = 2.0 * h * k
-    cos = 1.0 - 2.0 * h * h
-    re = 0.5 * np.log1p((-4.0 * q * (1.0 - q)) * (h * h))
-    im = np.arctan2(q * sin, 1.0 - q + q * cos)
-    return re, im, cos, sin
-
-
-def _c_q(q: np.ndarray) -> np.ndarray:
-    """C(q) = q (1 - q) / (1 - 2 q)^2 (module docstring; huge near q = 1/2)."""
-    return q * (1.0 - q) / np.maximum((1.0 - 2.0 * q) ** 2, 1e-300)
-
-
-def _g_q(q: np.ndarray) -> np.ndarray:
-    """A bound on abs(g_t) = abs(q e^{i w theta} / f_t): q / abs(1 - 2 q) (capped at
-    q / _Q_HALF: steps that close to q = 1/2 are never frozen)."""
-    return q / np.maximum(np.abs(1.0 - 2.0 * q), _Q_HALF)
