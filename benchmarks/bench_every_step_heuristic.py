@@ -6,6 +6,8 @@ T = 10^3, 10^4, 10^5, sigma 2 (6 at T = 10^5: epsilon about 9.5 as at 10^4, insi
 grid-free route), q 0.045 (the examples' digits rate), delta 1e-5, accuracy 1e-3, for these
 query patterns, each over the last ``n`` steps before T:
 
+* ``all``: a query after each step of the whole run (the median and the largest of all T:
+  the grid changes as the run grows, so this is where a rebuild would show);
 * ``every``: a query after each step (the steps before: a query every 100 steps);
 * ``every10``: a query every 10 steps;
 * ``gap``: 1,500 steps without a query, then a query after each step;
@@ -62,11 +64,13 @@ SIGMA_AT = {100_000: 6.0}
 where the grid-free route declines (and the grid route answers: minutes per pattern); sigma 6
 keeps epsilon about 9.5, as at T = 10^4 and sigma 2."""
 GAP = 1_500
-PATTERNS = ("every", "every10", "gap", "load", "load-cold")
+PATTERNS = ("all", "every", "every10", "gap", "load", "load-cold")
 
 
 def _queried(pattern: str, t: int, total: int, n: int) -> bool:
     """Whether step t (1-based) of a run of ``total`` steps is queried under ``pattern``."""
+    if pattern == "all":
+        return True
     window = total - (10 * n if pattern == "every10" else n)
     if t > window:
         return pattern != "every10" or t % 10 == 0
@@ -94,7 +98,7 @@ def _accountant_route(lrs: np.ndarray, pattern: str, n: int) -> list[float]:
         elif not loads and _queried(pattern, t, total, n):
             t0 = time.perf_counter()
             acc.get_epsilon(DELTA)
-            if t > total - (10 * n if pattern == "every10" else n):
+            if pattern == "all" or t > total - (10 * n if pattern == "every10" else n):
                 times.append(time.perf_counter() - t0)
     if loads:
         state = acc.state_dict()
@@ -155,7 +159,7 @@ def _ms(x: float) -> str:
 def query_table(steps: list[int], n: int, grid_limit: int) -> None:
     print(f"per-query ms (median / max), momentum {MOMENTUM} + cosine, sigma {SIGMA} "
           f"(T = 10^5: {SIGMA_AT[100_000]}), "
-          f"q {Q:.4f}, delta {DELTA}, accuracy {ACC}; last {n} queried steps")  # fmt: skip
+          f"q {Q:.4f}, delta {DELTA}, accuracy {ACC}; last {n} queried steps (all: every step)")  # fmt: skip
     print(f"{'T':>7} {'pattern':>8} | {'new med':>8} {'new max':>8} | {'grid med':>8} "
           f"{'grid max':>8} | {'free med':>8} | {'RDP':>8} {'PRV':>8} | max/med")  # fmt: skip
     for total in steps:
@@ -165,7 +169,7 @@ def query_table(steps: list[int], n: int, grid_limit: int) -> None:
         for pattern in PATTERNS:
             new = _accountant_route(lrs, pattern, n)
             med = statistics.median(new)
-            if total <= grid_limit and pattern not in ("every10", "load-cold"):
+            if total <= grid_limit and pattern not in ("all", "every10", "load-cold"):
                 grid = _grid_route(lrs, pattern, n)
                 g = f"{_ms(statistics.median(grid))} {_ms(max(grid))}"
             else:

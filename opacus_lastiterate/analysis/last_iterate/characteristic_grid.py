@@ -27,8 +27,8 @@ _SCAN = 384  # lattice points on [A, B]
 _CHUNK_ELEMENTS = 8192  # frequencies x steps per block when steps are folded
 _MIN_CHUNK = 16
 _C_CUT = 1e-16  # steps folded with a growth coefficient below this: no first-order term
-_SCALARS = ("delta", "step", "m", "lo", "hi", "lam", "expm1", "drop_x", "drop_y", "w_round",
-            "version")  # fmt: skip
+_SCALARS = ("delta", "step", "m", "lo", "hi", "lam", "a0", "b0", "expm1", "drop_x", "drop_y",
+            "w_round", "version")  # fmt: skip
 _REAL = ("size", "first_abs", "first_abs_y")
 _COMPLEX = ("first", "first_y")
 
@@ -60,6 +60,7 @@ class FrequencyGrid:
 
     def __init__(self, delta: float, step: float, m: int, lo: float, hi: float, lam: float):
         self.delta, self.step, self.m, self.lo, self.hi, self.lam = delta, step, m, lo, hi, lam
+        self.a0, self.b0 = lo, hi  # A and B of the run when the grid was made (its margins)
         self.k = np.arange(m) + 0.5
         self.theta = self.k * step
         self.xs = np.linspace(lo, hi, _SCAN)
@@ -138,7 +139,7 @@ class FrequencyGrid:
         """
         grid = cls(float(g["delta"]), float(g["step"]), int(g["m"]), float(g["lo"]),
                    float(g["hi"]), float(g["lam"]))  # fmt: skip
-        for k in ("expm1", "drop_x", "drop_y", "w_round"):
+        for k in ("a0", "b0", "expm1", "drop_x", "drop_y", "w_round"):
             setattr(grid, k, float(g[k]))
         grid.version = int(g["version"])
         for k in _REAL:

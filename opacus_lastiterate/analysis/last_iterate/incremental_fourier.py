@@ -58,9 +58,19 @@ the current s. When they fail the grid is rebuilt (an O(T M) step, rare: the spa
 s, about sqrt(T)). A rebuild refreezes every frozen step at its current weight (coefficient
 c_t beta^(T + 1 - j_t), rho = 0), so E2 of the old expansion still bounds the remainder; the
 first-order term is kept only for coefficients above 1e-16 (the steps of the last few
-hundred), the others are charged theta sum q_t / abs(1 - 2 q_t) c_t rho_t in log phi. The scan points are a fixed lattice on [A, B] whose cos/sin tables are
-cached, so the scan is two matrix-vector products; the roots are refined by
-:func:`.fourier_roots.solve_epsilons`.
+hundred), the others are charged theta sum q_t / abs(1 - 2 q_t) c_t rho_t in log phi. The
+scan points are a fixed lattice on [A, B] whose cos/sin tables are cached, so the scan is two
+matrix-vector products; the roots are refined by :func:`.fourier_roots.solve_epsilons`.
+
+The next grid is built ahead, a block per query (the *shadow*): once the run has used half of
+a margin of the grid (A or B at step T against their values when it was made), a grid for the
+current run is made (an O(T) Chernoff bound) and the frozen steps are folded into it at their
+current weights, R_t(T) = R_t(n0) + beta^(n0 - t) R_{n0}(T) with R_{n0}(T) kept step by step,
+in shares sized to finish within half of the steps the margin is predicted to last; steps
+frozen after it started are folded into both grids as they freeze. When the grid fails, the
+shadow (its remaining steps folded then) takes over if it certifies the query, otherwise the
+grid is rebuilt. A step refolded later has grown less since then than since it was frozen,
+so E2 still bounds its remainder; its first-order terms and rounding are kept per grid.
 
 Rounding is charged as in :mod:`.weighted_fourier` (8 machine epsilons per operation times
 the size of every sum, the pairwise sums charged log2 of their length twice: the sums over
@@ -115,10 +125,27 @@ GRID_MARGIN = 0.25
 RATE_SAFETY = 2.0  # later rates predicted <= RATE_SAFETY x the largest active one (freezing)
 _FP = FP_CHARGE
 _FREEZE_BLOCK = 16  # steps are frozen in blocks of at least this many (less work per query)
-STATE_FORMAT = 1
+_SHADOW_START = 0.5  # the next grid is started when a margin of this one is half used
+_SHADOW_BLOCK = 16  # frozen steps folded into it per query, at least
+STATE_FORMAT = 2
 """Version of :meth:`IncrementalCharacteristic.state` (a state of another version is not
 restored: the characteristic function is then rebuilt from the run)."""
-_SCALARS = ("n", "frozen", "max_eta", "mu0", "s20", "w_round", "w_max", "syncs", "rebuilds")
+_SCALARS = ("n", "frozen", "max_eta", "mu0", "s20", "w_round", "w_max", "syncs", "rebuilds",
+            "switches", "_shadow_retry", "_b_end")  # fmt: skip
+
+
+class _Shadow:
+    """The next grid, started at step n0 and built a block of frozen steps per query (the
+    steps 0..cursor-1 folded), at weights from R_t(n0) (``r0``, for t < n0) and
+    R_{n0}(T) (``rho0``, kept up to date step by step)."""
+
+    def __init__(
+        self, grid: FrequencyGrid, n0: int, r0: np.ndarray, syncs0: int, used0: float
+    ) -> None:
+        self.grid, self.n0, self.r0, self.syncs0, self.used0 = grid, n0, r0, syncs0, used0
+        self.rho0 = 0.0
+        self.cursor = 0
+        self.last_n = n0
 
 
 def run_fingerprint(
@@ -156,6 +183,10 @@ class IncrementalCharacteristic:
         self.w_max = 0.0
         self.syncs = 0
         self.grid: FrequencyGrid | None = None
+        self.shadow: _Shadow | None = None  # the next grid, built a block per query
+        self.switches = 0  # grids taken over from a shadow (not rebuilt at a query)
+        self._shadow_retry = 0  # no shadow is started before this step (one failed to start)
+        self._b_end = 0.0  # B of the run at the last query (from _fits)
         self._pw = np.ones(1)
         self.rebuilds = 0
         self.last: tuple[np.ndarray, np.ndarray, float, float, np.ndarray] | None = None
@@ -219,6 +250,10 @@ class IncrementalCharacteristic:
                                decay * decay * z]  # fmt: skip
         if self.grid is not None:
             self.grid.advance(rho, decay)
+        sh = self.shadow
+        if sh is not None:  # R_{n0}(T') = R_{n0}(T) + beta^(T - n0) R_{T+1}(T')
+            sh.grid.advance(rho, decay)
+            sh.rho0 += beta ** (self.n - sh.n0) * rho
         self.n = n_new
         self.syncs += 1
 
@@ -242,6 +277,11 @@ class IncrementalCharacteristic:
         self.w_max = max(self.w_max, float(w.max()))
         if self.grid is not None:
             self.grid.fold(w, qq, c)
+        sh = self.shadow
+        if sh is not None:  # steps appended since the shadow started: folded as they freeze
+            k = first + count - max(first, sh.n0)
+            if k > 0:
+                sh.grid.fold(w[-k:], qq[-k:], c[-k:])
         self.r, self.r_age = self.r[count:], self.r_age[count:]
         self.frozen += count
 
@@ -265,6 +305,12 @@ class IncrementalCharacteristic:
         }  # fmt: skip
         out.update({k: getattr(self, k) for k in _SCALARS})
         out["grid"] = None if self.grid is None else self.grid.as_dict()
+        sh = self.shadow
+        out["shadow"] = None if sh is None else {
+            "grid": sh.grid.as_dict(), "n0": sh.n0, "syncs0": sh.syncs0, "used0": sh.used0,
+            "rho0": sh.rho0,
+            "cursor": sh.cursor, "last_n": sh.last_n,
+        }  # fmt: skip
         return out
 
     @property
@@ -299,6 +345,17 @@ class IncrementalCharacteristic:
                   and len(char.quad) == 6)  # fmt: skip
             if state["grid"] is not None:
                 char.grid = FrequencyGrid.from_dict(state["grid"])
+            if state["shadow"] is not None:
+                sh = state["shadow"]
+                n0 = int(sh["n0"])
+                ok = ok and 0 < n0 <= n and 0 <= int(sh["cursor"]) <= n0
+                eta0 = np.asarray(eta[:n0], dtype=float)
+                r0 = eta0 if char.beta == 0 else signal.lfilter(  # as when it was started
+                    [1.0], [1.0, -char.beta], eta0[::-1])[::-1]  # fmt: skip
+                char.shadow = _Shadow(FrequencyGrid.from_dict(sh["grid"]), n0, r0,
+                                      int(sh["syncs0"]), float(sh["used0"]))  # fmt: skip
+                char.shadow.rho0 = float(sh["rho0"])
+                char.shadow.cursor, char.shadow.last_n = int(sh["cursor"]), int(sh["last_n"])
         except (KeyError, TypeError, ValueError, IndexError):
             return None
         return char if ok else None
@@ -348,10 +405,15 @@ class IncrementalCharacteristic:
         if not fits:
             if grid is not None and grid.delta != delta:
                 return None  # another delta than the grid's: the caller answers from scratch
-            grid = self._build(delta, tail, s, mu, a_end, theta_min, eta, q)
+            grid = self._take_shadow(eta, q)
+            if grid is None or not self._fits(grid, tail, s, mu, a_end, theta_min, q_a, w_a):
+                grid = self._build(delta, tail, s, mu, a_end, theta_min, eta, q)
             if grid is None or not self._fits(grid, tail, s, mu, a_end, theta_min, q_a, w_a):
                 return None
-        assert grid is not None
+            self.grid = grid
+        else:
+            assert grid is not None
+            self._grow_shadow(grid, tail, s, mu, a_end, theta_min, eta, q)
         m = math.ceil(theta_min / grid.step - 0.5) + 1
         theta, k = grid.theta[:m], grid.k[:m]
         t_re, t_im, _, _ = log_factors(w_a, q_a, theta)
@@ -414,6 +476,7 @@ class IncrementalCharacteristic:
         chern = grid.expm1 + lam * math.exp(lam * bound) * self.lin[0]
         chern += float(np.dot(q_a, np.expm1(lam * w_a)))
         b_end = (0.5 * lam * lam * s * s + chern - math.log(tail)) / lam - mu
+        self._b_end = b_end
         return b_end <= grid.hi
 
     def _build(
@@ -441,6 +504,28 @@ class IncrementalCharacteristic:
         w_act = self._weights(first, self.r, eta_all[first:])
         w_now = np.r_[w_re, w_act]
         q_now = np.r_[q_f, np.asarray(q[first:n], dtype=float)]
+        grid = self._new_grid(delta, tail, s, mu, a_end, theta_min, w_now, q_now)
+        if grid is None:
+            return None
+        self.shadow = None
+        if first:
+            grid.fold(w_re, q_f, c_f)
+            # rounding of the refrozen weights: the backward filter loses about 2 ulps per
+            # step, damped by beta (at most about 2 / (1 - beta), as the R_t of _sync), the
+            # continuation from R_frozen(T) and a_t (nesterov: eta_t + beta a_t R_t) a few more
+            age = np.zeros(first)
+            if beta > 0.0:
+                age = np.minimum(first - idx, 2.0 / (1.0 - beta) + 2.0) + r_next_age
+            grid.w_round = float(np.dot(g_q(q_f), _FP * (age + 6.0) * w_re))
+        return grid
+
+    def _new_grid(
+        self, delta: float, tail: float, s: float, mu: float, a_end: float, theta_min: float,
+        w_now: np.ndarray, q_now: np.ndarray,
+    ) -> FrequencyGrid | None:
+        """An empty grid for the run whose weights are ``w_now``: its interval [A, B] (the
+        Chernoff bound at its best lambda), widened by ``GRID_MARGIN`` of its span on each
+        side, and its frequencies."""
         keep = w_now > 0
         if not keep.any():
             return None
@@ -459,14 +544,70 @@ class IncrementalCharacteristic:
             return None
         # a little room for more frequencies (a smaller delta later at the same grid)
         grid = FrequencyGrid(delta, step, m + 2, lo, hi, lam)
-        if first:
-            grid.fold(w_re, q_f, c_f)
-            # rounding of the refrozen weights: the backward filter loses about 2 ulps per
-            # step, damped by beta (at most about 2 / (1 - beta), as the R_t of _sync), the
-            # continuation from R_frozen(T) and a_t (nesterov: eta_t + beta a_t R_t) a few more
-            age = np.zeros(first)
-            if beta > 0.0:
-                age = np.minimum(first - idx, 2.0 / (1.0 - beta) + 2.0) + r_next_age
-            grid.w_round = float(np.dot(g_q(q_f), _FP * (age + 6.0) * w_re))
-        self.grid = grid
+        grid.a0, grid.b0 = a_end, b_end
         return grid
+
+    # -- the next grid, built ahead (no O(T M) rebuild at a query) ------------------------------
+
+    def _grow_shadow(
+        self, grid: FrequencyGrid, tail: float, s: float, mu: float, a_end: float,
+        theta_min: float, eta: list[float], q: list[float],
+    ) -> None:
+        """Start the next grid once this one has used half of a margin (module docstring),
+        or fold the next block of frozen steps into it."""
+        sh = self.shadow
+        used = max((grid.a0 - a_end) / (grid.a0 - grid.lo),
+                   (self._b_end - grid.b0) / (grid.hi - grid.b0))  # fmt: skip
+        if sh is None:
+            if used < _SHADOW_START or self.n < self._shadow_retry or self.frozen == 0:
+                return
+            n0, beta = self.n, self.beta
+            eta0 = np.asarray(eta[:n0], dtype=float)
+            r0 = signal.lfilter([1.0], [1.0, -beta], eta0[::-1])[::-1] if beta > 0 else eta0
+            new = self._new_grid(grid.delta, tail, s, mu, a_end, theta_min,
+                                 self._weights(0, r0, eta0), np.asarray(q[:n0], dtype=float))  # fmt: skip
+            if new is None:
+                self._shadow_retry = 2 * n0  # try again when the run is twice as long
+                return
+            self.shadow = _Shadow(new, n0, r0, self.syncs, used)
+            return
+        end = min(self.frozen, sh.n0)
+        if sh.cursor < end:
+            # the margin is used up at about (1 - used) / rate steps from now: fold the rest
+            # within half of that, in shares proportional to the steps since the last query
+            rate = (used - sh.used0) / max(1, self.n - sh.n0)
+            left = (1.0 - used) / rate if rate > 0 else math.inf
+            share = (self.n - sh.last_n) / max(1.0, 0.5 * left)
+            count = max(_SHADOW_BLOCK, math.ceil(share * (end - sh.cursor)))
+            self._fold_shadow(sh, min(end, sh.cursor + count), eta, q)
+        sh.last_n = self.n
+
+    def _fold_shadow(self, sh: _Shadow, stop: int, eta: list[float], q: list[float]) -> None:
+        """Fold the frozen steps cursor..stop-1 (< n0) into the shadow at their current
+        weights: R_t(T) = R_t(n0) + beta^(n0 - t) R_{n0}(T)."""
+        lo, beta = sh.cursor, self.beta
+        if stop <= lo:
+            return
+        t = np.arange(lo, stop, dtype=float)
+        r = sh.r0[lo:stop] + sh.rho0 * beta ** (sh.n0 - t)
+        w = self._weights(lo, r, np.asarray(eta[lo:stop], dtype=float))
+        qq = np.asarray(q[lo:stop], dtype=float)
+        c = (beta if self.nesterov else 1.0) * self._a(lo, stop - lo) * beta ** (self.n - t)
+        sh.grid.fold(w, qq, c)
+        # rounding: the filter's (as in _build), rho0's updates since n0, a_t, the sum
+        age = np.minimum(sh.n0 - t, 2.0 / (1.0 - beta) + 2.0) if beta > 0 else np.zeros(t.size)
+        age = age + (self.syncs - sh.syncs0) + 6.0
+        sh.grid.w_round += float(np.dot(g_q(qq), _FP * age * w))
+        sh.cursor = stop
+
+    def _take_shadow(self, eta: list[float], q: list[float]) -> FrequencyGrid | None:
+        """The shadow grid with every frozen step folded in (the rest of the steps before
+        n0 now; those after n0 were folded as they froze), or None if there is none."""
+        sh, self.shadow = self.shadow, None
+        if sh is None:
+            return None
+        self._fold_shadow(sh, min(self.frozen, sh.n0), eta, q)
+        if self.grid is not None:
+            sh.grid.hints = self.grid.hints
+        self.switches += 1
+        return sh.grid

@@ -42,11 +42,13 @@ def _grown(n: int, every: int = 7) -> tuple[IncrementalCharacteristic, tuple[lis
 
 
 def test_restored_state_continues_bit_identically_without_rebuilding() -> None:
-    n, more = 700, 120
+    n, more = 700, 250
     char, (eta, sigma, q) = _grown(n)
+    assert char.shadow is not None  # saved while the next grid is half built
+    switches = char.switches
     state = json.loads(json.dumps(char.state(eta, sigma, q)))  # plain data, exactly
-    eta2, sigma2, q2 = _lists(n + more)
-    eta2[:n] = eta  # the same run, continued
+    _, sigma2, q2 = _lists(n + more)
+    eta2 = eta + [0.5] * more  # the same run, continued at a higher rate (new grids)
     restored = IncrementalCharacteristic.from_state(state, eta2[:n], sigma2[:n], q2[:n], SETTINGS)
     assert restored is not None
     rebuilds = restored.rebuilds
@@ -55,6 +57,7 @@ def test_restored_state_continues_bit_identically_without_rebuilding() -> None:
         b = restored.solve(DELTA, eta2[:t], sigma2[:t], q2[:t], ACC)
         assert a == b  # the same floats
     assert restored.rebuilds == rebuilds == char.rebuilds
+    assert restored.switches == char.switches > switches  # it took the restored shadow over
 
 
 def test_restored_state_after_more_steps_answers_the_longer_run() -> None:
@@ -134,21 +137,23 @@ def test_engine_restores_only_onto_its_run() -> None:
     assert engine.epsilon(DELTA) == again.epsilon(DELTA)
 
 
-def test_rebuilt_grids_bracket_the_scratch_value() -> None:
-    """Grids rebuilt as the run grows refreeze every frozen step from the run itself."""
-    n = 1500
+def test_new_grids_bracket_the_scratch_value() -> None:
+    """Grids rebuilt as the run grows refreeze every frozen step from the run itself, and
+    grids taken over from the shadow were built a block per query: at every query where
+    the grid changed (and at the queries after), the bracket holds the from-scratch value."""
+    n = 3000
     eta, sigma, q = _lists(n)
     char = IncrementalCharacteristic(*SETTINGS)
-    checked = 0
+    checked, after = 0, 0
     for t in range(1, n + 1):
-        if t % 5:
-            continue
-        before = char.rebuilds
+        grids = char.rebuilds + char.switches
         got = char.solve(DELTA, eta[:t], sigma[:t], q[:t], ACC)
-        if char.rebuilds > before and char.frozen > 0:
+        if (char.rebuilds + char.switches > grids and char.frozen > 0) or after:
             assert got is not None
             w = sgd_weights(np.asarray(eta[:t]), momentum=SETTINGS[0])
             scratch = fourier_solve(DELTA, w, np.asarray(q[:t]), np.asarray(sigma[:t]), ACC)
             assert got[1] <= scratch.value and scratch.lower_bound <= got[0]
             checked += 1
-    assert checked >= 2  # the grid was rebuilt with frozen steps more than once
+            after = 3 if char.rebuilds + char.switches > grids else after - 1
+    assert char.switches >= 2  # the grid was taken over from a shadow more than once
+    assert checked >= 8
