@@ -62,14 +62,16 @@ hundred), the others are charged theta sum q_t / abs(1 - 2 q_t) c_t rho_t in log
 scan points are a fixed lattice on [A, B] whose cos/sin tables are cached, so the scan is two
 matrix-vector products; the roots are refined by :func:`.fourier_roots.solve_epsilons`.
 
-The next grid is built ahead, a block per query (the *shadow*): once the run has used half of
-a margin of the grid (A or B at step T against their values when it was made), a grid for the
-current run is made (an O(T) Chernoff bound) and the frozen steps are folded into it at their
-current weights, R_t(T) = R_t(n0) + beta^(n0 - t) R_{n0}(T) with R_{n0}(T) kept step by step,
-in shares sized to finish within half of the steps the margin is predicted to last; steps
-frozen after it started are folded into both grids as they freeze. When the grid fails, the
-shadow (its remaining steps folded then) takes over if it certifies the query, otherwise the
-grid is rebuilt. A step refolded later has grown less since then than since it was frozen,
+The next grid is built ahead, a block per query (the *shadow*): once the run has used
+``_SHADOW_START`` of a margin of the grid (A or B at step T against their values when it was
+made), a grid for the current run is made (an O(T) Chernoff bound) and the frozen steps are
+folded into it at their current weights, R_t(T) = R_t(n0) + beta^(n0 - t) R_{n0}(T) with
+R_{n0}(T) kept step by step, in shares sized to finish when ``_SHADOW_SWITCH`` of the margin
+is predicted to be used, where it takes over; steps frozen after it started are folded into
+both grids as they freeze. A worn grid (its tails near the ends of the interval) can still
+pass the checks above while its aliasing error lifts the noise floor of p~ over a root: a
+query that the grid does not certify is asked again on the shadow (its remaining steps folded
+then) or on a grid built now. A step refolded later has grown less since then than since it was frozen,
 so E2 still bounds its remainder; its first-order terms and rounding are kept per grid.
 
 Rounding is charged as in :mod:`.weighted_fourier` (8 machine epsilons per operation times
@@ -98,7 +100,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from scipy import signal, special
+from scipy import special
 
 from opacus_lastiterate.analysis.last_iterate.characteristic_grid import (
     Q_HALF,
@@ -107,7 +109,9 @@ from opacus_lastiterate.analysis.last_iterate.characteristic_grid import (
     g_q,
     log_factors,
 )
+from opacus_lastiterate.analysis.last_iterate.characteristic_shadow import ShadowGrid
 from opacus_lastiterate.analysis.last_iterate.fourier_roots import solve_epsilons
+from opacus_lastiterate.analysis.last_iterate.optimizer_weights import HeavyBallRecursion
 from opacus_lastiterate.analysis.last_iterate.weighted_fourier import (
     ETA,
     FP_CHARGE,
@@ -118,34 +122,20 @@ from opacus_lastiterate.analysis.last_iterate.weighted_fourier import (
 
 __all__ = ["FREEZE_ERROR", "GRID_MARGIN", "STATE_FORMAT", "IncrementalCharacteristic", "run_fingerprint"]
 
-FREEZE_ERROR = 1e-5
+FREEZE_ERROR = 1e-6
 """Freezing adds at most about this times delta to the error bound (predicted)."""
 GRID_MARGIN = 0.25
 """The grid's interval extends by this times its span on each side."""
 RATE_SAFETY = 2.0  # later rates predicted <= RATE_SAFETY x the largest active one (freezing)
 _FP = FP_CHARGE
 _FREEZE_BLOCK = 16  # steps are frozen in blocks of at least this many (less work per query)
-_SHADOW_START = 0.5  # the next grid is started when a margin of this one is half used
-_SHADOW_BLOCK = 16  # frozen steps folded into it per query, at least
+_SHADOW_START = 0.3  # the next grid is started when this share of a margin is used
+_SHADOW_SWITCH = 0.6  # ... and takes over, folded by then, when this share is used
 STATE_FORMAT = 2
 """Version of :meth:`IncrementalCharacteristic.state` (a state of another version is not
 restored: the characteristic function is then rebuilt from the run)."""
 _SCALARS = ("n", "frozen", "max_eta", "mu0", "s20", "w_round", "w_max", "syncs", "rebuilds",
-            "switches", "_shadow_retry", "_b_end")  # fmt: skip
-
-
-class _Shadow:
-    """The next grid, started at step n0 and built a block of frozen steps per query (the
-    steps 0..cursor-1 folded), at weights from R_t(n0) (``r0``, for t < n0) and
-    R_{n0}(T) (``rho0``, kept up to date step by step)."""
-
-    def __init__(
-        self, grid: FrequencyGrid, n0: int, r0: np.ndarray, syncs0: int, used0: float
-    ) -> None:
-        self.grid, self.n0, self.r0, self.syncs0, self.used0 = grid, n0, r0, syncs0, used0
-        self.rho0 = 0.0
-        self.cursor = 0
-        self.last_n = n0
+            "switches", "_shadow_retry", "_b_end", "_retry_at")  # fmt: skip
 
 
 def run_fingerprint(
@@ -170,6 +160,7 @@ class IncrementalCharacteristic:
         self.beta = float(beta)
         self.damp = float(dampening) if beta > 0 else 0.0
         self.nesterov = bool(nesterov) and beta > 0
+        self.recursion = HeavyBallRecursion(self.beta, self.damp, self.nesterov)
         self.n = 0  # steps taken in
         self.frozen = 0  # steps 0..frozen-1 are frozen
         self.r = np.zeros(0)  # R_t(T) of the active steps frozen..n-1
@@ -183,10 +174,11 @@ class IncrementalCharacteristic:
         self.w_max = 0.0
         self.syncs = 0
         self.grid: FrequencyGrid | None = None
-        self.shadow: _Shadow | None = None  # the next grid, built a block per query
+        self.shadow: ShadowGrid | None = None  # the next grid, built a block per query
         self.switches = 0  # grids taken over from a shadow (not rebuilt at a query)
         self._shadow_retry = 0  # no shadow is started before this step (one failed to start)
         self._b_end = 0.0  # B of the run at the last query (from _fits)
+        self._retry_at = 0  # no new grid for a failed query before this step
         self._pw = np.ones(1)
         self.rebuilds = 0
         self.last: tuple[np.ndarray, np.ndarray, float, float, np.ndarray] | None = None
@@ -200,18 +192,6 @@ class IncrementalCharacteristic:
             self._pw = self.beta ** np.arange(2 * n + 2, dtype=float)
         return self._pw[: n + 1]
 
-    def _a(self, first: int, n: int) -> np.ndarray:
-        a = np.full(n, 1.0 - self.damp)
-        if first == 0 and n:
-            a[0] = 1.0
-        return a
-
-    def _weights(self, first: int, r: np.ndarray, eta: np.ndarray) -> np.ndarray:
-        a = self._a(first, r.size)
-        if self.nesterov:
-            return eta + self.beta * a * r
-        return a * r
-
     def _sync(self, eta: list[float]) -> None:
         """Take in the steps appended since the last call (module docstring)."""
         n_new = len(eta)
@@ -223,10 +203,8 @@ class IncrementalCharacteristic:
         beta = self.beta
         if add == 1:
             r_new = new
-        elif beta > 0.0:
-            r_new = signal.lfilter([1.0], [1.0, -beta], new[::-1])[::-1]
         else:
-            r_new = new.copy()
+            r_new = self.recursion.discounted_rates(new)
         rho = float(r_new[0])  # R_{T+1}(T'), T the last step taken in before
         decay = beta**add
         if self.r.size:
@@ -250,21 +228,17 @@ class IncrementalCharacteristic:
                                decay * decay * z]  # fmt: skip
         if self.grid is not None:
             self.grid.advance(rho, decay)
-        sh = self.shadow
-        if sh is not None:  # R_{n0}(T') = R_{n0}(T) + beta^(T - n0) R_{T+1}(T')
-            sh.grid.advance(rho, decay)
-            sh.rho0 += beta ** (self.n - sh.n0) * rho
+        if self.shadow is not None:
+            self.shadow.advance(rho, decay, self.n)
         self.n = n_new
         self.syncs += 1
 
     def _freeze(self, count: int, eta: list[float], sigma: list[float], q: list[float]) -> None:
         """Freeze the ``count`` oldest active steps at their current weights."""
         first, t_now = self.frozen, self.n - 1
-        idx = np.arange(first, first + count)
         r = self.r[:count]
-        w = self._weights(first, r, np.asarray(eta[first : first + count]))
-        a = self._a(first, count)
-        c = (self.beta if self.nesterov else 1.0) * a * self.beta ** (t_now + 1.0 - idx)
+        w = self.recursion.weights(first, r, np.asarray(eta[first : first + count]))
+        c = self.recursion.growth(first, count, t_now + 1)
         qq = np.asarray(q[first : first + count], dtype=float)
         s2 = np.asarray(sigma[first : first + count], dtype=float) ** 2
         self.mu0 += float(np.dot(qq, w))
@@ -277,11 +251,8 @@ class IncrementalCharacteristic:
         self.w_max = max(self.w_max, float(w.max()))
         if self.grid is not None:
             self.grid.fold(w, qq, c)
-        sh = self.shadow
-        if sh is not None:  # steps appended since the shadow started: folded as they freeze
-            k = first + count - max(first, sh.n0)
-            if k > 0:
-                sh.grid.fold(w[-k:], qq[-k:], c[-k:])
+        if self.shadow is not None:  # steps appended since it started: folded as they freeze
+            self.shadow.fold_frozen(first, w, qq, c)
         self.r, self.r_age = self.r[count:], self.r_age[count:]
         self.frozen += count
 
@@ -305,12 +276,7 @@ class IncrementalCharacteristic:
         }  # fmt: skip
         out.update({k: getattr(self, k) for k in _SCALARS})
         out["grid"] = None if self.grid is None else self.grid.as_dict()
-        sh = self.shadow
-        out["shadow"] = None if sh is None else {
-            "grid": sh.grid.as_dict(), "n0": sh.n0, "syncs0": sh.syncs0, "used0": sh.used0,
-            "rho0": sh.rho0,
-            "cursor": sh.cursor, "last_n": sh.last_n,
-        }  # fmt: skip
+        out["shadow"] = None if self.shadow is None else self.shadow.as_dict()
         return out
 
     @property
@@ -346,16 +312,7 @@ class IncrementalCharacteristic:
             if state["grid"] is not None:
                 char.grid = FrequencyGrid.from_dict(state["grid"])
             if state["shadow"] is not None:
-                sh = state["shadow"]
-                n0 = int(sh["n0"])
-                ok = ok and 0 < n0 <= n and 0 <= int(sh["cursor"]) <= n0
-                eta0 = np.asarray(eta[:n0], dtype=float)
-                r0 = eta0 if char.beta == 0 else signal.lfilter(  # as when it was started
-                    [1.0], [1.0, -char.beta], eta0[::-1])[::-1]  # fmt: skip
-                char.shadow = _Shadow(FrequencyGrid.from_dict(sh["grid"]), n0, r0,
-                                      int(sh["syncs0"]), float(sh["used0"]))  # fmt: skip
-                char.shadow.rho0 = float(sh["rho0"])
-                char.shadow.cursor, char.shadow.last_n = int(sh["cursor"]), int(sh["last_n"])
+                char.shadow = ShadowGrid.from_dict(state["shadow"], eta[:n], char.recursion)
         except (KeyError, TypeError, ValueError, IndexError):
             return None
         return char if ok else None
@@ -376,7 +333,7 @@ class IncrementalCharacteristic:
         eta_a = np.asarray(eta[first:n], dtype=float)
         q_a = np.asarray(q[first:n], dtype=float)
         s2_a = np.asarray(sigma[first:n], dtype=float) ** 2
-        w_a = self._weights(first, self.r, eta_a)
+        w_a = self.recursion.weights(first, self.r, eta_a)
         lin, quad = self.lin, self.quad
         s2 = self.s20 + lin[2] + quad[0] + float(np.dot(s2_a, w_a * w_a))
         mu = self.mu0 + lin[0] + float(np.dot(q_a, w_a))
@@ -388,7 +345,7 @@ class IncrementalCharacteristic:
             kappa = FREEZE_ERROR * delta * 2.0 * math.pi * s2 / n
             growth = RATE_SAFETY * float(eta_a.max()) / (1.0 - self.beta)
             age = (n - 1) - np.arange(first, n)
-            c = (self.beta if self.nesterov else 1.0) * self._a(first, w_a.size)
+            c = (self.beta if self.nesterov else 1.0) * self.recursion.damping(first, w_a.size)
             c = c * self.beta ** (age + 1.0) * growth
             ok = (c_q(q_a) * c * c <= kappa) & (np.abs(q_a - 0.5) > Q_HALF)
             count = w_a.size if ok.all() else int(np.argmin(ok))
@@ -401,19 +358,49 @@ class IncrementalCharacteristic:
         a_end = s * float(special.ndtri(tail)) - mu
         theta_min = math.sqrt(2.0 * (-math.log(tail) + 1.0)) / s
         grid = self.grid
-        fits = grid is not None and self._fits(grid, tail, s, mu, a_end, theta_min, q_a, w_a)
-        if not fits:
-            if grid is not None and grid.delta != delta:
-                return None  # another delta than the grid's: the caller answers from scratch
-            grid = self._take_shadow(eta, q)
-            if grid is None or not self._fits(grid, tail, s, mu, a_end, theta_min, q_a, w_a):
-                grid = self._build(delta, tail, s, mu, a_end, theta_min, eta, q)
-            if grid is None or not self._fits(grid, tail, s, mu, a_end, theta_min, q_a, w_a):
-                return None
-            self.grid = grid
-        else:
-            assert grid is not None
-            self._grow_shadow(grid, tail, s, mu, a_end, theta_min, eta, q)
+        if grid is not None and self._fits(grid, tail, s, mu, a_end, theta_min, q_a, w_a):
+            if self._grow_shadow(grid, tail, s, mu, a_end, theta_min, eta, q):
+                grid = self._take_shadow(eta, q)  # complete, and this grid is wearing out
+                if grid is None or not self._fits(grid, tail, s, mu, a_end, theta_min, q_a, w_a):
+                    return self._after_failure(delta, tail, s, mu, a_end, theta_min, eta, q,
+                                               q_a, w_a, accuracy)  # fmt: skip
+                self.grid = grid
+            got = self._evaluate(grid, delta, s, mu, theta_min, tail, q_a, w_a, accuracy)
+            if got is not None or self.n < self._retry_at:
+                return got
+            # the grid fits but no longer certifies the query (its margins are worn: the
+            # aliasing error lifts the noise floor of p~ over a root): a new grid, once
+        elif grid is not None and grid.delta != delta:
+            return None  # another delta than the grid's: the caller answers from scratch
+        return self._after_failure(delta, tail, s, mu, a_end, theta_min, eta, q, q_a, w_a,
+                                   accuracy)  # fmt: skip
+
+    def _after_failure(
+        self, delta: float, tail: float, s: float, mu: float, a_end: float, theta_min: float,
+        eta: list[float], q: list[float], q_a: np.ndarray, w_a: np.ndarray, accuracy: float,
+    ) -> tuple[float, float, int] | None:
+        """The answer on a new grid: the shadow's if it certifies the query, else one built
+        now (O(T M)); if even that one does not, no new grid is tried for a failed query
+        until the run is twice as long (the caller answers from scratch meanwhile)."""
+        grid = self._take_shadow(eta, q)
+        if grid is None or not self._fits(grid, tail, s, mu, a_end, theta_min, q_a, w_a):
+            grid = self._build(delta, tail, s, mu, a_end, theta_min, eta, q)
+        if grid is None or not self._fits(grid, tail, s, mu, a_end, theta_min, q_a, w_a):
+            self._retry_at = 2 * self.n
+            return None
+        self.grid = grid
+        got = self._evaluate(grid, delta, s, mu, theta_min, tail, q_a, w_a, accuracy)
+        if got is None:
+            self._retry_at = 2 * self.n
+        return got
+
+    def _evaluate(
+        self, grid: FrequencyGrid, delta: float, s: float, mu: float, theta_min: float,
+        tail: float, q_a: np.ndarray, w_a: np.ndarray, accuracy: float,
+    ) -> tuple[float, float, int] | None:
+        """(upper, lower, frequencies) from the characteristic function on ``grid``, or None
+        when it does not certify them within ``accuracy`` (module docstring)."""
+        n = self.n
         m = math.ceil(theta_min / grid.step - 0.5) + 1
         theta, k = grid.theta[:m], grid.k[:m]
         t_re, t_im, _, _ = log_factors(w_a, q_a, theta)
@@ -489,19 +476,16 @@ class IncrementalCharacteristic:
         eta_all = np.asarray(eta[:n], dtype=float)
         # R_t(T) = sum_{s=t..frozen-1} eta_s beta^(s-t) + beta^(frozen-t) R_frozen(T)
         r_next, r_next_age = (float(self.r[0]), float(self.r_age[0])) if self.r.size else (0.0, 0.0)
-        if beta > 0.0:
-            r_all = signal.lfilter([1.0], [1.0, -beta], eta_all[:first][::-1])[::-1]
-            if first:
-                r_all = r_all + r_next * beta ** np.arange(first, 0, -1.0)
-        else:
-            r_all = eta_all[:first].copy()
+        r_all = self.recursion.discounted_rates(eta_all[:first])
+        if beta > 0.0 and first:
+            r_all = r_all + r_next * beta ** np.arange(first, 0, -1.0)
         # the frozen steps are refrozen at their current weights w_t(T) (rho = 0), with growth
         # coefficients (x beta for nesterov) a_t beta^(T + 1 - t), T + 1 = n (as in _freeze)
-        w_re = self._weights(0, r_all, eta_all[:first])
+        w_re = self.recursion.weights(0, r_all, eta_all[:first])
         q_f = np.asarray(q[:first], dtype=float)
         idx = np.arange(first, dtype=float)
-        c_f = (beta if self.nesterov else 1.0) * self._a(0, first) * beta ** (n - idx)
-        w_act = self._weights(first, self.r, eta_all[first:])
+        c_f = self.recursion.growth(0, first, n)
+        w_act = self.recursion.weights(first, self.r, eta_all[first:])
         w_now = np.r_[w_re, w_act]
         q_now = np.r_[q_f, np.asarray(q[first:n], dtype=float)]
         grid = self._new_grid(delta, tail, s, mu, a_end, theta_min, w_now, q_now)
@@ -552,53 +536,26 @@ class IncrementalCharacteristic:
     def _grow_shadow(
         self, grid: FrequencyGrid, tail: float, s: float, mu: float, a_end: float,
         theta_min: float, eta: list[float], q: list[float],
-    ) -> None:
-        """Start the next grid once this one has used half of a margin (module docstring),
-        or fold the next block of frozen steps into it."""
-        sh = self.shadow
+    ) -> bool:
+        """Start the next grid once this one has used ``_SHADOW_START`` of a margin (module
+        docstring), or fold the next block of frozen steps into it; True when it is complete
+        and this one has used ``_SHADOW_SWITCH`` of a margin (time to take it over)."""
         used = max((grid.a0 - a_end) / (grid.a0 - grid.lo),
                    (self._b_end - grid.b0) / (grid.hi - grid.b0))  # fmt: skip
-        if sh is None:
-            if used < _SHADOW_START or self.n < self._shadow_retry or self.frozen == 0:
-                return
-            n0, beta = self.n, self.beta
-            eta0 = np.asarray(eta[:n0], dtype=float)
-            r0 = signal.lfilter([1.0], [1.0, -beta], eta0[::-1])[::-1] if beta > 0 else eta0
-            new = self._new_grid(grid.delta, tail, s, mu, a_end, theta_min,
-                                 self._weights(0, r0, eta0), np.asarray(q[:n0], dtype=float))  # fmt: skip
-            if new is None:
-                self._shadow_retry = 2 * n0  # try again when the run is twice as long
-                return
-            self.shadow = _Shadow(new, n0, r0, self.syncs, used)
-            return
-        end = min(self.frozen, sh.n0)
-        if sh.cursor < end:
-            # the margin is used up at about (1 - used) / rate steps from now: fold the rest
-            # within half of that, in shares proportional to the steps since the last query
-            rate = (used - sh.used0) / max(1, self.n - sh.n0)
-            left = (1.0 - used) / rate if rate > 0 else math.inf
-            share = (self.n - sh.last_n) / max(1.0, 0.5 * left)
-            count = max(_SHADOW_BLOCK, math.ceil(share * (end - sh.cursor)))
-            self._fold_shadow(sh, min(end, sh.cursor + count), eta, q)
-        sh.last_n = self.n
-
-    def _fold_shadow(self, sh: _Shadow, stop: int, eta: list[float], q: list[float]) -> None:
-        """Fold the frozen steps cursor..stop-1 (< n0) into the shadow at their current
-        weights: R_t(T) = R_t(n0) + beta^(n0 - t) R_{n0}(T)."""
-        lo, beta = sh.cursor, self.beta
-        if stop <= lo:
-            return
-        t = np.arange(lo, stop, dtype=float)
-        r = sh.r0[lo:stop] + sh.rho0 * beta ** (sh.n0 - t)
-        w = self._weights(lo, r, np.asarray(eta[lo:stop], dtype=float))
-        qq = np.asarray(q[lo:stop], dtype=float)
-        c = (beta if self.nesterov else 1.0) * self._a(lo, stop - lo) * beta ** (self.n - t)
-        sh.grid.fold(w, qq, c)
-        # rounding: the filter's (as in _build), rho0's updates since n0, a_t, the sum
-        age = np.minimum(sh.n0 - t, 2.0 / (1.0 - beta) + 2.0) if beta > 0 else np.zeros(t.size)
-        age = age + (self.syncs - sh.syncs0) + 6.0
-        sh.grid.w_round += float(np.dot(g_q(qq), _FP * age * w))
-        sh.cursor = stop
+        if self.shadow is not None:
+            return self.shadow.fold_share(self.frozen, self.n, self.syncs, used, _SHADOW_SWITCH,
+                                          eta, q)  # fmt: skip
+        if used < _SHADOW_START or self.n < self._shadow_retry or self.frozen == 0:
+            return False
+        eta0 = np.asarray(eta[: self.n], dtype=float)
+        r0 = self.recursion.discounted_rates(eta0)
+        new = self._new_grid(grid.delta, tail, s, mu, a_end, theta_min,
+                             self.recursion.weights(0, r0, eta0), np.asarray(q[: self.n], dtype=float))  # fmt: skip
+        if new is None:
+            self._shadow_retry = 2 * self.n  # try again when the run is twice as long
+        else:
+            self.shadow = ShadowGrid(new, eta0, self.recursion, self.syncs, used)
+        return False
 
     def _take_shadow(self, eta: list[float], q: list[float]) -> FrequencyGrid | None:
         """The shadow grid with every frozen step folded in (the rest of the steps before
@@ -606,7 +563,7 @@ class IncrementalCharacteristic:
         sh, self.shadow = self.shadow, None
         if sh is None:
             return None
-        self._fold_shadow(sh, min(self.frozen, sh.n0), eta, q)
+        sh.fold_until(min(self.frozen, sh.n0), self.n, self.syncs, eta, q)
         if self.grid is not None:
             sh.grid.hints = self.grid.hints
         self.switches += 1

@@ -89,10 +89,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import signal
 
 from opacus_lastiterate.analysis.last_iterate.grid_pmf import GridPmf
 from opacus_lastiterate.analysis.last_iterate.incremental_fourier import IncrementalCharacteristic
+from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
+    HeavyBallRecursion,
+    sgd_weights,
+)
 from opacus_lastiterate.analysis.last_iterate.weighted_fourier import fourier_solve
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
     WeightedHeuristicResult,
@@ -318,20 +321,14 @@ class IncrementalWeightedHeuristic:
     def _weights(self, first: int, r: np.ndarray) -> np.ndarray:
         """w_t(T) for t = first..first + len(r) - 1 from R_t(T)."""
         assert self._settings is not None
-        beta, d, nesterov = self._settings
-        a = np.full(r.size, 1.0 - d)
-        if first == 0 and r.size:
-            a[0] = 1.0
-        if nesterov:
-            return np.asarray(self._eta[first : first + r.size]) + beta * a * r
-        return a * r
+        rec = HeavyBallRecursion(*self._settings)
+        eta = np.asarray(self._eta[first : first + r.size]) if rec.nesterov else r
+        return rec.weights(first, r, eta)
 
     def _discounted_rates(self) -> np.ndarray:
         """R_t(T) = sum_{s=t..T} eta_s beta^(s-t) for every step (one backward filter)."""
         assert self._settings is not None
-        beta = self._settings[0]
-        eta = np.asarray(self._eta)
-        return signal.lfilter([1.0], [1.0, -beta], eta[::-1])[::-1] if beta > 0 else eta.copy()
+        return HeavyBallRecursion(*self._settings).discounted_rates(np.asarray(self._eta))
 
     def _weight_scale(self) -> float:
         """About the largest weight a step can reach at rates <= the largest seen."""
@@ -545,8 +542,6 @@ class IncrementalWeightedHeuristic:
 
     def _scratch(self, quantity: str, argument: float) -> WeightedHeuristicResult:
         """The from-scratch solve of the whole run (traces outside the incremental scope)."""
-        from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
-
         m, d, nest, wd = (np.asarray(v) for v in zip(*self._opt, strict=True))
         w = sgd_weights(
             np.asarray(self._eta), momentum=m, dampening=d, nesterov=bool(np.any(nest)),

@@ -58,6 +58,7 @@ __all__ = [
     "ADAPTIVE_OPTIMIZERS",
     "BUILTIN_SCHEDULES",
     "SUPPORTED_OPTIMIZERS",
+    "HeavyBallRecursion",
     "SGDSettings",
     "UnsupportedOptimizerError",
     "builtin_schedule",
@@ -197,6 +198,46 @@ def _per_step(name: str, value: object, n: int, high: float, high_open: bool) ->
     return np.full(n, x)
 
 
+@dataclass(frozen=True)
+class HeavyBallRecursion:
+    """The weights of an SGD run with one momentum ``beta`` in [0, 1), ``dampening`` d and
+    ``nesterov`` flag for every step and no weight decay, from its discounted rates
+    R_t(T) = sum_{s=t..T} eta_s beta^(s-t): w_t(T) = a_t R_t(T) (heavy ball) or
+    eta_t + beta a_t R_t(T) (nesterov), a_1 = 1 and a_t = 1 - d (module docstring). The
+    incremental engines keep R_t(T) step by step and use these to turn it into weights."""
+
+    beta: float
+    dampening: float = 0.0
+    nesterov: bool = False
+
+    def discounted_rates(self, eta: np.ndarray) -> np.ndarray:
+        """R_t = sum_{s>=t} eta_s beta^(s-t) for every t of ``eta`` (one backward filter)."""
+        eta = np.asarray(eta, dtype=float)
+        if self.beta > 0.0:
+            return signal.lfilter([1.0], [1.0, -self.beta], eta[::-1])[::-1]
+        return eta.copy()
+
+    def damping(self, first: int, n: int) -> np.ndarray:
+        """a_t of the steps first..first+n-1 (0-based: a_0 = 1)."""
+        a = np.full(n, 1.0 - self.dampening)
+        if first == 0 and n:
+            a[0] = 1.0
+        return a
+
+    def weights(self, first: int, r: np.ndarray, eta: np.ndarray) -> np.ndarray:
+        """w_t(T) of the steps first..first+len(r)-1 from their R_t(T) and rates."""
+        a = self.damping(first, r.size)
+        if self.nesterov:
+            return eta + self.beta * a * r
+        return a * r
+
+    def growth(self, first: int, n: int, steps: int) -> np.ndarray:
+        """c_t = a_t beta^(steps - t) (x beta for nesterov) of the steps first..first+n-1
+        after ``steps`` steps: w_t(T') = w_t(T) + c_t R_{T+1}(T')."""
+        t = np.arange(first, first + n, dtype=float)
+        return (self.beta if self.nesterov else 1.0) * self.damping(first, n) * self.beta ** (steps - t)
+
+
 def sgd_weights(
     learning_rates: Sequence[float] | np.ndarray,
     *,
@@ -242,10 +283,8 @@ def sgd_weights(
     if b == 0.0:
         return lr.copy()
     # R_t = eta_t + beta R_{t+1}: a first-order recursion run backwards in time.
-    r = signal.lfilter([1.0], [1.0, -b], lr[::-1])[::-1]
-    a = np.full(n, 1.0 - damp)
-    a[0] = 1.0
-    return lr + b * a * r if nesterov else a * r
+    rec = HeavyBallRecursion(b, damp, bool(nesterov))
+    return rec.weights(0, rec.discounted_rates(lr), lr)
 
 
 def _adjoint_weights(

@@ -1,12 +1,14 @@
 """A saved characteristic function (a checkpoint): restored onto the same run it continues
-exactly as if it had never been saved, without rebuilding its grid; onto any other run, or
-malformed, it is not restored at all. The grid rebuilt from the run (no kept arrays of the
-frozen steps) still brackets the from-scratch value."""
+exactly as if it had never been saved, without rebuilding its grid (a half-built next grid
+included); onto any other run, or malformed, it is not restored at all. New grids (rebuilt
+from the run, or the shadow built ahead) bracket the from-scratch value; a grid that fits but
+no longer certifies is replaced once per failure, not at every query."""
 
 from __future__ import annotations
 
 import copy
 import json
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -42,9 +44,10 @@ def _grown(n: int, every: int = 7) -> tuple[IncrementalCharacteristic, tuple[lis
 
 
 def test_restored_state_continues_bit_identically_without_rebuilding() -> None:
-    n, more = 700, 250
+    n, more = 723, 250
     char, (eta, sigma, q) = _grown(n)
-    assert char.shadow is not None  # saved while the next grid is half built
+    shadow = char.shadow
+    assert shadow is not None and shadow.cursor < char.frozen  # the next grid half built
     switches = char.switches
     state = json.loads(json.dumps(char.state(eta, sigma, q)))  # plain data, exactly
     _, sigma2, q2 = _lists(n + more)
@@ -157,3 +160,41 @@ def test_new_grids_bracket_the_scratch_value() -> None:
             after = 3 if char.rebuilds + char.switches > grids else after - 1
     assert char.switches >= 2  # the grid was taken over from a shadow more than once
     assert checked >= 8
+
+
+def test_a_grid_that_no_longer_certifies_is_replaced_once() -> None:
+    """A grid that still fits but whose query fails (worn margins) is replaced by a new one
+    for that query; when the new grid fails as well, no other grid is tried until the run
+    is twice as long (the caller answers from scratch meanwhile)."""
+
+    class Worn(IncrementalCharacteristic):
+        failing: ClassVar[set[int]] = set()
+        fail_all: ClassVar[bool] = False
+
+        def _evaluate(self, grid, *args):  # type: ignore[no-untyped-def]
+            if self.fail_all or id(grid) in self.failing:
+                return None
+            return super()._evaluate(grid, *args)
+
+    n = 400
+    eta, sigma, q = _lists(n)
+    char = Worn(*SETTINGS)
+    for t in range(1, n):
+        assert char.solve(DELTA, eta[:t], sigma[:t], q[:t], ACC) is not None
+    worn = char.grid
+    grids = char.rebuilds + char.switches
+    Worn.failing = {id(worn)}
+    got = char.solve(DELTA, eta, sigma, q, ACC)
+    assert got is not None and char.grid is not worn
+    assert char.rebuilds + char.switches == grids + 1
+    w = sgd_weights(np.asarray(eta), momentum=SETTINGS[0])
+    scratch = fourier_solve(DELTA, w, np.asarray(q), np.asarray(sigma), ACC)
+    assert got[1] <= scratch.value and scratch.lower_bound <= got[0]
+    # every grid fails from now on: one more try, then (while the grid fits) none until the
+    # run doubles; without that, a new O(T M) grid at every query
+    Worn.fail_all = True
+    eta2, sigma2, q2 = _lists(2 * n + 2)
+    tried = char.rebuilds + char.switches
+    for t in range(n + 1, 2 * n + 1):
+        assert char.solve(DELTA, eta2[:t], sigma2[:t], q2[:t], ACC) is None
+    assert tried + 1 <= char.rebuilds + char.switches <= tried + 3

@@ -79,7 +79,7 @@ def test_every_step_against_from_scratch(name):
     _, beta, damp, nest = CASES[name]
     for t in (1, 2, 3, 17, 60, 150, 233, 301, 399, 400):
         _check(got[t], _scratch(lrs, q, sigma, t, beta, damp, nest, 1e-5))
-    assert inc.frozen > n - 200  # old steps were frozen ...
+    assert inc.frozen > n - 250  # old steps were frozen (beta = 0.95: about 210 active) ...
     assert inc.rebuilds < 25  # ... and the grid rebuilt a few times only
 
 

@@ -268,3 +268,27 @@ def test_bad_schedule_input():
         cosine_schedule(0.1, 10, min_learning_rate=0.2)
     with pytest.raises(TypeError, match="`steps`"):
         constant_schedule(0.1, 2.5)
+
+
+@pytest.mark.parametrize("beta, damp, nesterov", [(0.9, 0.0, False), (0.8, 0.3, False),
+                                                  (0.9, 0.0, True), (0.0, 0.0, False)])  # fmt: skip
+def test_heavy_ball_recursion_matches_the_adjoint_weights_and_their_growth(beta, damp, nesterov):
+    """HeavyBallRecursion's weights equal those of the general (adjoint) recursion, which
+    sgd_weights uses for per-step momentum (a momentum that varies by 1e-300 takes it), and
+    its growth coefficients give the weights after more steps: w_t(T') = w_t(T) + c_t
+    R_{T+1}(T')."""
+    from opacus_lastiterate.analysis.last_iterate.optimizer_weights import HeavyBallRecursion
+
+    rng = np.random.default_rng(3)
+    eta = rng.uniform(0.01, 0.5, 60)
+    rec = HeavyBallRecursion(beta, damp, nesterov)
+    w = rec.weights(0, rec.discounted_rates(eta), eta)
+    wd = np.zeros(60)
+    wd[7] = 1e-300  # forces the general recursion without changing the weights
+    general = sgd_weights(eta, momentum=beta, dampening=damp, nesterov=nesterov, weight_decay=wd)
+    np.testing.assert_allclose(w, general, rtol=1e-12, atol=0)
+    t_mid = 45
+    w_mid = rec.weights(0, rec.discounted_rates(eta[:t_mid]), eta[:t_mid])
+    r_next = rec.discounted_rates(eta[t_mid:])[0]
+    grown = w_mid + rec.growth(0, t_mid, t_mid) * r_next
+    np.testing.assert_allclose(grown, w[:t_mid], rtol=1e-12, atol=1e-300)
