@@ -196,3 +196,27 @@ def test_extend_is_append_step_by_step():
     many.extend(np.ones(1), np.full(1, 0.03), lrs[:1], np.full(1, 0.9), np.full(1, 0.1),
                 np.zeros(1, bool), np.full(1, 1e-4))  # fmt: skip
     assert not many.supported
+
+
+@pytest.mark.slow
+def test_kept_route_answers_every_step_of_a_long_run():
+    """Asked at every one of 10^5 steps (momentum 0.9, cosine, sigma 6: epsilon about 9.5 at
+    the end), the kept characteristic function certifies every query itself (none declined to
+    the from-scratch route) and changes grids by the shadow, not by rebuilds, after the first
+    few hundred steps; the last answer brackets the from-scratch value."""
+    n = 100_000
+    lrs = cosine_schedule(0.5, n)
+    inc = IncrementalCharacteristic(0.9, 0.0, False)
+    eta, ss, qq = [], [], []
+    declined = []
+    for t in range(n):
+        eta.append(float(lrs[t]))
+        ss.append(6.0)
+        qq.append(0.0445)
+        got = inc.solve(1e-5, eta, ss, qq, ACC)
+        if got is None:
+            declined.append(t)
+    assert not declined, f"{len(declined)} queries declined, the first at step {declined[0]}"
+    early = inc.rebuilds
+    assert inc.switches >= 10 and early <= 15
+    _check(got, _scratch(lrs, np.full(n, 0.0445), np.full(n, 6.0), n, 0.9, 0.0, False, 1e-5))
