@@ -370,8 +370,10 @@ class IncrementalCharacteristic:
                 return got
             # the grid fits but no longer certifies the query (its margins are worn: the
             # aliasing error lifts the noise floor of p~ over a root): a new grid, once
-        elif grid is not None and grid.delta != delta:
-            return None  # another delta than the grid's: the caller answers from scratch
+        elif (grid is not None and grid.delta != delta) or self.n < self._retry_at:
+            # another delta than the grid's, or a fresh grid failed not long ago: the caller
+            # answers from scratch
+            return None
         return self._after_failure(delta, tail, s, mu, a_end, theta_min, eta, q, q_a, w_a,
                                    accuracy)  # fmt: skip
 
