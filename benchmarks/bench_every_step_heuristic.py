@@ -316,7 +316,7 @@ def main() -> int:
     steps = args.steps or ([1_000, 10_000] if args.quick else [1_000, 10_000, 100_000])
     n = 10 if args.quick else 30
     if not args.no_queries:
-        limit = args.grid_limit or (2_000 if args.quick else 10_000)
+        limit = args.grid_limit if args.grid_limit is not None else (2_000 if args.quick else 10_000)
         query_table(steps, n, grid_limit=limit)
     if not args.no_queries:
         engine_table(GAP, n)
