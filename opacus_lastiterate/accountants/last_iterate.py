@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -26,13 +25,13 @@ import numpy as np
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants.base import RunAccountant, check_step_noise
 from opacus_lastiterate.accountants.monotonicity import MonotonicityWatch
+from opacus_lastiterate.accountants.optimizer_trace import TraceEntry, trim_trace, validate_trace
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_epsilon,
     check_in_interval,
     check_int,
     check_sample_rate,
-    check_steps,
 )
 from opacus_lastiterate.analysis.last_iterate.heuristic import (
     LastIterateHeuristic,
@@ -73,76 +72,6 @@ _CAVEAT = (
     "last-iterate heuristic (Steinke et al., ICLR 2025) for the final model only; "
     "exact for linear losses, not a proven DP bound for deep networks"
 )
-
-
-# One run of identical optimizer settings: (lr, momentum, dampening, nesterov, weight_decay, steps)
-TraceEntry = tuple[float, float, float, bool, float, int]
-
-
-_TRACE_REALS = ((0, "lr", math.inf, True), (1, "momentum", 1.0, False),
-                (2, "dampening", 1.0, False), (4, "weight_decay", math.inf, True))  # fmt: skip
-"""The real fields of a trace entry: (index, name, upper end, whether it is open); each lies
-in [0, upper end)."""
-
-
-def _validate_trace(trace: object, name: str) -> list[TraceEntry]:
-    """Validate a recorded optimizer trace (see :attr:`LastIterateAccountant.optimizer_trace`)."""
-    if not isinstance(trace, (list, tuple)):
-        raise TypeError(f"`{name}` must be a list of 6-tuples, got {type(trace).__name__}.")
-    fast = _plain_trace(trace)
-    if fast is not None:
-        return fast
-    out: list[TraceEntry] = []
-    for i, entry in enumerate(trace):
-        if not isinstance(entry, (list, tuple)) or len(entry) != 6:
-            raise TypeError(
-                f"`{name}[{i}]` must be (lr, momentum, dampening, nesterov, weight_decay, "
-                f"steps), got {entry!r}."
-            )
-        if not isinstance(entry[3], bool):
-            raise TypeError(f"`{name}[{i}].nesterov` must be a bool, got {entry[3]!r}.")
-        lr, momentum, dampening, weight_decay = (
-            check_in_interval(f"{name}[{i}].{field}", entry[k], 0.0, high, low_open=False,
-                              high_open=high_open)
-            for k, field, high, high_open in _TRACE_REALS
-        )  # fmt: skip
-        steps = check_steps(entry[5], f"{name}[{i}].steps", minimum=1)
-        out.append((lr, momentum, dampening, entry[3], weight_decay, steps))
-    return out
-
-
-def _plain_trace(trace: list[Any] | tuple[Any, ...]) -> list[TraceEntry] | None:
-    """:func:`_validate_trace` of a trace of Python floats and ints (the state_dict of this
-    accountant), checked column by column in numpy against the same ranges: the same
-    entries, in one pass instead of a few microseconds per entry (a checkpoint of 10^5 steps
-    under a schedule holds 10^5 entries); None for anything else, which the entry-by-entry
-    check then reports."""
-    if not trace:
-        return []
-    # exact types (a bool is neither a float nor an int here), checked by map in C
-    if not (set(map(type, trace)) <= {tuple, list} and set(map(len, trace)) == {6}):
-        return None
-    columns = [list(map(itemgetter(k), trace)) for k in range(6)]
-    reals = [columns[k] for k, *_ in _TRACE_REALS]
-    if not (
-        set(map(type, columns[3])) == {bool}
-        and set(map(type, columns[5])) == {int}
-        and all(set(map(type, col)) <= {float, int} for col in reals)
-    ):
-        return None
-    try:
-        a = np.array(reals, dtype=float)
-        n = np.array(columns[5], dtype=np.int64)
-    except OverflowError:
-        return None
-    for row, (_, _, high, high_open) in zip(a, _TRACE_REALS, strict=True):
-        # NaN fails every comparison
-        if not ((row >= 0.0) & ((row < high) if high_open else (row <= high))).all():
-            return None
-    if not (n >= 1).all():
-        return None
-    lr, momentum, dampening, weight_decay = (row.tolist() for row in a)
-    return list(zip(lr, momentum, dampening, columns[3], weight_decay, n.tolist(), strict=True))
 
 
 class LastIterateAccountant(RunAccountant):
@@ -440,12 +369,7 @@ class LastIterateAccountant(RunAccountant):
         state.pop("weighted_characteristic", None)  # a cache of the longer run
         trace = [tuple(e) for e in state.get("optimizer_trace") or ()]
         if trace:  # a trace covers the run's last steps when it covers any
-            while steps and trace:
-                *key, n = trace[-1]
-                cut = min(steps, n)
-                trace[-1:] = [(*key, n - cut)] if n > cut else []
-                steps -= cut
-            state["optimizer_trace"] = trace
+            state["optimizer_trace"] = trim_trace(trace, steps)
         return state
 
     def weighted_result(self, delta: float) -> WeightedHeuristicResult:
@@ -481,7 +405,7 @@ class LastIterateAccountant(RunAccountant):
         return out
 
     def _check_extra_state(self, state_dict: Mapping[str, Any]) -> Any:
-        trace = _validate_trace(
+        trace = validate_trace(
             state_dict.get("optimizer_trace", []), "state_dict['optimizer_trace']"
         )
         disabled = state_dict.get("optimizer_trace_disabled", False)
