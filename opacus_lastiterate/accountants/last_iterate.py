@@ -144,6 +144,10 @@ class LastIterateAccountant(RunAccountant):
                 engine.append(
                     noise_multiplier, sample_rate, lr, momentum, dampening, nesterov, weight_decay
                 )
+        elif self._weights_in_use():
+            # from the first step whose weights matter the engine follows the steps (O(1)
+            # each), so that the first query does not take in the whole trace (O(T))
+            self._weighted_engine_in_sync()
 
     def _after_reset(self) -> None:
         self._engine = IncrementalHeuristic.from_run(self.run)
