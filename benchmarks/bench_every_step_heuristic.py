@@ -239,7 +239,7 @@ def _train(steps: int, step_s: float, schedule: bool, monitored: bool, log: Path
                 sched.step()
             done += 1
     if monitor is not None:
-        monitor.flush()
+        monitor.flush(wait=True)  # every step's record computed (and back from a process)
     elapsed = time.perf_counter() - t0
     if monitor is not None:
         monitor.finish()

@@ -58,10 +58,22 @@ from opacus_lastiterate.callbacks.records import EpsilonRecord
 from opacus_lastiterate.exceptions import MonitorWarning
 
 _STOP = object()  # the writer thread's last request
+SEND_EVERY = 10
+"""While a process evaluates, the queued steps are sent to it every this many steps (at most
+``flush_every``), so that little is left to wait for at the end."""
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 # -- the parent's side ----------------------------------------------------------------------
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (``evaluation="auto"`` moves the evaluation to
+    a separate process only when there are at least two)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _write(stdin: BinaryIO, outbox: queue.Queue[Any], inbox: queue.Queue[Any]) -> None:
@@ -173,6 +185,11 @@ class EvaluationWorker:
         except queue.Empty:
             return None
 
+    @property
+    def starting(self) -> bool:
+        """Whether the child is still starting (not ready, not ended)."""
+        return not self._ready.is_set()
+
     def wait_ready(self, timeout: float | None) -> bool:
         """Wait until the child has built its monitor; False on timeout or if it died."""
         return self._ready.wait(timeout) and not self._ended.is_set()
@@ -277,6 +294,15 @@ class ProcessEvaluator:
         assert self._inline is not None
         return self._inline.final_record()
 
+    def evaluate_inline_unless_started(self) -> list[EpsilonRecord] | None:
+        """If the process is still starting (importing), stop it and evaluate inline from
+        now on: the records of the steps sent to it, or None if it has started (or ended)
+        (``evaluation="auto"`` at the end of a run too short for the process to pay off: no
+        warning, it is not a failure)."""
+        if self._worker is None or not self._worker.starting:
+            return None
+        return self._fall_back("", [], quiet=True)
+
     def close(self, kill: bool = False) -> None:
         worker, self._worker = self._worker, None
         if worker is not None:
@@ -353,16 +379,18 @@ class ProcessEvaluator:
         reason: str,
         pending: list[QueuedStep],
         out: list[EpsilonRecord] | None = None,
+        quiet: bool = False,
     ) -> list[EpsilonRecord]:
-        """The process failed: evaluate inline from now on. The steps sent and not answered
-        (and ``pending``) are evaluated again here, from the accountant's state without
-        them; their records are returned."""
+        """The process failed (``quiet``: was stopped): evaluate inline from now on. The
+        steps sent and not answered (and ``pending``) are evaluated again here, from the
+        accountant's state without them; their records are returned."""
         self.close(kill=True)
-        warn(
-            f"PrivacyMonitor: the evaluation process failed ({reason}); the records are "
-            "computed on the training thread from now on (evaluation='inline').",
-            MonitorWarning,
-        )
+        if not quiet:
+            warn(
+                f"PrivacyMonitor: the evaluation process failed ({reason}); the records are "
+                "computed on the training thread from now on (evaluation='inline').",
+                MonitorWarning,
+            )
         unanswered = [entry for batch, _, _ in self._in_flight for entry in batch]
         if self._in_flight:
             _, rdp, self.last_lr = self._in_flight[0]

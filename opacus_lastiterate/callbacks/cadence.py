@@ -135,6 +135,16 @@ class OverheadBudget:
         training = clock() - self.start - self.spent
         return self.spent + self.cost[kind] <= self.fraction * training
 
+    @property
+    def training(self) -> float:
+        """Seconds of training since :meth:`restart` (wall time less the time charged)."""
+        return clock() - self.start - self.spent
+
+    def fits(self, kind: str, count: int) -> bool:
+        """Whether ``count`` more ``kind`` values, each at its last cost, fit in the budget
+        now (``evaluation="auto"``: whether the evaluation can stay on the training thread)."""
+        return self.spent + count * self.cost[kind] <= self.fraction * self.training
+
     def charge(self, kind: str, seconds: float) -> None:
         """Count ``seconds`` spent on a ``kind`` value (its cost from now on)."""
         self.cost[kind] = seconds

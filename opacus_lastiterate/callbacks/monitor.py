@@ -15,7 +15,8 @@ The monitor is assembled from objects, one module each: the records and their la
 ``"auto"`` (:mod:`~opacus_lastiterate.callbacks.cadence`), the budget and its guard
 (:mod:`~opacus_lastiterate.callbacks.budget`), and an evaluator
 (:mod:`~opacus_lastiterate.callbacks.evaluator`, inline, or in a separate process:
-:mod:`opacus_lastiterate.callbacks._evaluation_process`).
+:mod:`opacus_lastiterate.callbacks._evaluation_process`; which one:
+:mod:`~opacus_lastiterate.callbacks.placement`).
 
 Recording and evaluation are separate (``docs/callbacks.md``, "Cost"). On the training hot
 path the monitor only appends the step's (step, sigma, q, lr, SGD settings) to a queue: a few
@@ -46,7 +47,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
+
+import numpy as np
 
 from opacus_lastiterate._lazy import moved_name
 from opacus_lastiterate._warn import warn
@@ -62,7 +65,7 @@ from opacus_lastiterate.accountants import (
 from opacus_lastiterate.accountants.engine_sampling import warn_about_detection
 from opacus_lastiterate.analysis._validation import check_delta
 from opacus_lastiterate.callbacks._checkpoint import monitor_state, restore, rewind
-from opacus_lastiterate.callbacks._evaluation_process import ProcessEvaluator
+from opacus_lastiterate.callbacks._evaluation_process import SEND_EVERY
 from opacus_lastiterate.callbacks._optimizer_hooks import OptimizerHooks
 from opacus_lastiterate.callbacks._optimizer_hooks import host_float as _host_float
 from opacus_lastiterate.callbacks.budget import BudgetGuard, BudgetMetric, PrivacyBudget
@@ -81,6 +84,7 @@ from opacus_lastiterate.callbacks.evaluator import (
     QueuedStep,
     corrected_accountant_of,
 )
+from opacus_lastiterate.callbacks.placement import Evaluation, EvaluatorPlacement, check_evaluation
 from opacus_lastiterate.callbacks.records import (
     FIELDS,
     LABELS,
@@ -161,16 +165,17 @@ class PrivacyMonitor:
             (default 0); the other ranks still account, build the records, check the budget
             and call the audit, identically. A process without an initialised process group
             counts as rank 0. None: call the sinks on every rank.
-        evaluation: ``"inline"`` (default): the records are computed on the training
-            thread, at each flush; ``"process"``: in a separate Python process (another
-            core), fed at each flush, so that the evaluation leaves the training thread
-            (``docs/callbacks.md``, "Evaluation in a separate process"). The records are the
-            same floats (up to the last bits of BLAS sums: the process is single-threaded);
-            they are emitted at the flush after they come back (at :meth:`state_dict` and
-            :meth:`finish`, all of them). The process starts in the
-            background (seconds of imports, :meth:`wait_ready`); if it fails, the monitor
-            evaluates inline from then on, with one :class:`MonitorWarning`. Not with a
-            ``budget``.
+        evaluation: where the records are computed (:mod:`~opacus_lastiterate.callbacks.
+            placement`): ``"auto"`` (default) on the training thread until the weighted
+            heuristic of the waiting steps no longer fits in ``max_overhead``, then (two
+            cores or more, no ``budget``) in a separate process, which logs it at every
+            step; ``"inline"``; or ``"process"`` from the start (not with a ``budget``). A
+            process computes the same floats (up to the last bits of BLAS sums), with
+            ``"auto"`` cadences meaning every step for the weighted heuristic and
+            ``"doubling"`` for the others; its records are emitted at the flushes after
+            they come back (all of them at ``flush(wait=True)``, :meth:`state_dict`,
+            :meth:`finish`). If it fails, the monitor evaluates inline, with one
+            :class:`MonitorWarning`.
     """
 
     def __init__(
@@ -190,7 +195,7 @@ class PrivacyMonitor:
         audit: MonitorAudit | None = None,
         optimizer: object = None,
         sink_rank: int | None = 0,
-        evaluation: Literal["inline", "process"] = "inline",
+        evaluation: Evaluation = "auto",
     ) -> None:
         self.accountant = accountant_of(accountant)
         self.delta = check_delta(delta)
@@ -215,9 +220,8 @@ class PrivacyMonitor:
         self._heuristic = isinstance(self.accountant, LastIterateAccountant)
         if audit is not None and not isinstance(audit, MonitorAudit):
             raise TypeError("`audit` must have on_step(record) and finish() methods.")
-        if evaluation not in ("inline", "process"):
-            raise ValueError(f"`evaluation` must be 'inline' or 'process', got {evaluation!r}.")
-        self.evaluation = evaluation
+        self.evaluation = check_evaluation(evaluation)
+        self._placement = EvaluatorPlacement(self.evaluation)
         self._guard: BudgetGuard | None = None
         self.budget = budget
         self.audit = audit
@@ -256,6 +260,11 @@ class PrivacyMonitor:
                 "the exact value of a step on the training thread, before its update; use "
                 "evaluation='inline'."
             )
+        if budget is not None and self._placement.back_inline():
+            self._drain()  # back inline: the budget guard needs the training thread
+            self.flush()
+            assert self._evaluator is not None
+            self._sync(self._evaluator.rdp_vector.tolist())
         self._guard = None if budget is None else BudgetGuard(budget, self.delta)
 
     # the cadences, as attributes of their own (read-only: they are validated together)
@@ -278,22 +287,14 @@ class PrivacyMonitor:
             self._guard.reset()
 
     def _make_evaluator(
-        self, dropped: int, rdp: Sequence[float] | None, last_lr: float | None
+        self, dropped: int, rdp: Sequence[float] | np.ndarray | None, last_lr: float | None
     ) -> Evaluator:
-        """An evaluator at the accountant's state less its last ``dropped`` steps (the
-        process evaluator is given the corrected accountant only when the monitor feeds it)."""
-        process = self.evaluation == "process"
-        evaluator = ProcessEvaluator if process else InlineEvaluator
-        return evaluator(
-            self.accountant,
-            delta=self.delta,
-            cadences=self.cadences,
-            corrected=None if process and not self._own_corrected else self._corrected,
-            overhead=self._overhead,
-            dropped=dropped,
-            rdp=rdp,
-            last_lr=last_lr,
-        )
+        """An evaluator at the accountant's state less its last ``dropped`` steps."""
+        return self._placement.make(
+            self.accountant, delta=self.delta, cadences=self.cadences,
+            corrected=self._corrected, own_corrected=self._own_corrected,
+            overhead=self._overhead, dropped=dropped, rdp=rdp, last_lr=last_lr,
+        )  # fmt: skip
 
     # -- attaching ------------------------------------------------------------------------
 
@@ -410,10 +411,29 @@ class PrivacyMonitor:
             self._check_budget(entry)
 
     def _after_update(self) -> None:
-        """After each update applied: flush when ``flush_every`` steps wait."""
-        assert self._evaluator is not None
-        backlog = len(self._queue) if self._evaluator.offloads else self.pending
-        if self.flush_every is not None and backlog >= self.flush_every:
+        """After each update applied: under ``evaluation="auto"``, move the evaluation to a
+        process once it does not fit in ``max_overhead``; flush when ``flush_every`` steps
+        wait (a process is sent the queued steps every ``SEND_EVERY``)."""
+        evaluator = self._evaluator
+        assert evaluator is not None
+        if self._placement.offload_pays(
+            self.accountant, self.cadences, self._overhead, self.pending, self._guard is not None
+        ):
+            self._placement.offload()  # the steps not evaluated yet too
+            n = len(self._queue)
+            evaluator = self._evaluator = self._make_evaluator(
+                n, evaluator.rdp_vector, evaluator.last_lr
+            )
+        every = self.flush_every
+        assert evaluator is not None
+        if every is None:
+            return
+        if evaluator.offloads:
+            if len(self._queue) >= min(every, SEND_EVERY):
+                self._hand_over()
+            if self.pending - evaluator.in_flight >= every:
+                self.flush()
+        elif self.pending >= every:
             self.flush()
 
     # -- the budget guard -----------------------------------------------------------------
@@ -437,23 +457,35 @@ class PrivacyMonitor:
 
     # -- evaluation -----------------------------------------------------------------------
 
-    def flush(self) -> None:
+    def flush(self, *, wait: bool = False) -> None:
         """Compute the records of every recorded step and send them to the sinks (and the
-        audit), in step order. With ``evaluation="process"``: send the recorded steps to the
-        evaluation process and emit the records that have come back."""
-        assert self._evaluator is not None
-        queue, self._queue = self._queue, []
-        self._evaluator.evaluate(queue, out=self._ready)
+        audit), in step order. While a separate process evaluates (``evaluation``): send it
+        the recorded steps and emit the records that have come back (``wait``: after
+        waiting for all of them)."""
+        if wait:
+            self._drain(end=True)
+        else:
+            self._hand_over()
         ready, self._ready = self._ready, []
         for record in ready:
             self._emit(record)
 
-    def _drain(self) -> None:
-        """Hand over the queued steps and wait for every record."""
+    def _hand_over(self) -> None:
+        """Give the queued steps to the evaluator."""
         assert self._evaluator is not None
         queue, self._queue = self._queue, []
         self._evaluator.evaluate(queue, out=self._ready)
-        self._ready.extend(self._evaluator.drain())
+
+    def _drain(self, end: bool = False) -> None:
+        """Hand over the queued steps and wait for every record (``end``: at the end of
+        training, a process that ``"auto"`` started and that is still starting is not waited
+        for: its steps are evaluated inline, and the rest of the run too)."""
+        evaluator = self._evaluator
+        assert evaluator is not None
+        self._hand_over()
+        if end:
+            self._ready.extend(self._placement.settle_at_end(evaluator) or [])
+        self._ready.extend(evaluator.drain())
 
     def _emit(self, record: EpsilonRecord) -> EpsilonRecord:
         physical = self._hooks.physical_steps_at(record.step)
@@ -505,7 +537,7 @@ class PrivacyMonitor:
                 "training: PrivacyMonitor(..., optimizer=optimizer) or "
                 "monitor.attach(optimizer) (the adapters attach it themselves)."
             )
-        self._drain()
+        self._drain(end=True)
         self.flush()
         if unseen > 0:
             warn(

@@ -217,3 +217,90 @@ def test_a_process_that_cannot_restart_counts_each_step_once(monkeypatch) -> Non
         want.heuristic_epsilon, rel=1e-12
     )
     assert inline_final is not None and expected[-1].final
+
+
+# -- evaluation="auto" (the default) ----------------------------------------------------------
+
+
+def _ticking(monkeypatch: Any, seconds: float) -> Any:
+    """The overhead budget's clock, moved on ``seconds`` per step besides the real time (a
+    step that much longer; the evaluation's time is real)."""
+    import time
+
+    from opacus_lastiterate.callbacks import cadence
+
+    now = [0.0]
+    monkeypatch.setattr(cadence, "clock", lambda: now[0] + time.perf_counter())
+
+    def tick(step: int, monitor: PrivacyMonitor | None = None) -> None:
+        now[0] += seconds
+
+    return tick
+
+
+_AUTO = dict(momentum=0.9, schedule=True, robust_every=None, standard_every=None, flush_every=100)
+
+
+def test_auto_moves_the_weighted_heuristic_to_a_process_and_back_for_a_budget(
+    monkeypatch,
+) -> None:
+    """20 ms steps: a weighted solve (2 ms until measured) does not fit in 1% of a step, so
+    after a second of training the steps go to a process, which logs the heuristic at every
+    step, as an inline monitor asked for it at every step does; a budget set later brings
+    the evaluation back to the training thread."""
+    monkeypatch.setattr("opacus_lastiterate.callbacks.placement.usable_cores", lambda: 2)
+    expected, inline, *_ = _run("inline", 120, weighted_every=1, **_AUTO)
+    inline.finish()
+    offloaded_at: list[int] = []
+
+    def after(step: int, monitor: PrivacyMonitor) -> None:
+        tick(step, monitor)
+        if monitor._evaluator.offloads and not offloaded_at:
+            offloaded_at.append(step)
+
+    tick = _ticking(monkeypatch, 0.02)
+    records, monitor, model, opt, loader = _run("auto", 120, after=after, **_AUTO)
+    assert 0 < offloaded_at[0] <= 50  # after 1 s of training (OFFLOAD_AFTER), before a flush
+    assert monitor.wait_ready(120)
+    monitor.flush(wait=True)
+    assert len(records) == len(expected) - 1  # every step's record, the final one to come
+    for got, want in zip(records, expected, strict=False):
+        assert got.heuristic_epsilon == pytest.approx(want.heuristic_epsilon, rel=1e-12)
+        assert _without_heuristic(got) == _without_heuristic(want)
+    monitor.budget = PrivacyBudget(1e9)  # the guard needs the training thread
+    assert not monitor._evaluator.offloads and monitor.pending == 0
+    train(model, opt, loader, 5, after=tick)
+    final = monitor.finish()
+    assert [r.step for r in records] == list(range(1, 126)) + [125]
+    assert final is not None and final.final and final.heuristic_epsilon is not None
+
+
+def test_auto_stays_inline_with_one_core_or_a_budget(monkeypatch) -> None:
+    tick = _ticking(monkeypatch, 0.02)
+    for cores, budget in ((1, None), (2, PrivacyBudget(1e9))):
+        monkeypatch.setattr("opacus_lastiterate.callbacks.placement.usable_cores", lambda: cores)
+        records, monitor, *_ = _run("auto", 60, after=tick, budget=budget, **_AUTO)
+        assert not monitor._evaluator.offloads
+        monitor.finish()
+        # inline, the weighted heuristic is on the steps that fit in the budget only
+        assert 0 < sum(r.heuristic_epsilon is not None for r in records) < 30
+
+
+def test_auto_does_not_wait_at_the_end_for_a_process_still_starting(monkeypatch) -> None:
+    """A run that ends before its evaluation process has started: the process is stopped,
+    its steps evaluated inline, each once and without a warning."""
+    from opacus_lastiterate.callbacks import _evaluation_process
+
+    monkeypatch.setattr("opacus_lastiterate.callbacks.placement.usable_cores", lambda: 2)
+    monkeypatch.setattr(_evaluation_process.EvaluationWorker, "starting", property(lambda s: True))
+    tick = _ticking(monkeypatch, 0.02)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records, monitor, *_ = _run("auto", 70, after=tick, **_AUTO)
+        assert monitor._evaluator.offloads
+        process = monitor._evaluator.worker.process
+        final = monitor.finish()
+    assert not any(issubclass(w.category, MonitorWarning) for w in caught)
+    assert process.wait(timeout=30) is not None  # stopped
+    assert [r.step for r in records] == list(range(1, 71)) + [70]
+    assert final is not None and final.heuristic_epsilon is not None
