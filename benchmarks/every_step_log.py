@@ -1,9 +1,9 @@
 """The JSONL log of a default PrivacyMonitor over 300 steps of SGD momentum 0.9 with a
 cosine schedule, each step padded to 20 ms with a busy-wait (standing in for GPU work):
 ``docs/results/every_step_heuristic.jsonl``. It shows one row per step (the final record
-replaces step 300's row) and which steps carry ``heuristic_epsilon`` (the weighted
-heuristic's ``"auto"`` cadence: every step that fits in 1% of the training time, and the
-steps 100, 200).
+replaces step 300's row) and which steps carry ``heuristic_epsilon``: with the default
+``evaluation="auto"`` on a machine with two cores, the monitor moves the evaluation to a
+separate process after a second of training, and every row has one.
 
     python benchmarks/every_step_log.py [--out PATH] [--steps 300] [--step-ms 20]
 """

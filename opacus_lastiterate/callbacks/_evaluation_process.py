@@ -1,5 +1,5 @@
 """The evaluation process of ``PrivacyMonitor(evaluation="process")`` (``docs/callbacks.md``,
-"Evaluation in a separate process").
+"Where the records are computed").
 
 :class:`ProcessEvaluator` is the monitor's evaluator (the
 :class:`~opacus_lastiterate.callbacks.evaluator.Evaluator` protocol) that hands the queued
