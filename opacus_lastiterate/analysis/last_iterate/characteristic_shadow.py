@@ -22,7 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from opacus_lastiterate.analysis.last_iterate.characteristic_grid import FrequencyGrid, g_q
+from opacus_lastiterate.analysis.last_iterate.characteristic_grid import (
+    PHASOR_CHARGE,
+    FrequencyGrid,
+    g_q,
+)
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import HeavyBallRecursion
 from opacus_lastiterate.analysis.last_iterate.weighted_fourier import FP_CHARGE
 
@@ -100,7 +104,7 @@ class ShadowGrid:
             age = np.minimum(self.n0 - t, 2.0 / (1.0 - rec.beta) + 2.0)
         else:
             age = np.zeros(t.size)
-        age = age + (syncs - self.syncs0) + 6.0
+        age = age + (syncs - self.syncs0) + 6.0 + PHASOR_CHARGE
         self.grid.w_round += float(np.dot(g_q(qq), FP_CHARGE * age * w))
         self.cursor = stop
 

@@ -103,6 +103,7 @@ import numpy as np
 from scipy import special
 
 from opacus_lastiterate.analysis.last_iterate.characteristic_grid import (
+    PHASOR_CHARGE,
     Q_HALF,
     FrequencyGrid,
     c_q,
@@ -247,7 +248,7 @@ class IncrementalCharacteristic:
         self.lin[3] += float(np.dot(2.0 * s2 * w, c))
         self.quad[2] += float(np.dot(s2, c * c))
         self.quad[5] += float(np.dot(c_q(qq), c * c))
-        self.w_round += float(np.dot(g_q(qq), _FP * (self.r_age[:count] + 4.0) * w))
+        self.w_round += float(np.dot(g_q(qq), _FP * (self.r_age[:count] + 4.0 + PHASOR_CHARGE) * w))
         self.w_max = max(self.w_max, float(w.max()))
         if self.grid is not None:
             self.grid.fold(w, qq, c)
@@ -405,9 +406,10 @@ class IncrementalCharacteristic:
         n = self.n
         m = math.ceil(theta_min / grid.step - 0.5) + 1
         theta, k = grid.theta[:m], grid.k[:m]
-        t_re, t_im, _, _ = log_factors(w_a, q_a, theta)
+        t_re, t_im, _, _ = log_factors(w_a, q_a, grid.step, m)
+        re_sum = t_re.sum(axis=1)
         log_phi = (grid.log_frozen()[:m] + grid.first[:m]
-                   + (t_re.sum(axis=1) - 0.5 * (s * theta) ** 2)
+                   + (re_sum - 0.5 * (s * theta) ** 2)
                    + 1j * (t_im.sum(axis=1) - theta * mu))  # fmt: skip
         phi = np.exp(log_phi)
         step = grid.step
@@ -415,12 +417,12 @@ class IncrementalCharacteristic:
         theta_m = (m + 0.5) * step
         ratio = math.exp(-s * s * step * theta_m)
         truncation = math.exp(-0.5 * (s * theta_m) ** 2) / (math.pi * (m + 0.5)) / (1.0 - ratio)
-        size = (grid.size[:m] + np.hypot(t_re, t_im).sum(axis=1) + np.abs(grid.first[:m])
+        size = (grid.size[:m] + (np.abs(t_im).sum(axis=1) - re_sum) + np.abs(grid.first[:m])
                 + theta * abs(mu) + 0.5 * (s * theta) ** 2)  # fmt: skip
         w_top = self._weight_bound()
         age_a = self.r_age[-w_a.size :] if w_a.size else np.zeros(0)
-        w_round = self.w_round + float(np.dot(g_q(q_a), _FP * (age_a + 4.0) * w_a))
-        rel = _FP * (size * (4.0 + 2.0 * math.log2(n + 1) + theta * w_top)
+        w_round = self.w_round + float(np.dot(g_q(q_a), _FP * (age_a + 4.0 + PHASOR_CHARGE) * w_a))
+        rel = _FP * (size * (4.0 + PHASOR_CHARGE + 2.0 * math.log2(n + 1) + theta * w_top)
                      + math.log2(m + 1) + 4.0 + theta * span) + theta * w_round  # fmt: skip
         rel = rel + _FP * (self.syncs + 4.0) * grid.first_abs[:m]
         rel = rel + theta * (grid.drop_x + grid.w_round)
@@ -502,7 +504,7 @@ class IncrementalCharacteristic:
             age = np.zeros(first)
             if beta > 0.0:
                 age = np.minimum(first - idx, 2.0 / (1.0 - beta) + 2.0) + r_next_age
-            grid.w_round = float(np.dot(g_q(q_f), _FP * (age + 6.0) * w_re))
+            grid.w_round = float(np.dot(g_q(q_f), _FP * (age + 6.0 + PHASOR_CHARGE) * w_re))
         return grid
 
     def _new_grid(
