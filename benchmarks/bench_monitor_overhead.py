@@ -119,8 +119,7 @@ def run(steps: int, schedule: bool, flush_every: int | str | None, args: argpars
     finish = 0.0
     if monitor is not None:
         t0 = clock()
-        monitor._drain()  # evaluation="process": send the queue, wait for every record
-        monitor.flush()  # the per-step records still queued (all of them for flush_every=None)
+        monitor.flush(wait=True)  # every step's record (a process: sent and waited for)
         finish = clock() - t0
     wall = time.perf_counter() - wall
     if monitor is not None:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import fnmatch
+import sys
 
 import pytest
 
@@ -65,3 +66,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _no_cli_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPACUS_LASTITERATE_CACHE_DIR", "off")
+
+
+@pytest.fixture(autouse=True)
+def _auto_evaluation_stays_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PrivacyMonitor(evaluation="auto")`` moves the evaluation to a process after a second
+    of training when the weighted heuristic does not fit in its overhead budget: a decision on
+    wall-clock time, which would make a test's records depend on the machine's speed. Tests
+    run it inline unless they patch ``usable_cores`` back (tests/callbacks/
+    test_monitor_process.py does, with a fake clock). Only where the monitor is imported
+    already (test modules import it at the top): the analysis tests load no torch."""
+    placement = sys.modules.get("opacus_lastiterate.callbacks.placement")
+    if placement is not None:
+        monkeypatch.setattr(placement, "usable_cores", lambda: 1)
