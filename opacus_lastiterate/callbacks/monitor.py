@@ -416,16 +416,15 @@ class PrivacyMonitor:
         wait (a process is sent the queued steps every ``SEND_EVERY``)."""
         evaluator = self._evaluator
         assert evaluator is not None
-        if self._placement.offload_pays(
+        placement = self._placement
+        if placement.may_offload and placement.offload_pays(
             self.accountant, self.cadences, self._overhead, self.pending, self._guard is not None
         ):
-            self._placement.offload()  # the steps not evaluated yet too
-            n = len(self._queue)
+            placement.offload()  # the steps not evaluated yet too
             evaluator = self._evaluator = self._make_evaluator(
-                n, evaluator.rdp_vector, evaluator.last_lr
+                len(self._queue), evaluator.rdp_vector, evaluator.last_lr
             )
         every = self.flush_every
-        assert evaluator is not None
         if every is None:
             return
         if evaluator.offloads:

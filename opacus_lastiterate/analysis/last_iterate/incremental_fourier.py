@@ -79,7 +79,10 @@ the size of every sum, the pairwise sums charged log2 of their length twice: the
 steps run along numpy's contiguous axis, where it sums pairwise, in blocks whose sums are
 added pairwise: :mod:`.characteristic_grid`), plus the
 rounding of the recursively kept weights (8 epsilons per update of R_t, times the weight)
-and of the first-order vector (8 epsilons per update, times the sum of its magnitudes).
+and of the first-order vector (8 epsilons per update, times the sum of its magnitudes). The
+factors' half-angle sines and cosines are products of two directly computed ones
+(:func:`.characteristic_grid.log_factors`): each factor is charged ``PHASOR_CHARGE`` more
+relative to its magnitude and to its weight.
 
 Rebuilds and checkpoints
 ------------------------

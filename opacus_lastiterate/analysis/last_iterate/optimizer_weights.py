@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import signal
@@ -84,8 +84,9 @@ class SGDSettings:
     weight_decay: float
 
     def as_tuple(self) -> tuple[float, float, float, bool, float]:
-        """(lr, momentum, dampening, nesterov, weight_decay)."""
-        return astuple(self)  # type: ignore[return-value]
+        """(lr, momentum, dampening, nesterov, weight_decay) (``dataclasses.astuple`` deep-copies
+        each field: 10 times slower, on every recorded step)."""
+        return (self.lr, self.momentum, self.dampening, self.nesterov, self.weight_decay)
 
     def weights(self, learning_rates: Sequence[float] | np.ndarray) -> np.ndarray:
         """:func:`sgd_weights` for these settings at the given learning rates."""
