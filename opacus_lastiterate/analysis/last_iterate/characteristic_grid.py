@@ -12,6 +12,7 @@ pairwise sum, as :mod:`.incremental_fourier` charges it.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -62,6 +63,19 @@ class PairwiseSum:
         return out
 
 
+@functools.lru_cache(maxsize=8)
+def _lattice_turns(m: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of pi j (2k + 1) / (_SCAN - 1) for the lattice points j and frequencies
+    k < m (the scan's phases less lo theta_k), from a table of the multiples of
+    pi / (_SCAN - 1): read-only, shared by the grids with m frequencies."""
+    turns = 2 * (_SCAN - 1)
+    angle = np.pi * np.arange(turns) / (_SCAN - 1)
+    n = np.multiply.outer(np.arange(_SCAN), 2 * np.arange(m) + 1) % turns
+    cb, sb = np.cos(angle)[n], np.sin(angle)[n]
+    cb.flags.writeable = sb.flags.writeable = False
+    return cb, sb
+
+
 class FrequencyGrid:
     """Frequencies, the scan lattice and the frozen steps' sums at them."""
 
@@ -71,8 +85,13 @@ class FrequencyGrid:
         self.k = np.arange(m) + 0.5
         self.theta = self.k * step
         self.xs = np.linspace(lo, hi, _SCAN)
-        ph = np.multiply.outer(self.xs, self.theta)
-        self.cos, self.sin = np.cos(ph), np.sin(ph)
+        # x_j theta_k = lo theta_k + pi j (2k + 1) / (_SCAN - 1) (step = 2 pi / (hi - lo)):
+        # cos and sin of the first part, times those of the second (a table of multiples of
+        # pi / (_SCAN - 1)), by angle addition: a few ulps, inside the charge theta span
+        a = lo * self.theta
+        ca, sa = np.cos(a), np.sin(a)
+        cb, sb = _lattice_turns(m)
+        self.cos, self.sin = ca * cb - sa * sb, sa * cb + ca * sb
         self.log0 = PairwiseSum(m)  # sum of log f_t at the frozen weights
         self.size = np.zeros(m)  # sum of their magnitudes
         self.first = np.zeros(m, complex)  # sum_t u_t rho_t(T), u_t = i theta g_t c_t
