@@ -23,7 +23,8 @@ Opacus's ``RDPAccountant`` and ``PRVAccountant`` ``get_epsilon`` at the same (si
 Each line prints the median and the largest query and the ratios to the new route's median.
 
 Then ``engine.get_epsilon`` after each step of a real Opacus training of a small MLP, after
-1,500 unqueried steps, against the training step (median, first and largest query).
+1,500 unqueried steps, against the training step (median, first and largest query, each a
+ratio to its run's median step; median and range over 5 runs, 2 with ``--quick``).
 
 Then the monitor's overhead: a tiny model whose step is padded with a busy-wait to 2 ms and
 20 ms (standing in for GPU work), 300 steps without and with a default ``PrivacyMonitor``
@@ -268,13 +269,12 @@ def overhead_table(steps: int, repeats: int) -> None:
             sys.stdout.flush()
 
 
-def engine_table(gap: int, n: int) -> None:
-    """``engine.get_epsilon`` at every step after ``gap`` unqueried steps of a real Opacus
-    training (a small MLP, momentum 0.9 + cosine), against the training step itself."""
+def _engine_run(gap: int, n: int) -> tuple[list[float], list[float]]:
+    """(training-step seconds, per-query seconds) of one training with queries after each of
+    the last ``n`` steps."""
     import torch
     from torch import nn
 
-    warnings.simplefilter("ignore")
     engine, model, opt, loader = _private_mlp(64, 128, 10, MOMENTUM)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=gap + n)
     loss_fn = nn.CrossEntropyLoss()
@@ -295,12 +295,28 @@ def engine_table(gap: int, n: int) -> None:
                 t0 = time.perf_counter()
                 engine.get_epsilon(DELTA)
                 queries.append(time.perf_counter() - t0)
-    step = statistics.median(steps)
+    return steps, queries
+
+
+def engine_table(gap: int, n: int, repeats: int) -> None:
+    """``engine.get_epsilon`` at every step after ``gap`` unqueried steps of a real Opacus
+    training (a small MLP, momentum 0.9 + cosine), against the training step itself: each
+    ratio against the median step of its own run; median [range] over ``repeats`` runs (one
+    first query per run: a single time slice of a shared machine moves it)."""
+    warnings.simplefilter("ignore")
+    runs = [_engine_run(gap, n) for _ in range(repeats)]
+    step = [statistics.median(s) for s, _ in runs]
+    med = [statistics.median(q) / st for (_, q), st in zip(runs, step)]
+    first = [q[0] / st for (_, q), st in zip(runs, step)]
+    top = [max(q) / st for (_, q), st in zip(runs, step)]
+
+    def cell(values: list[float]) -> str:
+        return f"{statistics.median(values):.2f}x [{min(values):.2f}-{max(values):.2f}]"
+
     print(f"\nengine.get_epsilon after each step, after {gap} unqueried steps (small MLP "
-          f"64-128-10, batch 64, momentum {MOMENTUM} + cosine, {n} queries): training step "
-          f"median {_ms(step).strip()} ms; query median {_ms(statistics.median(queries)).strip()} ms "
-          f"({statistics.median(queries) / step:.2f}x a step), first {_ms(queries[0]).strip()} ms "
-          f"({queries[0] / step:.2f}x), max {_ms(max(queries)).strip()} ms ({max(queries) / step:.2f}x)")  # fmt: skip
+          f"64-128-10, batch 64, momentum {MOMENTUM} + cosine, {n} queries, {repeats} runs): "
+          f"training step median {_ms(statistics.median(step)).strip()} ms; per query, against "
+          f"its run's step: median {cell(med)}, first {cell(first)}, max {cell(top)}")  # fmt: skip
     sys.stdout.flush()
 
 
@@ -319,7 +335,7 @@ def main() -> int:
         limit = args.grid_limit if args.grid_limit is not None else (2_000 if args.quick else 10_000)
         query_table(steps, n, grid_limit=limit)
     if not args.no_queries:
-        engine_table(GAP, n)
+        engine_table(GAP, n, 2 if args.quick else 5)
     if not args.no_monitor:
         overhead_table(100 if args.quick else 300, 1 if args.quick else 3)
     return 0
