@@ -165,17 +165,17 @@ class PrivacyMonitor:
             (default 0); the other ranks still account, build the records, check the budget
             and call the audit, identically. A process without an initialised process group
             counts as rank 0. None: call the sinks on every rank.
-        evaluation: where the records are computed (:mod:`~opacus_lastiterate.callbacks.
-            placement`): ``"auto"`` (default) on the training thread until the weighted
-            heuristic of the waiting steps no longer fits in ``max_overhead``, then (two
-            cores or more, no ``budget``) in a separate process, which logs it at every
-            step; ``"inline"``; or ``"process"`` from the start (not with a ``budget``). A
-            process computes the same floats (up to the last bits of BLAS sums), with
-            ``"auto"`` cadences meaning every step for the weighted heuristic and
-            ``"doubling"`` for the others; its records are emitted at the flushes after
-            they come back (all of them at ``flush(wait=True)``, :meth:`state_dict`,
-            :meth:`finish`). If it fails, the monitor evaluates inline, with one
-            :class:`MonitorWarning`.
+        evaluation: where the records are computed
+            (:mod:`~opacus_lastiterate.callbacks.placement`): ``"auto"`` (default) on the
+            training thread until the weighted heuristic of the waiting steps no longer fits
+            in ``max_overhead``, then (two cores or more, no ``budget``) in a separate
+            process, which logs it at every step; ``"inline"``; or ``"process"`` from the
+            start (not with a ``budget``). A process computes the same floats (up to the
+            last bits of BLAS sums), with ``"auto"`` cadences meaning every step for the
+            weighted heuristic and ``"doubling"`` for the others; its records are emitted
+            at the flushes after they come back (all of them at ``flush(wait=True)``,
+            :meth:`state_dict`, :meth:`finish`). If it fails, the monitor evaluates
+            inline, with one :class:`MonitorWarning`.
     """
 
     def __init__(
