@@ -430,7 +430,7 @@ class PrivacyMonitor:
         if evaluator.offloads:
             if len(self._queue) >= min(every, SEND_EVERY):
                 self._hand_over()
-            if self.pending - evaluator.in_flight >= every:
+            if len(self._queue) + len(self._ready) >= every:  # not counting those in flight
                 self.flush()
         elif self.pending >= every:
             self.flush()
