@@ -13,24 +13,16 @@ pairwise sum, as :mod:`.incremental_fourier` charges it.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from opacus_lastiterate.analysis.last_iterate.fourier_roots import Hints
+from opacus_lastiterate.analysis.last_iterate.step_factors import g_q, log_factors
 
-__all__ = ["PHASOR_CHARGE", "Q_HALF", "FrequencyGrid", "PairwiseSum", "c_q", "g_q", "log_factors"]
+__all__ = ["FrequencyGrid", "PairwiseSum"]
 
-PHASOR_CHARGE = 4.0
-"""Rounding charged per factor for :func:`log_factors`' half-angle products, in units of
-``FP_CHARGE``, on top of what sines and cosines computed directly are charged: added to the
-charge relative to abs(log f_t) and to that of each weight (module
-:mod:`.incremental_fourier`)."""
-
-Q_HALF = 1e-3
-"""Steps with abs(q - 1/2) below this are never frozen (C(q) is unbounded there)."""
 _SCAN = 384  # lattice points on [A, B]
 _CHUNK_ELEMENTS = 8192  # frequencies x steps per block when steps are folded
 _MIN_CHUNK = 16
@@ -184,48 +176,3 @@ class FrequencyGrid:
         if not all(v.shape == (grid.m,) for v in vectors):
             raise ValueError("a vector of the grid is not of its length m")
         return grid
-
-
-def log_factors(
-    w: np.ndarray, q: np.ndarray, step: float, m: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(Re, Im) of log f_t(theta_k) = log(1 - q + q e^{i w theta_k}) at the frequencies
-    theta_k = (k + 1/2) step, k < m, x steps (steps along the contiguous axis, so that numpy
-    sums over them pairwise, as the rounding charge assumes), and (h, c) = (sin, cos) of the
-    half angles w theta / 2: log abs(f)^2 = log1p(-4 q (1 - q) h^2) and
-    arg f = atan2(2 q h c, 1 - 2 q h^2) (numpy's complex log is several times slower).
-
-    The half angles are (k + 1/2) b with b = step w / 2, and k = j p + r with p about
-    sqrt(m): their sines and cosines are products of those of j p b and (r + 1/2) b, each
-    computed directly, so that about 2 sqrt(m) instead of m angles per step go through sin
-    and cos (the factors take about a third less time). Each product adds about two ulps to h and c,
-    without cancellation for angles up to pi / 2 (both terms of sin(a + b) have one sign);
-    ``PHASOR_CHARGE`` charges it. Against long double, the error of each factor stays below
-    a tenth of its share of the rounding charge of :mod:`.incremental_fourier` for sample
-    rates at least 0.05 from 1/2, as it did with direct sines and cosines
-    (``tests/analysis/last_iterate/test_characteristic_grid.py``)."""
-    p = max(1, round(math.sqrt(m)))
-    coarse = np.arange(0, m, p, dtype=float)
-    half = 0.5 * step * w
-    fine = np.multiply.outer(np.arange(p) + 0.5, half)
-    fs, fc = np.sin(fine), np.cos(fine)
-    big = np.multiply.outer(coarse, half)
-    bs, bc = np.sin(big), np.cos(big)
-    shape = (coarse.size * p, w.size)
-    h = (bs[:, None, :] * fc + bc[:, None, :] * fs).reshape(shape)[:m]
-    c = (bc[:, None, :] * fc - bs[:, None, :] * fs).reshape(shape)[:m]
-    hh = h * h
-    re = 0.5 * np.log1p((-4.0 * q * (1.0 - q)) * hh)
-    im = np.arctan2((2.0 * q) * (h * c), 1.0 - (2.0 * q) * hh)
-    return re, im, h, c
-
-
-def c_q(q: np.ndarray) -> np.ndarray:
-    """C(q) = q (1 - q) / (1 - 2 q)^2 (module docstring; huge near q = 1/2)."""
-    return q * (1.0 - q) / np.maximum((1.0 - 2.0 * q) ** 2, 1e-300)
-
-
-def g_q(q: np.ndarray) -> np.ndarray:
-    """A bound on abs(g_t) = abs(q e^{i w theta} / f_t): q / abs(1 - 2 q) (capped at
-    q / Q_HALF: steps that close to q = 1/2 are never frozen)."""
-    return q / np.maximum(np.abs(1.0 - 2.0 * q), Q_HALF)

@@ -22,12 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from opacus_lastiterate.analysis.last_iterate.characteristic_grid import (
-    PHASOR_CHARGE,
-    FrequencyGrid,
-    g_q,
-)
+from opacus_lastiterate.analysis.last_iterate.characteristic_grid import FrequencyGrid
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import HeavyBallRecursion
+from opacus_lastiterate.analysis.last_iterate.step_factors import PHASOR_CHARGE, g_q
 from opacus_lastiterate.analysis.last_iterate.weighted_fourier import FP_CHARGE
 
 __all__ = ["ShadowGrid"]

@@ -105,17 +105,18 @@ from typing import Any
 import numpy as np
 from scipy import special
 
-from opacus_lastiterate.analysis.last_iterate.characteristic_grid import (
+from opacus_lastiterate.analysis.last_iterate.characteristic_grid import FrequencyGrid
+from opacus_lastiterate.analysis.last_iterate.characteristic_shadow import ShadowGrid
+from opacus_lastiterate.analysis.last_iterate.fourier_roots import solve_epsilons
+from opacus_lastiterate.analysis.last_iterate.optimizer_weights import HeavyBallRecursion
+from opacus_lastiterate.analysis.last_iterate.step_factors import (
     PHASOR_CHARGE,
     Q_HALF,
-    FrequencyGrid,
+    Q_NEAR_HALF,
     c_q,
     g_q,
     log_factors,
 )
-from opacus_lastiterate.analysis.last_iterate.characteristic_shadow import ShadowGrid
-from opacus_lastiterate.analysis.last_iterate.fourier_roots import solve_epsilons
-from opacus_lastiterate.analysis.last_iterate.optimizer_weights import HeavyBallRecursion
 from opacus_lastiterate.analysis.last_iterate.weighted_fourier import (
     ETA,
     FP_CHARGE,
@@ -185,6 +186,8 @@ class IncrementalCharacteristic:
         self._retry_at = 0  # no new grid for a failed query before this step
         self._pw = np.ones(1)
         self.rebuilds = 0
+        self._q_seen = 0  # sample rates checked against Q_NEAR_HALF (not saved: rechecked)
+        self._near_half = False
         self.last: tuple[np.ndarray, np.ndarray, float, float, np.ndarray] | None = None
         """(theta, phi, s, mu, bound on abs(phi - exact phi)) of the last query (checks)."""
 
@@ -331,7 +334,11 @@ class IncrementalCharacteristic:
         (sigma_t > 0, q_t in (0, 1]), or None when not certified within ``accuracy``."""
         self._sync(eta)
         n = self.n
-        if n == 0:
+        if self._q_seen < len(q):  # a step with q near 1/2 makes the route decline the run
+            new_q = np.asarray(q[self._q_seen :], dtype=float)
+            self._near_half = self._near_half or bool(np.any(np.abs(new_q - 0.5) < Q_NEAR_HALF))
+            self._q_seen = len(q)
+        if n == 0 or self._near_half:
             return None
         first = self.frozen
         eta_a = np.asarray(eta[first:n], dtype=float)

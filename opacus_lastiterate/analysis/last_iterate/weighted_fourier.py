@@ -22,9 +22,14 @@ Error of F~ (``docs/last_iterate.md``, "Weighted heuristic without a grid"):
   D = b - a makes both tails <= eta delta (K >= 0, so Pr[X <= y] <= Pr[Z <= y]).
 * *Truncation.* abs(phi(theta)) <= exp(-s^2 theta^2 / 2): the terms k >= M sum to less than a
   geometric series that M is chosen to make <= eta delta.
-* *Rounding.* log phi(theta) is a pairwise sum of T terms: a relative error of 8 machine
-  epsilons times (4 + log2 T + theta max w) on the sum of their magnitudes is charged, and 8
-  epsilons times (4 + log2 M + theta abs(x)) on every term of the inversion sums.
+* *Rounding.* log phi(theta) is a pairwise sum of T terms, each computed from the sine and
+  cosine of its half angle (:func:`.step_factors.log_factors`: accurate relative to its size,
+  also where it is tiny): a relative error of 8 machine epsilons times
+  (4 + ``PHASOR_CHARGE`` + log2 T + theta max w) on the sum of their magnitudes is charged,
+  plus theta sum_t g(q_t) w_t times 8 (4 + ``PHASOR_CHARGE``) epsilons for the angles (g(q) =
+  q / abs(1 - 2 q)), and 8 epsilons times (4 + log2 M + theta abs(x)) on every term of the
+  inversion sums. Runs with a sample rate within ``Q_NEAR_HALF`` of 1/2 are declined (near
+  there a factor's rounding can exceed its charge).
 
 With e the sum of these, for every x in R, abs(F(x) - F~(x)) <= e. The hockey-stick divergences are
 suprema over half-lines: H(P, Q) = sup_x [1 - F(x) - e^eps Q(X > x)] and H(Q, P) = sup_x
@@ -47,6 +52,12 @@ import math
 import numpy as np
 from scipy import optimize, special
 
+from opacus_lastiterate.analysis.last_iterate.step_factors import (
+    PHASOR_CHARGE,
+    Q_NEAR_HALF,
+    g_q,
+    log_factors,
+)
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import WeightedHeuristicResult
 
 __all__ = ["ETA", "FP_CHARGE", "MAX_TERMS", "Inversion", "chernoff_upper", "fourier_solve"]
@@ -201,6 +212,8 @@ class _Inversion(Inversion):
     """The inversion from scratch: phi as a product over the T steps (module docstring)."""
 
     def __init__(self, w: np.ndarray, q: np.ndarray, sigma: np.ndarray, delta: float) -> None:
+        if np.any(np.abs(q - 0.5) < Q_NEAR_HALF):
+            raise ValueError("a sample rate within Q_NEAR_HALF of 1/2")
         self.s = s = math.sqrt(float(np.dot(sigma * sigma, w * w)))
         self.mu = mu = float(np.dot(q, w))
         tail = ETA * delta
@@ -220,14 +233,16 @@ class _Inversion(Inversion):
         theta_m = (m + 0.5) * self.step
         ratio = math.exp(-s * s * self.step * theta_m)
         truncation = math.exp(-0.5 * (s * theta_m) ** 2) / (math.pi * (m + 0.5)) / (1.0 - ratio)
-        terms = np.log1p(q * (np.exp(1j * np.outer(theta, w)) - 1.0))
-        log_phi = terms.sum(axis=1) - 1j * theta * mu - 0.5 * (s * theta) ** 2
+        re, im, _, _ = log_factors(w, q, self.step, m)
+        re_sum = re.sum(axis=1)
+        log_phi = re_sum + 1j * im.sum(axis=1) - 1j * theta * mu - 0.5 * (s * theta) ** 2
         self.phi = np.exp(log_phi)
-        # rounding: pairwise sums of T terms, each off by a few ulps of its size and of
-        # |w theta|; then the phases theta x (|x| <= span) and the M-term sums of evaluate()
-        size = np.abs(terms).sum(axis=1) + theta * mu + 0.5 * (s * theta) ** 2
-        rel = _FP * (size * (4.0 + math.log2(w.size + 1) + theta * float(w.max()))
-                     + math.log2(m + 1) + 4.0 + theta * span)
+        # rounding: pairwise sums of T terms, each off by a few ulps of its size and of its
+        # angle; then the phases theta x (|x| <= span) and the M-term sums of evaluate()
+        size = (np.abs(im).sum(axis=1) - re_sum) + theta * mu + 0.5 * (s * theta) ** 2  # re <= 0
+        angles = _FP * (4.0 + PHASOR_CHARGE) * float(np.dot(g_q(q), w))
+        rel = _FP * (size * (4.0 + PHASOR_CHARGE + math.log2(w.size + 1) + theta * float(w.max()))
+                     + math.log2(m + 1) + 4.0 + theta * span) + theta * angles
         rounding = float(np.sum(np.abs(self.phi) * rel / self.k)) / math.pi
         self.error = 2.0 * tail + truncation + rounding  # |F - F~| on R (aliasing: one side)
         self.terms = m
