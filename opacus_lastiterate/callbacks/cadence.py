@@ -132,8 +132,7 @@ class OverheadBudget:
     def allows(self, kind: str) -> bool:
         """Whether a ``kind`` value ("robust", "standard" or "weighted") fits in the budget
         now."""
-        training = clock() - self.start - self.spent
-        return self.spent + self.cost[kind] <= self.fraction * training
+        return self.fits(kind, 1)
 
     @property
     def training(self) -> float:

@@ -42,7 +42,8 @@ which adds sum_k abs(delta phi(theta_k)) / (pi (k + 1/2)) to the error bound e o
 (its growth bounded with ``RATE_SAFETY`` x the largest rate of the active steps) keeps that term below
 ``FREEZE_ERROR`` x delta; the bound used is the exact E2 of the query, so a later rate above
 the prediction only loosens the bracket (and a bracket wider than the accuracy is declined:
-the caller answers from scratch). Steps with q = 1/2 are never frozen; at q = 1, C = 0.
+the caller answers from scratch). A run with a step within ``Q_NEAR_HALF`` of q = 1/2 is
+declined (:mod:`.step_factors`), so C stays bounded; at q = 1, C = 0.
 
 The active steps (under about 100 for beta = 0.9) enter with their exact current weights.
 
@@ -111,7 +112,6 @@ from opacus_lastiterate.analysis.last_iterate.fourier_roots import solve_epsilon
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import HeavyBallRecursion
 from opacus_lastiterate.analysis.last_iterate.step_factors import (
     PHASOR_CHARGE,
-    Q_HALF,
     Q_NEAR_HALF,
     c_q,
     g_q,
@@ -358,7 +358,7 @@ class IncrementalCharacteristic:
             age = (n - 1) - np.arange(first, n)
             c = (self.beta if self.nesterov else 1.0) * self.recursion.damping(first, w_a.size)
             c = c * self.beta ** (age + 1.0) * growth
-            ok = (c_q(q_a) * c * c <= kappa) & (np.abs(q_a - 0.5) > Q_HALF)
+            ok = c_q(q_a) * c * c <= kappa
             count = w_a.size if ok.all() else int(np.argmin(ok))
         else:
             count = w_a.size  # beta = 0: the weights never change

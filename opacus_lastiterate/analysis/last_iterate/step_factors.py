@@ -27,7 +27,8 @@ charge relative to abs(log f_t) and to that of each weight (module
 :mod:`.incremental_fourier`)."""
 
 Q_HALF = 1e-3
-"""Steps with abs(q - 1/2) below this are never frozen (C(q) is unbounded there)."""
+"""The least abs(1 - 2 q) that :func:`g_q` divides by (the Fourier routes decline runs with
+q that close to 1/2 anyway: :data:`Q_NEAR_HALF`)."""
 Q_NEAR_HALF = 0.01
 """Runs with a step whose abs(q - 1/2) is below this are declined by the Fourier routes (the
 caller answers on its grid): there a factor's error can exceed its rounding charge (against
@@ -75,5 +76,5 @@ def c_q(q: np.ndarray) -> np.ndarray:
 
 def g_q(q: np.ndarray) -> np.ndarray:
     """A bound on abs(g_t) = abs(q e^{i w theta} / f_t): q / abs(1 - 2 q) (capped at
-    q / Q_HALF: steps that close to q = 1/2 are never frozen)."""
+    q / Q_HALF)."""
     return q / np.maximum(np.abs(1.0 - 2.0 * q), Q_HALF)
