@@ -250,12 +250,14 @@ def _train(steps: int, step_s: float, schedule: bool, monitored: bool, log: Path
     return elapsed
 
 
-def overhead_table(steps: int, repeats: int) -> None:
+def overhead_table(
+    steps: int, repeats: int, step_ms: tuple[float, ...] = (2.0, 20.0)
+) -> None:
     print(f"\nmonitor overhead, {steps} steps, default PrivacyMonitor with a JSONL sink "
           "(wall clock, with / without, median of repeats; share of rows with a heuristic)")
     warnings.simplefilter("ignore")  # Opacus's secure-RNG and backward-hook notices
     _train(10, 0.002, True, True, None)  # warm-up: imports, first calls
-    for step_s in (0.002, 0.02):
+    for step_s in (ms / 1e3 for ms in step_ms):
         for schedule in (False, True):
             ratios, share = [], 0.0
             for _ in range(repeats):
@@ -331,6 +333,10 @@ def main() -> int:
     parser.add_argument("--no-queries", action="store_true", help="the monitor's overhead only")
     parser.add_argument("--grid-limit", type=int, default=None,
                         help="largest T for the grid route (default 2,000 quick, 10,000 full)")
+    parser.add_argument("--monitor-steps", type=int, default=None,
+                        help="steps of each monitored run (default 300, 100 quick)")
+    parser.add_argument("--step-ms", type=float, nargs="+", default=[2.0, 20.0],
+                        help="padded step lengths of the overhead table (ms)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of each query pattern; each query's time is the least")
     args = parser.parse_args()
@@ -342,7 +348,8 @@ def main() -> int:
     if not args.no_queries:
         engine_table(GAP, n, 2 if args.quick else 5)
     if not args.no_monitor:
-        overhead_table(100 if args.quick else 300, 1 if args.quick else 3)
+        steps_m = args.monitor_steps or (100 if args.quick else 300)
+        overhead_table(steps_m, 1 if args.quick else 3, tuple(args.step_ms))
     return 0
 
 

@@ -47,12 +47,11 @@ def log_factors(
     The half angles are (k + 1/2) b with b = step w / 2, and k = j p + r with p about
     sqrt(m): their sines and cosines are products of those of j p b and (r + 1/2) b, each
     computed directly, so that about 2 sqrt(m) instead of m angles per step go through sin
-    and cos (the factors take about a third less time). Each product adds about two ulps to h and c,
-    without cancellation for angles up to pi / 2 (both terms of sin(a + b) have one sign);
-    ``PHASOR_CHARGE`` charges it. Against long double, the error of each factor stays below
-    a tenth of its share of the rounding charge of :mod:`.incremental_fourier` for sample
-    rates at least 0.05 from 1/2, as it did with direct sines and cosines
-    (``tests/analysis/last_iterate/test_characteristic_grid.py``)."""
+    and cos. Each product adds about two ulps to h and c, without cancellation for angles up
+    to pi / 2 (both terms of sin(a + b) have one sign); ``PHASOR_CHARGE`` charges it.
+    Against long double, the error of each factor stays below a tenth of its share of the
+    rounding charge of the Fourier routes for sample rates at least 0.05 from 1/2, as it did
+    with direct sines and cosines (``tests/analysis/last_iterate/test_step_factors.py``)."""
     p = max(1, round(math.sqrt(m)))
     coarse = np.arange(0, m, p, dtype=float)
     half = 0.5 * step * w
