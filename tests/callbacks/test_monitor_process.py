@@ -282,8 +282,11 @@ def test_auto_stays_inline_with_one_core_or_a_budget(monkeypatch) -> None:
         records, monitor, *_ = _run("auto", 60, after=tick, budget=budget, **_AUTO)
         assert not monitor._evaluator.offloads
         monitor.finish()
-        # inline, the weighted heuristic is on the steps that fit in the budget only
-        assert 0 < sum(r.heuristic_epsilon is not None for r in records) < 30
+        # inline, the weighted heuristic is on the steps that fit in the budget only: 1% of a
+        # 20 ms step is 0.2 ms, below a weighted query (0.3 ms or more), so not every step
+        # (how many fit depends on the machine's speed; a process would give all 60)
+        steps = [r for r in records if not r.final]
+        assert 0 < sum(r.heuristic_epsilon is not None for r in steps) < len(steps) == 60
 
 
 def test_auto_does_not_wait_at_the_end_for_a_process_still_starting(monkeypatch) -> None:
