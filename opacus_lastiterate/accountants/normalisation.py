@@ -41,9 +41,6 @@ from opacus_lastiterate.analysis._validation import (
     check_int,
     check_positive,
 )
-from opacus_lastiterate.analysis.baselines.composition import (
-    StandardComposition,
-)
 from opacus_lastiterate.analysis.normalisation import (
     ASGM_MODEL,
     DEFAULT_INTERVAL,
@@ -54,6 +51,8 @@ from opacus_lastiterate.analysis.normalisation import (
 )
 from opacus_lastiterate.analysis.normalisation.asgm import ASGM
 from opacus_lastiterate.analysis.normalisation.divisor_leak import FEASGM
+from opacus_lastiterate.analysis.privacy_model import PrivacyModel
+from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun, Normalisation
 from opacus_lastiterate.exceptions import NormalisationWarning  # defined there, re-exported
 
@@ -306,7 +305,7 @@ class FEASGMAccountant(_NormalisationAccountant):
     """
 
     _MECHANISM = FEASGM_MECHANISM
-    _standard: tuple[DPSGDRun, StandardComposition] | None = None
+    _standard: tuple[DPSGDRun, PrivacyModel] | None = None
 
     @property
     def verdict(self) -> DivisorVerdict:
@@ -390,11 +389,12 @@ class FEASGMAccountant(_NormalisationAccountant):
             return self._standard_model().epsilon(d)
         return opacus_sgm_epsilon(history, d, config["standard"])
 
-    def _standard_model(self) -> StandardComposition:
-        """The PLD model of the recorded run, built once per change of the history."""
+    def _standard_model(self) -> PrivacyModel:
+        """The PLD model of the recorded run for its sampling scheme (the registry's
+        ``"standard"``), built once per change of the history."""
         run = self.run
         if self._standard is None or self._standard[0] is not run:
-            self._standard = (run, StandardComposition(run))
+            self._standard = (run, privacy_model("standard", run))
         return self._standard[1]
 
     def get_delta(self, epsilon: float) -> float:

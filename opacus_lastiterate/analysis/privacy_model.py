@@ -13,9 +13,31 @@ import math
 from typing import ClassVar
 
 from opacus_lastiterate.analysis._validation import check_delta, check_epsilon
-from opacus_lastiterate.analysis.run import DPSGDRun
+from opacus_lastiterate.analysis.run import DPSGDRun, RunLike, as_run
+from opacus_lastiterate.analysis.sampling import PoissonSampling, effective_sampling
 
-__all__ = ["PrivacyModel"]
+__all__ = ["PrivacyModel", "poisson_run"]
+
+
+def poisson_run(run: RunLike, *, model: str, name: str) -> DPSGDRun:
+    """``run`` validated for a model of Poisson-sampled batches (class ``model``, registry
+    name ``name``).
+
+    Raises:
+        ValueError: the run's batches are not Poisson-sampled (shuffled, deterministic,
+            balls-in-bins, or an unknown sampler assuming one of them): that model's number
+            would describe another run; the message names the registry call that gives the
+            number for the run's scheme.
+    """
+    checked = as_run(run)
+    scheme = effective_sampling(checked.sampling)
+    if scheme is None or isinstance(scheme, PoissonSampling):
+        return checked
+    raise ValueError(
+        f"`run` draws its batches as {scheme.describe()}, but {model} is the model of "
+        f"Poisson-sampled batches and its number would not describe this run; "
+        f"privacy_model({name!r}, run) gives the number for the run's scheme."
+    )
 
 
 class PrivacyModel:

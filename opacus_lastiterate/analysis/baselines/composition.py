@@ -35,7 +35,7 @@ from opacus_lastiterate.analysis.baselines.gaussian_mechanism import (
     gaussian_delta,
     gaussian_epsilon,
 )
-from opacus_lastiterate.analysis.privacy_model import PrivacyModel
+from opacus_lastiterate.analysis.privacy_model import PrivacyModel, poisson_run
 from opacus_lastiterate.analysis.run import DPSGDRun, RunLike, as_run
 
 __all__ = [
@@ -136,7 +136,7 @@ class StandardComposition(PrivacyModel):
     def __init__(
         self, run: RunLike, *, value_discretization_interval: float = DEFAULT_DISCRETIZATION
     ) -> None:
-        self.run = as_run(run)
+        self.run = poisson_run(run, model="StandardComposition", name="standard")
         self.interval = check_positive(
             "value_discretization_interval", value_discretization_interval
         )
@@ -187,7 +187,7 @@ class RDPComposition(PrivacyModel):
     label = "standard composition (all iterates released): dp_accounting RDP, upper bound"
 
     def __init__(self, run: RunLike, *, orders: Sequence[float] | None = None) -> None:
-        self.run = as_run(run)
+        self.run = poisson_run(run, model="RDPComposition", name="standard_rdp")
         self.orders = None if orders is None else _check_orders(orders)
         self._accountant = None
 

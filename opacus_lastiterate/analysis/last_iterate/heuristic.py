@@ -47,12 +47,11 @@ from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
     WeightedHeuristicResult,
     solve_trusted,
 )
-from opacus_lastiterate.analysis.privacy_model import PrivacyModel
+from opacus_lastiterate.analysis.privacy_model import PrivacyModel, poisson_run
 from opacus_lastiterate.analysis.run import (
     DPSGDRun,
     RunLike,
     TrainingSegment,
-    as_run,
 )
 
 __all__ = [
@@ -167,7 +166,7 @@ class LastIterateHeuristic(PrivacyModel):
     )
 
     def __init__(self, run: RunLike, *, accuracy: float = 1e-3) -> None:
-        self.run = as_run(run)
+        self.run = poisson_run(run, model="LastIterateHeuristic", name="heuristic")
         self.accuracy = check_in_interval("accuracy", accuracy, 0.0, 1.0)
 
     def _weighted(self, quantity: str, argument: float) -> WeightedHeuristicResult:
@@ -217,7 +216,7 @@ class RobustLastIterateHeuristic(PrivacyModel):
     label = "robust last-iterate heuristic: max over the last t <= T steps"
 
     def __init__(self, run: RunLike) -> None:
-        self.run = as_run(run)
+        self.run = poisson_run(run, model="RobustLastIterateHeuristic", name="robust_heuristic")
         if self.run.weights is not None:
             raise ValueError(
                 "`run` must have no per-step weights: the robust maximum is computed for the "
