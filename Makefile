@@ -5,6 +5,9 @@
 #   make test        the default test suite (what CI runs first)
 #   make lint        ruff and mypy
 #   make test-slow   statistical / reproduction tests (marked `slow`)
+#   make test-corpus-exact  the output corpus (fast and slow entries) compared bit for bit: a
+#                    developer's check on the CPU that recorded it (make test compares at
+#                    the tolerances stated in tests/test_output_corpus.py)
 #   make test-compat the Opacus integration tests and the real-code probe on Opacus 1.5.4 (no
 #                    accountant registry)
 #   make probe-versions  probe the real code of all 26 Opacus releases (0.9.0-1.6.0), one
@@ -23,8 +26,8 @@ PROBE_ARGS ?= --native
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint test-slow test-compat probe-versions examples bench docs \
-	docs-layout check-dist clean
+.PHONY: venv demo test lint test-slow test-corpus-exact test-compat probe-versions examples \
+	bench docs docs-layout check-dist clean
 
 venv:
 	PYTHON=$(PYTHON) scripts/bootstrap.sh $(VENV) dev
@@ -44,6 +47,9 @@ lint: venv
 
 test-slow: venv
 	$(PY) -m pytest -n 2 -m slow $(PYTEST_ARGS)
+
+test-corpus-exact: venv
+	OUTPUT_CORPUS_EXACT=1 $(PY) -m pytest -n 2 -m "slow or not slow" tests/test_output_corpus.py $(PYTEST_ARGS)
 
 test-compat:
 	PYTHON=$(PYTHON) scripts/bootstrap.sh $(VENV_COMPAT) test "opacus==1.5.4"
