@@ -55,7 +55,7 @@ from opacus_lastiterate.analysis.normalisation import (
 from opacus_lastiterate.analysis.normalisation.asgm import ASGM
 from opacus_lastiterate.analysis.normalisation.divisor_leak import FEASGM
 from opacus_lastiterate.analysis.run import DPSGDRun, Normalisation
-from opacus_lastiterate.exceptions import NormalisationWarning  # defined there, re-exported
+from opacus_lastiterate.exceptions import NormalisationWarning
 
 __all__ = [
     "ASGM_MECHANISM",
@@ -63,7 +63,6 @@ __all__ = [
     "STANDARD_ACCOUNTANTS",
     "ASGMAccountant",
     "FEASGMAccountant",
-    "NormalisationWarning",
 ]
 
 ASGM_MECHANISM = "asgm"
