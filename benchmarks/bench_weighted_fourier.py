@@ -4,7 +4,7 @@ replaces (``docs/last_iterate.md``, "Weighted heuristic without a grid").
 Two comparisons on SGD momentum 0.9 with a cosine schedule, sigma = 1, q = 0.045 (the
 examples' digits setting), delta = 1e-5, accuracy 1e-3; CPU time of this process:
 
-* from scratch: ``fourier_solve`` against ``weighted_heuristic_epsilon`` (the grid);
+* from scratch: ``fourier_solve`` against ``weighted_heuristic_epsilon_result`` (the grid);
 * per step: an ``IncrementalWeightedHeuristic`` fed step by step and asked every 100 steps
   (the monitor's default cadence), Fourier route against ``fourier=False`` (the grid).
 
@@ -29,7 +29,9 @@ from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
 )
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import cosine_schedule, sgd_weights
 from opacus_lastiterate.analysis.last_iterate.weighted_fourier import fourier_solve
-from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import weighted_heuristic_epsilon
+from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
+    weighted_heuristic_epsilon_result,
+)
 
 Q, SIGMA, DELTA, ACC = 64 / 1437, 1.0, 1e-5, 1e-3
 
@@ -71,7 +73,7 @@ def main() -> int:
         w = sgd_weights(lrs, momentum=0.9)
         qq, ss = np.full(steps, Q), np.full(steps, SIGMA)
         print(f"T = {steps}")
-        grid, t_grid = _timed(lambda: weighted_heuristic_epsilon(
+        grid, t_grid = _timed(lambda: weighted_heuristic_epsilon_result(
             DELTA, weights=w, sample_rates=qq, noise_multipliers=ss, accuracy=ACC))  # fmt: skip
         four, t_four = _timed(lambda: fourier_solve(DELTA, w, qq, ss, ACC))
         print(_line("from scratch", grid, t_grid, four, t_four))

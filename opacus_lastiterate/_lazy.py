@@ -8,8 +8,6 @@ import importlib.util
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from opacus_lastiterate._warn import warn
-
 
 def lazy_attributes(
     package: str,
@@ -49,49 +47,3 @@ def lazy_attributes(
 
     return __getattr__, __dir__
 
-
-def moved_attributes(
-    old: str, new: str, namespace: dict[str, Any]
-) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``(__getattr__, __dir__)`` of a deprecated module ``old`` whose names moved to ``new``.
-
-    Any name of ``new`` (dunder names excepted) is still found at the old path, with a
-    ``DeprecationWarning`` that names the new one; ``new`` is imported on first access only,
-    so the old module stays as light to import as before. The old paths go in the next
-    release.
-
-    Args:
-        old: the deprecated module's ``__name__``.
-        new: the absolute name of the module the names moved to.
-        namespace: the deprecated module's ``globals()`` (nothing is cached there, so every
-            access warns).
-    """
-
-    def __getattr__(name: str) -> Any:
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(f"module {old!r} has no attribute {name!r}")
-        module = importlib.import_module(new)
-        if not hasattr(module, name):
-            raise AttributeError(f"module {old!r} has no attribute {name!r}")
-        warn(
-            f"{old} moved to {new}: import {name} from {new} (the old path is deprecated and "
-            "goes in the next release).",
-            DeprecationWarning,
-        )
-        return getattr(module, name)
-
-    def __dir__() -> list[str]:  # the moved names are not listed: listing warns nobody
-        return sorted(namespace)
-
-    return __getattr__, __dir__
-
-
-def moved_name(old: str, name: str, new: str) -> Any:
-    """``name`` of module ``new``, asked for at its former home ``old`` (a module's
-    ``__getattr__``): the object, with a ``DeprecationWarning`` naming the new path."""
-    warn(
-        f"{old}.{name} moved to {new}.{name}; the old path is deprecated and goes in the next "
-        "release.",
-        DeprecationWarning,
-    )
-    return getattr(importlib.import_module(new), name)

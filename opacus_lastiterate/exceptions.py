@@ -9,8 +9,8 @@ Every warning the package emits derives from :class:`OpacusLastIterateWarning` (
     warnings.simplefilter("error", OpacusLastIterateWarning)   # or "ignore"
 
 or one by one (``warnings.simplefilter("ignore", HeuristicCalibrationWarning)``). The classes
-are also importable from the package root and, for backward compatibility, from the modules
-that raise them. Importing this module loads neither torch nor opacus.
+are also importable from the package root. Importing this module loads neither torch nor
+opacus.
 """
 
 from __future__ import annotations

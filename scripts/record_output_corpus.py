@@ -602,7 +602,8 @@ def _canary_entry(params: dict[str, Any], tmp: str) -> dict[str, Any]:
     torch = _torch_single_thread()
     from torch.utils.data import TensorDataset
 
-    from opacus_lastiterate.callbacks import InTrainingCanaryAudit, make_input_canaries
+    from opacus_lastiterate.auditing.input_space import make_input_canaries
+    from opacus_lastiterate.callbacks import InTrainingCanaryAudit
 
     gen = torch.Generator().manual_seed(params["seed"] + 1)
     source = TensorDataset(  # held-out examples the input canaries are drawn from

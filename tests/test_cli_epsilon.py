@@ -130,26 +130,15 @@ def test_analysis_errors_exit_2_with_the_command_named(capsys) -> None:  # type:
     assert err.startswith("opacus-lastiterate epsilon: error: ") and "`steps`" in err
 
 
-def test_deprecated_names_still_work_and_say_so(capsys: pytest.CaptureFixture[str]) -> None:
-    """--discretization and --calibrate robust: the same output as their new names, with a
-    note on stderr (stdout stays one JSON object)."""
-    new = _json(capsys, *BASE, "--delta", "1e-5", "--target-epsilon", "3", "--calibrate",
-                "robust_heuristic", "--value-discretization-interval", "1e-2")
-    assert main([*BASE, "--delta", "1e-5", "--target-epsilon", "3", "--calibrate", "robust",
-                 "--discretization", "1e-2", "--json"]) == 0
-    captured = capsys.readouterr()
-    assert json.loads(captured.out) == new
-    assert new["calibrations"][0]["accountant"] == "robust_heuristic"
-    assert "--discretization is deprecated" in captured.err
-    assert "--calibrate robust is deprecated" in captured.err and "robust_heuristic" in captured.err
-
-
-def test_both_interval_spellings_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as stop:
-        main([*BASE, "--noise-multiplier", "1", "--delta", "1e-5", "--discretization", "1e-3",
-              "--value-discretization-interval", "1e-3"])
-    assert stop.value.code == 2
-    assert "pass only the latter" in capsys.readouterr().err
+def test_only_the_listed_names_are_accepted(capsys: pytest.CaptureFixture[str]) -> None:
+    """The interval is --value-discretization-interval, the robust heuristic
+    robust_heuristic: other spellings are usage errors."""
+    for extra in (["--noise-multiplier", "1", "--discretization", "1e-3"],
+                  ["--target-epsilon", "3", "--calibrate", "robust"]):
+        with pytest.raises(SystemExit) as stop:
+            main([*BASE, "--delta", "1e-5", *extra])
+        assert stop.value.code == 2
+        assert extra[-2] in capsys.readouterr().err
 
 
 def test_interval_default_is_the_standard_models_default() -> None:

@@ -55,12 +55,13 @@ def test_usage_errors(change, message, capsys) -> None:  # type: ignore[no-untyp
     assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_deprecated_robust_accountant(capsys: pytest.CaptureFixture[str]) -> None:
+def test_robust_heuristic_accountant_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["plan", "--dataset-size", "1000", "--batch-sizes", "100", "--steps", "20",
             "--target-epsilon", "2", "--delta", "1e-5", "--json"]
     assert main([*args, "--accountant", "robust_heuristic"]) == 0
-    new = json.loads(capsys.readouterr().out)
-    assert main([*args, "--accountant", "robust", "--discretization", "1e-4"]) == 0
-    captured = capsys.readouterr()
-    assert json.loads(captured.out) == new and new["accountant"] == "robust_heuristic"
-    assert "--accountant robust is deprecated" in captured.err
+    assert json.loads(capsys.readouterr().out)["accountant"] == "robust_heuristic"
+    for extra in (["--accountant", "robust"], ["--discretization", "1e-4"]):
+        with pytest.raises(SystemExit) as stop:
+            main([*args, *extra])
+        assert stop.value.code == 2
+        assert extra[0] in capsys.readouterr().err

@@ -10,10 +10,6 @@ import pytest
 
 import opacus_lastiterate
 from opacus_lastiterate import exceptions
-from opacus_lastiterate.accountants import last_iterate, normalisation
-from opacus_lastiterate.analysis.audit import warning_types
-from opacus_lastiterate.analysis.last_iterate import optimizer_weights, weighted_heuristic
-from opacus_lastiterate.auditing.runner import records
 
 WARNINGS = [
     getattr(exceptions, name)
@@ -30,30 +26,11 @@ def test_every_warning_derives_from_the_package_base(cls: type[Warning]) -> None
     assert cls.__name__ in opacus_lastiterate.__all__
 
 
-def test_compatibility_of_the_classes() -> None:
-    assert issubclass(exceptions.WeightedAccuracyWarning, RuntimeWarning)  # as before
+def test_the_classes_also_derive_from_the_builtin_kinds() -> None:
+    assert issubclass(exceptions.WeightedAccuracyWarning, RuntimeWarning)
     assert issubclass(exceptions.UnsupportedOptimizerError, ValueError)
     assert opacus_lastiterate.UnsupportedOptimizerError is exceptions.UnsupportedOptimizerError
     assert exceptions.ZeroNoiseWarning in WARNINGS
-
-
-@pytest.mark.parametrize(
-    ("module", "name"),
-    [
-        (last_iterate, "HeuristicCalibrationWarning"),
-        (last_iterate, "NonMonotoneHeuristicWarning"),
-        (last_iterate, "OptimizerTraceWarning"),
-        (normalisation, "NormalisationWarning"),
-        (weighted_heuristic, "WeightedAccuracyWarning"),
-        (optimizer_weights, "UnsupportedOptimizerError"),
-        (warning_types, "AuditWarning"),
-        (warning_types, "OneRunDeltaWarning"),
-        (warning_types, "NonRandomizedInclusionWarning"),
-        (records, "TruncatedRecordWarning"),
-    ],
-)
-def test_old_import_locations_re_export(module: object, name: str) -> None:
-    assert getattr(module, name) is getattr(exceptions, name)
 
 
 OPTIONAL_FRAMEWORK_MODULES = frozenset(

@@ -70,7 +70,8 @@ with contextlib.redirect_stdout(io.StringIO()) as out:
     assert main(["epsilon", *dp_sgd[:4], "--delta", "1e-5", "--target-epsilon", "2",
                  "--calibrate", "heuristic", "--calibrate", "full_batch"]) == 0
     assert main(["plan", "--dataset-size", "1000", "--batch-sizes", "50,100", "--epochs", "2",
-                 "--target-epsilon", "2", "--delta", "1e-5", "--discretization", "1e-2"]) == 0
+                 "--target-epsilon", "2", "--delta", "1e-5", "--value-discretization-interval",
+                 "1e-2"]) == 0
     assert main(["reproduce", "last-iterate-fig5", "--quick", "--no-plot"]) == 0
 import opacus_lastiterate.auditing as auditing  # lazy: re-auditing run records needs no torch
 assert callable(auditing.audit_records) and callable(auditing.read_records)

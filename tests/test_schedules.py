@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
-    UnsupportedOptimizerError,
     cosine_schedule,
     momentum_weights_closed_form,
     sgd_weights,
     step_schedule,
 )
+from opacus_lastiterate.exceptions import UnsupportedOptimizerError
 from opacus_lastiterate.schedules import (
     SGDSettings,
     learning_rates_from_scheduler,

@@ -21,7 +21,6 @@ from opacus_lastiterate.accountants.base import (
 from opacus_lastiterate.accountants.incremental_rdp import IncrementalRDP
 from opacus_lastiterate.accountants.last_iterate import (
     MECHANISM,
-    HeuristicCalibrationWarning,
     LastIterateAccountant,
 )
 from opacus_lastiterate.accountants.normalisation import (
@@ -30,7 +29,6 @@ from opacus_lastiterate.accountants.normalisation import (
     STANDARD_ACCOUNTANTS,
     ASGMAccountant,
     FEASGMAccountant,
-    NormalisationWarning,
 )
 from opacus_lastiterate.accountants.public_divisor import (
     PUBLIC_DIVISOR_ATTRIBUTE,
@@ -43,6 +41,7 @@ from opacus_lastiterate.accountants.registration import (
     registered_accountants,
 )
 from opacus_lastiterate.accountants.sampling_detection import DetectedSampling, detect_sampling
+from opacus_lastiterate.exceptions import HeuristicCalibrationWarning, NormalisationWarning
 
 ACCOUNTANTS: tuple[type[RunAccountant], ...] = (
     LastIterateAccountant,

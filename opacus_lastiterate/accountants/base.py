@@ -55,7 +55,6 @@ from opacus_lastiterate.exceptions import SamplingWarning, ZeroNoiseWarning
 __all__ = [
     "History",
     "RunAccountant",
-    "ZeroNoiseWarning",
     "accountant_of",
     "last_step_of",
     "sampling_of_new_accountants",
@@ -481,7 +480,7 @@ class RunAccountant(IAccountant):
 def _state_sampling(
     state_dict: Mapping[str, Any], segments: tuple[TrainingSegment, ...]
 ) -> SamplingScheme | None:
-    """The validated ``state_dict["sampling"]`` (absent in states of earlier releases)."""
+    """The validated ``state_dict["sampling"]`` (absent: the accountant knew no scheme)."""
     data = state_dict.get("sampling")
     if data is None:
         return None

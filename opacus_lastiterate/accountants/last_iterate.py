@@ -51,18 +51,14 @@ from opacus_lastiterate.analysis.sampling_heuristic import (
     RobustSamplingHeuristic,
     SamplingHeuristic,
 )
-from opacus_lastiterate.exceptions import (  # defined there, re-exported here
+from opacus_lastiterate.exceptions import (
     HeuristicCalibrationWarning,
-    NonMonotoneHeuristicWarning,
     OptimizerTraceWarning,
 )
 
 __all__ = [
     "MECHANISM",
-    "HeuristicCalibrationWarning",
     "LastIterateAccountant",
-    "NonMonotoneHeuristicWarning",
-    "OptimizerTraceWarning",
 ]
 
 MECHANISM = "last_iterate"

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from opacus_lastiterate._warn import warn
-from opacus_lastiterate.analysis.last_iterate import heuristic as _heuristic
+from opacus_lastiterate.analysis.last_iterate.heuristic_pair import segments_epsilon
 from opacus_lastiterate.analysis.last_iterate.suffix_maximum import (
     SuffixMaximum,
     suffix_maximum_search,
@@ -103,7 +103,7 @@ class MonotonicityWatch:
             sweep = self._sweeps[delta] = _Sweep(limit=num_steps)
         for t in sweep.advance(2):
             prefix = TrainingSegment._trusted(seg.noise_multiplier, seg.sample_rate, t)
-            sweep.record(t, _heuristic._epsilon((prefix,), delta))
+            sweep.record(t, segments_epsilon((prefix,), delta))
         peak = engine.suffix_peak(delta)
         self.check(delta, np.array([eps]), num_steps, peak, sweep)
 

@@ -54,7 +54,7 @@ from opacus_lastiterate.analysis.normalisation.divisor_leak import FEASGM
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun, Normalisation
-from opacus_lastiterate.exceptions import NormalisationWarning  # defined there, re-exported
+from opacus_lastiterate.exceptions import NormalisationWarning
 
 __all__ = [
     "ASGM_MECHANISM",
@@ -62,7 +62,6 @@ __all__ = [
     "STANDARD_ACCOUNTANTS",
     "ASGMAccountant",
     "FEASGMAccountant",
-    "NormalisationWarning",
 ]
 
 ASGM_MECHANISM = "asgm"

@@ -9,8 +9,7 @@ target, and sigma is within a relative ``rtol`` of the exact crossing.
 Accountants, by their names in the registry of privacy models
 (:mod:`opacus_lastiterate.analysis.privacy_models`): ``"heuristic"`` (last-iterate
 heuristic, final model only, not a proven bound for deep networks), ``"robust_heuristic"``
-(its max over the last t <= T steps; the old spelling ``"robust"`` is accepted with a
-DeprecationWarning), ``"standard"`` (composition over all iterates, dp_accounting PLD, an
+(its max over the last t <= T steps), ``"standard"`` (composition over all iterates, dp_accounting PLD, an
 upper bound) and ``"full_batch"`` (full-batch DP-GD with the same expected step and noise,
 closed form).
 """
@@ -21,7 +20,6 @@ import math
 from collections.abc import Callable
 from typing import Literal
 
-from opacus_lastiterate.analysis._deprecation import deprecated
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_in_interval,
@@ -36,29 +34,22 @@ from opacus_lastiterate.analysis.run import DPSGDRun
 
 __all__ = ["CALIBRATED_ACCOUNTANTS", "calibrate_noise_multiplier", "canonical_accountant"]
 
-Accountant = Literal["heuristic", "robust_heuristic", "standard", "full_batch", "robust"]
+Accountant = Literal["heuristic", "robust_heuristic", "standard", "full_batch"]
 CALIBRATED_ACCOUNTANTS: tuple[str, ...] = ("heuristic", "robust_heuristic", "standard", "full_batch")
 """The accountants :func:`calibrate_noise_multiplier` can calibrate (registry names)."""
-
-_DEPRECATED_ACCOUNTANTS = {"robust": "robust_heuristic"}
 
 _SIGMA_RANGE = (1e-4, 1e6)  # the search gives up outside this range of noise multipliers
 _COARSE_INTERVAL = 1e-3  # PLD interval of the first, coarse search of the standard accountant
 
 
 def canonical_accountant(accountant: object, name: str = "accountant") -> str:
-    """``accountant`` as a registry name of :data:`CALIBRATED_ACCOUNTANTS`: the deprecated
-    ``"robust"`` becomes ``"robust_heuristic"`` (with a DeprecationWarning); anything else
-    not in the tuple is a ValueError (TypeError when not a string) naming ``name``."""
+    """``accountant`` if it is a registry name of :data:`CALIBRATED_ACCOUNTANTS`; anything
+    else is a ValueError (TypeError when not a string) naming ``name``."""
     if not isinstance(accountant, str):
         raise TypeError(
             f"`{name}` must be one of {', '.join(CALIBRATED_ACCOUNTANTS)}, got {accountant!r} of "
             f"type {type(accountant).__name__}."
         )
-    if accountant in _DEPRECATED_ACCOUNTANTS:
-        new = _DEPRECATED_ACCOUNTANTS[accountant]
-        deprecated(f"`{name}={accountant!r}`", f"{new!r}")
-        return new
     if accountant not in CALIBRATED_ACCOUNTANTS:
         raise ValueError(
             f"`{name}` must be one of {', '.join(CALIBRATED_ACCOUNTANTS)}, got {accountant!r}."
@@ -96,8 +87,7 @@ def calibrate_noise_multiplier(
         delta: delta in (0, 1).
         steps: T >= 1.
         sample_rate: Poisson sampling rate q in (0, 1].
-        accountant: one of :data:`CALIBRATED_ACCOUNTANTS` (module docstring; ``"robust"`` is
-            a deprecated spelling of ``"robust_heuristic"``).
+        accountant: one of :data:`CALIBRATED_ACCOUNTANTS` (module docstring).
         value_discretization_interval: PLD value discretisation interval of the standard
             accountant (default 1e-4, :mod:`~.privacy_models`).
         rtol: relative accuracy of the returned sigma, in (0, 0.1].

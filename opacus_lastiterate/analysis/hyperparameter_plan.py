@@ -83,8 +83,7 @@ def plan_batch_sizes(
         epochs: number of passes over the data (T = round(epochs * N / B)); or
         steps: the same number of steps T for every batch size (exactly one of the two).
         accountant: what is calibrated (``"heuristic"`` by default, as in the paper's Table 1;
-            see :data:`~.calibration.CALIBRATED_ACCOUNTANTS`; ``"robust"`` is a deprecated
-            spelling of ``"robust_heuristic"``).
+            see :data:`~.calibration.CALIBRATED_ACCOUNTANTS`).
         value_discretization_interval: PLD interval of the standard epsilon.
         rtol: relative accuracy of each noise multiplier.
     """

@@ -60,7 +60,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
-from opacus_lastiterate.analysis._deprecation import MISSING
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.run import RunLike, as_run
 from opacus_lastiterate.analysis.sampling import (
@@ -118,7 +117,7 @@ class PrivacyModelEntry:
         return MappingProxyType({
             p.name: p.default
             for p in signature.parameters.values()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not MISSING
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
         })
 
     def build(self, run: RunLike, **params: Any) -> PrivacyModel:

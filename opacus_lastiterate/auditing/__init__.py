@@ -19,9 +19,7 @@ One subpackage per concept:
 
 The statistics live in :mod:`opacus_lastiterate.analysis.audit`; every audit's numbers come
 from :class:`~opacus_lastiterate.analysis.audit.ScoreAudit`. Background, adversaries and
-references: ``docs/auditing.md``. The former flat modules (``auditing.runner``'s record
-file ``auditing.run_records``, ``auditing.input_canaries``, ``auditing.opacus_probe``, ...)
-still resolve every name, with a ``DeprecationWarning`` naming the new path.
+references: ``docs/auditing.md``.
 
 Names resolve lazily on first access (PEP 562 ``__getattr__``): importing this package loads
 neither torch nor Opacus, so a pool or Ray worker, or a command that only reads run records,
@@ -149,7 +147,6 @@ _LAZY: dict[str, str] = {
     "MaliciousDataset": "gradient_space.adversaries",
     "ModelPopulation": "input_space.adversarial_samples",
     "StepDivisor": "gradient_space.arithmetic",
-    "Normalisation": "gradient_space.arithmetic",  # the former name of StepDivisor (warns)
     "OpacusDigitsTrainer": "opacus_training",
     "OpacusInputTrainer": "input_space.training",
     "PeriodicInsertion": "gradient_space.insertion",

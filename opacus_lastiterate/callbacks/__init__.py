@@ -20,7 +20,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from opacus_lastiterate._lazy import moved_name
 from opacus_lastiterate.callbacks.canary_audit import (
     CanaryAuditResult,
     InTrainingAuditReport,
@@ -33,9 +32,7 @@ from opacus_lastiterate.callbacks.monitor import (
     Cadence,
     EpsilonRecord,
     MonitorAudit,
-    MonitorWarning,
     PrivacyBudget,
-    PrivacyBudgetExceededError,
     PrivacyMonitor,
 )
 from opacus_lastiterate.callbacks.sinks import (
@@ -46,6 +43,7 @@ from opacus_lastiterate.callbacks.sinks import (
     TensorBoardSink,
     WandbSink,
 )
+from opacus_lastiterate.exceptions import MonitorWarning, PrivacyBudgetExceededError
 
 if TYPE_CHECKING:
     from opacus_lastiterate.callbacks.huggingface import HFPrivacyCallback
@@ -82,13 +80,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """The framework adapters, imported on first access (PEP 562); moved names."""
-    if name == "IncrementalRDP":
-        return moved_name(__name__, name, "opacus_lastiterate.accountants")
+    """The framework adapters, imported on first access (PEP 562)."""
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
-    if name in ("InputCanaries", "make_input_canaries"):  # moved; the module warns
-        return getattr(importlib.import_module("opacus_lastiterate.callbacks.canary_audit"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

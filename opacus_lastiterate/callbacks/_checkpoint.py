@@ -3,7 +3,7 @@
 :func:`monitor_state` builds the dictionary that
 :meth:`~opacus_lastiterate.callbacks.monitor.PrivacyMonitor.state_dict` returns (format 2,
 JSON-serialisable: the accountants' histories as lists of lists); :func:`restore` validates
-such a state (format 1 or 2), loads the accountants' parts into the accountants and returns
+such a state, loads the accountants' parts into the accountants and returns
 the rest as a :class:`RestoredState` for the monitor to take over; :func:`rewind` takes the
 sinks back to the restored step. Lightning and Hugging Face checkpoints do not save Opacus's
 accountant, so the monitor's state carries it.
@@ -21,7 +21,13 @@ from opacus_lastiterate.callbacks.records import FIELDS, EpsilonRecord
 __all__ = ["FORMAT", "RestoredState", "monitor_state", "restore", "rewind"]
 
 FORMAT = 2
-"""The format :func:`monitor_state` writes (:func:`restore` reads 1 and 2)."""
+"""The format :func:`monitor_state` writes and :func:`restore` reads."""
+
+_KEYS = frozenset({
+    "format", "accountant", "corrected_accountant", "rdp", "should_stop", "stop_reason",
+    "records_emitted", "physical_steps", "last_record",
+})
+"""The keys of a :func:`monitor_state`."""
 
 _TUPLE_KEYS = ("history", "optimizer_trace")
 """An accountant state's keys whose entries are tuples (lists in the plain state)."""
@@ -74,8 +80,8 @@ def monitor_state(
 class RestoredState:
     """What :func:`restore` read for the monitor itself (the accountants are loaded)."""
 
-    rdp: Sequence[float] | None
-    """The evaluator's RDP vector (None in a state without one)."""
+    rdp: Sequence[float]
+    """The evaluator's RDP vector."""
     should_stop: bool
     stop_reason: str | None
     records_emitted: int
@@ -84,7 +90,7 @@ class RestoredState:
 
 
 def restore(state: Mapping[str, Any], accountant: Any, corrected: Any) -> RestoredState:
-    """Validate a :func:`monitor_state` (format 1 or 2), load its accountants' histories into
+    """Validate a :func:`monitor_state`, load its accountants' histories into
     ``accountant`` and ``corrected`` (the corrected accountant the monitor feeds itself, or
     None: its part is then ignored) and return the rest.
 
@@ -92,8 +98,11 @@ def restore(state: Mapping[str, Any], accountant: Any, corrected: Any) -> Restor
         ValueError: if ``state`` is not such a state; nothing is loaded then (an accountant
             may still reject its part).
     """
-    if not isinstance(state, Mapping) or state.get("format") not in (1, 2):
-        raise ValueError("`state` must be a PrivacyMonitor.state_dict() (format 1 or 2).")
+    if not isinstance(state, Mapping) or state.get("format") != FORMAT:
+        raise ValueError(f"`state` must be a PrivacyMonitor.state_dict() (format {FORMAT}).")
+    missing = sorted(_KEYS - set(state))
+    if missing:
+        raise ValueError(f"`state` lacks the keys {missing} of a PrivacyMonitor.state_dict().")
     last = state.get("last_record")
     if last is not None:
         if not isinstance(last, Mapping):
@@ -104,20 +113,18 @@ def restore(state: Mapping[str, Any], accountant: Any, corrected: Any) -> Restor
             raise ValueError(f"`state['last_record']` must have the keys {FIELDS}.") from err
     else:
         last_record = None
-    rdp = state.get("rdp")
-    if rdp is not None and (
-        not isinstance(rdp, (list, tuple)) or not all(isinstance(v, numbers.Real) for v in rdp)
-    ):
+    rdp = state["rdp"]
+    if not isinstance(rdp, (list, tuple)) or not all(isinstance(v, numbers.Real) for v in rdp):
         raise ValueError("`state['rdp']` must be a list of numbers.")
     accountant.load_state_dict(_tuples(state["accountant"]))
     if corrected is not None and state.get("corrected_accountant") is not None:
         corrected.load_state_dict(_tuples(state["corrected_accountant"]))
     return RestoredState(
         rdp=rdp,
-        should_stop=bool(state.get("should_stop", False)),
-        stop_reason=state.get("stop_reason"),
-        records_emitted=int(state.get("records_emitted", 0)),
-        physical_steps=int(state.get("physical_steps", 0)),
+        should_stop=bool(state["should_stop"]),
+        stop_reason=state["stop_reason"],
+        records_emitted=int(state["records_emitted"]),
+        physical_steps=int(state["physical_steps"]),
         last_record=last_record,
     )
 

@@ -21,7 +21,7 @@ import numpy as np
 from opacus_lastiterate.analysis.last_iterate.budget_horizon import steps_within_limit
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
 from opacus_lastiterate.callbacks.evaluator import InlineEvaluator, QueuedStep
-from opacus_lastiterate.callbacks.records import EpsilonRecord, renamed_field
+from opacus_lastiterate.callbacks.records import EpsilonRecord
 from opacus_lastiterate.exceptions import PrivacyBudgetExceededError
 
 __all__ = ["BUDGET_METRICS", "BudgetGuard", "BudgetMetric", "PrivacyBudget"]
@@ -64,8 +64,6 @@ class PrivacyBudget:
             or not (self.epsilon > 0)
         ):
             raise ValueError(f"`epsilon` must be a real number > 0, got {self.epsilon!r}.")
-        if isinstance(self.metric, str):  # a former field name warns and is read anew
-            object.__setattr__(self, "metric", renamed_field(self.metric))
         if self.metric not in BUDGET_METRICS:
             raise ValueError(f"`metric` must be one of {BUDGET_METRICS}, got {self.metric!r}.")
         if self.action not in ("raise", "stop"):

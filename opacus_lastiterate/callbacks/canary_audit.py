@@ -54,7 +54,6 @@ import torch
 from numpy.typing import ArrayLike, NDArray
 from torch import nn
 
-from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_in_interval,
@@ -72,22 +71,6 @@ from opacus_lastiterate.analysis.sampling import (
 )
 from opacus_lastiterate.auditing.input_space import canary_set
 from opacus_lastiterate.callbacks.canary_sampling import CanaryInclusion
-
-_MOVED = {"InputCanaries", "make_input_canaries"}  # to auditing.input_space.canary_set
-_NEW_HOME = "opacus_lastiterate.auditing.input_space"
-
-
-def __getattr__(name: str) -> Any:
-    """The input-canary set moved to :mod:`opacus_lastiterate.auditing.input_space` (one
-    input-canary concept); the old names still resolve here, with a DeprecationWarning."""
-    if name in _MOVED:
-        warn(
-            f"{__name__}.{name} moved to {_NEW_HOME}: import {name} from {_NEW_HOME} (the "
-            "old path is deprecated and goes in the next release).",
-            DeprecationWarning,
-        )
-        return getattr(canary_set, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["CanaryAuditResult", "InTrainingAuditReport", "InTrainingCanaryAudit"]
 

@@ -51,7 +51,6 @@ from typing import Any
 
 import numpy as np
 
-from opacus_lastiterate._lazy import moved_name
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants import (
     LastIterateAccountant,
@@ -93,7 +92,7 @@ from opacus_lastiterate.callbacks.records import (
     Sink,
 )
 from opacus_lastiterate.callbacks.sinks import check_sink_rank, process_rank
-from opacus_lastiterate.exceptions import MonitorWarning, PrivacyBudgetExceededError
+from opacus_lastiterate.exceptions import MonitorWarning
 
 __all__ = [
     "DOUBLING_START",
@@ -103,18 +102,9 @@ __all__ = [
     "Cadence",
     "EpsilonRecord",
     "MonitorAudit",
-    "MonitorWarning",
     "PrivacyBudget",
-    "PrivacyBudgetExceededError",
     "PrivacyMonitor",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    """Names that moved (PEP 562): kept for one release with a DeprecationWarning."""
-    if name == "IncrementalRDP":
-        return moved_name(__name__, name, "opacus_lastiterate.accountants")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- the monitor ----------------------------------------------------------------------------
@@ -594,7 +584,7 @@ class PrivacyMonitor:
         and not yet flushed are dropped.
 
         Args:
-            state: a :meth:`state_dict` (format 1 or 2).
+            state: a :meth:`state_dict`.
             rewind_sinks: call ``rewind(step)`` on the sinks that have it (the JSONL and CSV
                 sinks drop their records after the restored step), so that a run resumed
                 from a checkpoint neither repeats nor skips a step in them.

@@ -5,9 +5,8 @@ with the model's registry name (:mod:`opacus_lastiterate.analysis.privacy_models
 ``heuristic``, ``robust_heuristic``, ``standard``, ``standard_rdp``; ``corrected`` is the
 normalisation accountant's, ``asgm`` or ``feasgm``), and carries a label in :data:`LABELS`
 saying what kind of number it is (heuristic, upper bound); a field that was not computed at a
-step is ``None``. The field names before this vocabulary (:data:`RENAMED_FIELDS`) are still
-read for one release, with a ``DeprecationWarning``. :class:`MonitorAudit` is what the monitor needs from an
-in-training audit that reads the records as they are emitted.
+step is ``None``. :class:`MonitorAudit` is what the monitor needs from an in-training audit
+that reads the records as they are emitted.
 """
 
 from __future__ import annotations
@@ -17,12 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from opacus_lastiterate._warn import warn
-
 __all__ = [
     "FIELDS",
     "LABELS",
-    "RENAMED_FIELDS",
     "SAMPLING_LABELS",
     "EpsilonRecord",
     "MonitorAudit",
@@ -30,27 +26,6 @@ __all__ = [
     "labels_for",
     "sampling_field",
 ]
-
-RENAMED_FIELDS: dict[str, str] = {
-    "robust_epsilon": "robust_heuristic_epsilon",
-    "standard_epsilon_rdp": "standard_rdp_epsilon",
-    "standard_epsilon_pld": "standard_epsilon",
-}
-"""Former field name -> field name (read with a DeprecationWarning for one release)."""
-
-
-def renamed_field(name: str) -> str:
-    """The field called ``name`` before the renaming (:data:`RENAMED_FIELDS`), with a
-    DeprecationWarning; any other name unchanged."""
-    new = RENAMED_FIELDS.get(name)
-    if new is None:
-        return name
-    warn(
-        f"the record field {name!r} is now called {new!r}; the old name goes in the next "
-        "release.",
-        DeprecationWarning,
-    )
-    return new
 
 SAMPLING_LABELS: dict[str, str] = {
     "standard_rdp_epsilon": "standard (all iterates), upper bound without amplification for "
@@ -94,7 +69,7 @@ class EpsilonRecord:
     physical_steps: int | None = None
     """``optimizer.step()`` calls up to this step: with virtual steps
     (``BatchMemoryManager``) several per logical (noisy) step; ``step`` counts logical
-    steps. None in records made before this field existed."""
+    steps. None when the monitor counted none for this step."""
     sampling: str = "poisson"
     poisson_assumed_epsilon: float | None = None
 
@@ -114,35 +89,14 @@ class EpsilonRecord:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> EpsilonRecord:
-        """The record of :meth:`as_dict` (former field names accepted, with a warning).
+        """The record of :meth:`as_dict`.
 
         Raises:
-            ValueError: unless the keys are exactly the fields (``physical_steps``,
-                ``sampling`` and ``poisson_assumed_epsilon`` may be missing: records written
-                before they existed; Poisson sampling then).
+            ValueError: unless the keys are exactly the fields (:data:`FIELDS`).
         """
-        both = [k for k in values if k in RENAMED_FIELDS and RENAMED_FIELDS[k] in values]
-        if both:
-            raise ValueError(f"a record has both the former and the new name of {both}.")
-        fields = {renamed_field(k): v for k, v in values.items()}
-        for name, default in _ADDED_DEFAULTS.items():  # records written before the field
-            fields.setdefault(name, default)
-        if set(fields) != set(FIELDS):
+        if set(values) != set(FIELDS):
             raise ValueError(f"a record must have the keys {FIELDS}, got {sorted(values)}.")
-        return cls(**fields)
-
-    def __getattr__(self, name: str) -> Any:
-        """The former field names (:data:`RENAMED_FIELDS`), with a DeprecationWarning."""
-        if name in RENAMED_FIELDS:
-            return getattr(self, renamed_field(name))
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-
-_ADDED_DEFAULTS: dict[str, Any] = {
-    "physical_steps": None,
-    "sampling": "poisson",
-    "poisson_assumed_epsilon": None,
-}
+        return cls(**values)
 
 
 def sampling_field(scheme: object) -> str:

@@ -24,7 +24,6 @@ from opacus_lastiterate.cli._options import (
     POSITIVE,
     STEPS,
     Interval,
-    deprecated_choice,
     dp_sgd_options,
     emit_json,
     interval_option,
@@ -45,7 +44,7 @@ CALIBRATION_LABELS = {
     "full_batch": "full-batch DP-GD",
 }
 """Short labels of the calibrated accountants (registry names), for the text table."""
-_CALIBRATE_CHOICES = ("heuristic", "robust_heuristic", "standard", "full_batch", "robust")
+_CALIBRATE_CHOICES = ("heuristic", "robust_heuristic", "standard", "full_batch")
 _DEFAULT_CALIBRATIONS = ("heuristic", "robust_heuristic", "standard")
 
 
@@ -326,10 +325,9 @@ def _plot_curve(args: dict[str, Any]) -> None:
 @click.option("--calibrate", "calibrate", multiple=True,
               type=click.Choice(list(_CALIBRATE_CHOICES)),
               help="With --target-epsilon: the accountant(s) to calibrate (repeatable; "
-              "default heuristic, robust_heuristic and standard; 'robust' is the deprecated "
-              "name of robust_heuristic).")
-@interval_option("Value discretisation interval of the PLD accountant (standard epsilon; "
-                 "formerly --discretization). Any interval gives an upper bound; a coarser one "
+              "default heuristic, robust_heuristic and standard).")
+@interval_option("Value discretisation interval of the PLD accountant (standard epsilon). "
+                 "Any interval gives an upper bound; a coarser one "
                  "is faster but can be much looser when the per-step privacy loss is small "
                  "(1e-3 is 29% above 1e-4 at q = 0.001, sigma = 2).")
 @click.option("--lr-schedule", default=None, metavar="NAME|FILE",
@@ -378,11 +376,7 @@ def epsilon(**args: Any) -> None:
                 "--target-epsilon calibrates the constant-rate accountants: leave out --plot, "
                 "--lr-schedule, --momentum, --dampening and --nesterov."
             )
-        chosen = tuple(
-            deprecated_choice(a, "robust", "robust_heuristic", "--calibrate")
-            for a in args["calibrate"]
-        )
-        _calibrate(args, chosen or _DEFAULT_CALIBRATIONS)
+        _calibrate(args, tuple(args["calibrate"]) or _DEFAULT_CALIBRATIONS)
         return
     if args["calibrate"]:
         raise click.UsageError("--calibrate needs --target-epsilon.")

@@ -6,7 +6,6 @@ pure-math commands must start fast (no numpy-heavy, torch or opacus import at st
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -25,13 +24,11 @@ __all__ = [
     "OutputPath",
     "check_batch_size",
     "check_output_path",
-    "deprecated_choice",
     "dp_sgd_options",
     "emit_json",
     "fmt_eps",
     "interval_option",
     "json_option",
-    "json_safe",
     "plot_option",
     "plot_path",
 ]
@@ -113,52 +110,11 @@ CLI starts without importing the mathematics)."""
 
 
 def interval_option(help_text: str) -> Callable[[F], F]:
-    """``--value-discretization-interval`` (passed to the command as ``discretization``), with
-    its deprecated name ``--discretization`` still accepted (a note on stderr)."""
-
-    def decorate(f: F) -> F:
-        @functools.wraps(f)
-        def command(*args: Any, **kwargs: Any) -> Any:
-            old = kwargs.pop("deprecated_discretization")
-            if old is not None:
-                source = click.get_current_context().get_parameter_source("discretization")
-                if source is not click.core.ParameterSource.DEFAULT:
-                    raise click.UsageError(
-                        "--discretization is the deprecated name of "
-                        "--value-discretization-interval: pass only the latter."
-                    )
-                click.echo(
-                    "Note: --discretization is deprecated and will be removed in the next "
-                    "release; use --value-discretization-interval.",
-                    err=True,
-                )
-                kwargs["discretization"] = old
-            return f(*args, **kwargs)
-
-        command = click.option(
-            "--discretization", "deprecated_discretization", type=POSITIVE, default=None,
-            hidden=True,
-        )(command)
-        command = click.option(
-            "--value-discretization-interval", "discretization", type=POSITIVE,
-            default=DEFAULT_INTERVAL, show_default=True, help=help_text,
-        )(command)
-        return command  # type: ignore[return-value]
-
-    return decorate
-
-
-def deprecated_choice(value: str, old: str, new: str, option: str) -> str:
-    """``new`` for the deprecated choice ``old`` of ``option`` (a note on stderr), else
-    ``value``."""
-    if value != old:
-        return value
-    click.echo(
-        f"Note: {option} {old} is deprecated and will be removed in the next release; use "
-        f"{option} {new}.",
-        err=True,
+    """``--value-discretization-interval`` (passed to the command as ``discretization``)."""
+    return click.option(
+        "--value-discretization-interval", "discretization", type=POSITIVE,
+        default=DEFAULT_INTERVAL, show_default=True, help=help_text,
     )
-    return new
 
 
 def json_option(f: F) -> F:

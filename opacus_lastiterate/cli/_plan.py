@@ -13,7 +13,6 @@ from opacus_lastiterate.cli._options import (
     POSITIVE,
     PROBABILITY,
     check_batch_size,
-    deprecated_choice,
     emit_json,
     interval_option,
     json_option,
@@ -67,12 +66,10 @@ _COLUMNS = (
 @click.option("--steps", type=COUNT, default=None,
               help="The same number of steps T for every batch size (instead of --epochs).")
 @click.option("--accountant",
-              type=click.Choice(["heuristic", "robust_heuristic", "standard", "robust"]),
+              type=click.Choice(["heuristic", "robust_heuristic", "standard"]),
               default="heuristic", show_default=True,
-              help="What the noise is calibrated to ('robust' is the deprecated name of "
-              "robust_heuristic).")
-@interval_option("Value discretisation interval of the PLD accountant (standard epsilon; "
-                 "formerly --discretization).")
+              help="What the noise is calibrated to.")
+@interval_option("Value discretisation interval of the PLD accountant (standard epsilon).")
 @json_option
 @plot_option("the epsilons and the noise per example against the batch size", "plan.png")
 def plan(
@@ -95,7 +92,6 @@ def plan(
     """
     from opacus_lastiterate.analysis.hyperparameter_plan import plan_batch_sizes
 
-    accountant = deprecated_choice(accountant, "robust", "robust_heuristic", "--accountant")
     if (epochs is None) == (steps is None):
         raise click.UsageError("Pass exactly one of --epochs and --steps.")
     for size in batch_sizes:

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opacus_lastiterate._json import json_safe  # moved there; re-exported here
+from opacus_lastiterate._json import json_safe
 
-__all__ = ["Column", "FigureResult", "json_safe"]
+__all__ = ["Column", "FigureResult"]
 
 
 @dataclass(frozen=True)

@@ -13,21 +13,18 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from opacus_lastiterate.accountants import LastIterateAccountant
-from opacus_lastiterate.accountants.last_iterate import (
-    NonMonotoneHeuristicWarning,
-    OptimizerTraceWarning,
-)
 from opacus_lastiterate.analysis.last_iterate.heuristic import (
     LastIterateHeuristic,
     heuristic_epsilon,
 )
+from opacus_lastiterate.exceptions import NonMonotoneHeuristicWarning, OptimizerTraceWarning
 
 DELTA = 1e-5
 SIGMA = 1.0
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Full backward hook is firing:UserWarning",
-    "ignore::opacus_lastiterate.accountants.last_iterate.NonMonotoneHeuristicWarning",
+    "ignore::opacus_lastiterate.exceptions.NonMonotoneHeuristicWarning",
 )
 
 
@@ -76,14 +73,14 @@ def test_plain_sgd_at_constant_rate_uses_the_exact_formula(digits_dataset):
 
 def test_momentum_changes_the_weights_and_epsilon(digits_dataset):
     from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
-        weighted_heuristic_epsilon,
+        weighted_heuristic_epsilon_result,
     )
 
     steps, beta = 8, 0.9
     engine, q = _engine(digits_dataset, lambda p: torch.optim.SGD(p, lr=0.1, momentum=beta), steps)
     acc = engine.accountant
     assert acc.optimizer_trace == [(0.1, beta, 0.0, False, 0.0, steps)]
-    expected = weighted_heuristic_epsilon(
+    expected = weighted_heuristic_epsilon_result(
         DELTA, weights=_momentum_weights([0.1] * steps, beta), sample_rates=q,
         noise_multipliers=SIGMA, accuracy=acc.weight_accuracy,
     )
@@ -96,7 +93,7 @@ def test_momentum_changes_the_weights_and_epsilon(digits_dataset):
 
 def test_step_schedule_is_read_before_each_update(digits_dataset):
     from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
-        weighted_heuristic_epsilon,
+        weighted_heuristic_epsilon_result,
     )
 
     engine, q = _engine(
@@ -105,7 +102,7 @@ def test_step_schedule_is_read_before_each_update(digits_dataset):
     )
     acc = engine.accountant
     assert acc.optimizer_trace == [(0.4, 0.0, 0.0, False, 0.0, 3), (0.1, 0.0, 0.0, False, 0.0, 3)]
-    expected = weighted_heuristic_epsilon(
+    expected = weighted_heuristic_epsilon_result(
         DELTA, weights=[0.4] * 3 + [0.1] * 3, sample_rates=q, noise_multipliers=SIGMA,
         accuracy=acc.weight_accuracy,
     )

@@ -93,11 +93,9 @@ def test_bad_arguments_name_the_parameter(kwargs, match) -> None:
         calibrate_noise_multiplier(target, delta, **args)  # type: ignore[arg-type]
 
 
-def test_robust_is_a_deprecated_spelling_of_robust_heuristic() -> None:
+def test_accountant_must_be_a_registry_name() -> None:
     kw = {"steps": 30, "sample_rate": 0.05, "rtol": 1e-3}
-    new = calibrate_noise_multiplier(2.0, DELTA, accountant="robust_heuristic", **kw)
-    with pytest.warns(DeprecationWarning, match="robust_heuristic"):
-        old = calibrate_noise_multiplier(2.0, DELTA, accountant="robust", **kw)  # type: ignore[arg-type]
-    assert old == new
+    with pytest.raises(ValueError, match="`accountant` must be one of"):
+        calibrate_noise_multiplier(2.0, DELTA, accountant="robust", **kw)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="accountant"):
         calibrate_noise_multiplier(2.0, DELTA, accountant=3, **kw)  # type: ignore[arg-type]

@@ -556,13 +556,15 @@ def test_state_dict_round_trip_restores_the_accountant() -> None:
     assert engine2.accountant.history == engine.accountant.history
     assert restored.last_record == monitor.last_record
     assert np.array_equal(_rdp_of(restored).rdp, _rdp_of(monitor).rdp)  # the vector, saved
-    with pytest.raises(ValueError, match="format 1 or 2"):
+    with pytest.raises(ValueError, match="format 2"):
         restored.load_state_dict({"format": 3})
-    old = {k: v for k, v in state.items() if k != "rdp"} | {"format": 1}
-    restored.load_state_dict(old)  # format 1: the vector is rebuilt from the history
-    assert _rdp_of(restored).epsilon(DELTA) == pytest.approx(
-        _rdp_of(monitor).epsilon(DELTA), rel=1e-12
-    )
+    for key in ("rdp", "physical_steps"):  # every key of the state is required
+        with pytest.raises(ValueError, match=key):
+            restored.load_state_dict({k: v for k, v in state.items() if k != key})
+    partial = {k: v for k, v in state["last_record"].items() if k != "sampling"}
+    with pytest.raises(ValueError, match="last_record"):
+        restored.load_state_dict(state | {"last_record": partial})
+    assert restored.last_record == monitor.last_record  # the rejected states changed nothing
 
 
 def test_incremental_rdp_matches_opacus_for_several_segments() -> None:
@@ -826,44 +828,22 @@ def test_sparse_weighted_cadence_logs_a_certified_value(route, monkeypatch) -> N
         assert replica_engine._state is None  # nothing folded
 
 
-def test_former_field_names_still_read_with_a_deprecation_warning() -> None:
-    """The fields are named <model>_epsilon after the registry; the names before that are
-    read for one release (a record's attribute, a checkpoint's last record, a budget's
-    metric), each with a DeprecationWarning naming the new field."""
-    from opacus_lastiterate.callbacks.records import RENAMED_FIELDS
-
+def test_records_and_budgets_take_only_the_field_names() -> None:
+    """The fields are named <model>_epsilon after the registry: a record with another key,
+    or a budget on another metric, is refused."""
     engine, model, opt, loader = make_dp()
     monitor = PrivacyMonitor(engine, delta=DELTA, optimizer=opt, robust_every=1)
     train(model, opt, loader, 3)
     monitor.flush()
     record = monitor.last_record
-    assert record is not None and set(RENAMED_FIELDS.values()) <= set(FIELDS)
-    for old, new in RENAMED_FIELDS.items():
-        with pytest.warns(DeprecationWarning, match=new):
-            assert getattr(record, old) == getattr(record, new)
-    state = monitor.state_dict()
-    state["last_record"] = {
-        {v: k for k, v in RENAMED_FIELDS.items()}.get(k, k): v
-        for k, v in state["last_record"].items()
-    }  # a checkpoint written before the renaming
-    restored = PrivacyMonitor(make_dp()[0], delta=DELTA)
-    with pytest.warns(DeprecationWarning, match="robust_heuristic_epsilon"):
-        restored.load_state_dict(state)
-    assert restored.last_record == record
-    with pytest.warns(DeprecationWarning, match="robust_heuristic_epsilon"):
-        budget = PrivacyBudget(1.0, metric="robust_epsilon")  # type: ignore[arg-type]
-    assert budget.metric == "robust_heuristic_epsilon"
-    with pytest.raises(AttributeError):
-        record.robust
-
-
-def test_incremental_rdp_moved_to_accountants_and_its_old_paths_warn() -> None:
-    import opacus_lastiterate.callbacks as callbacks
-    import opacus_lastiterate.callbacks.monitor as monitor_module
-
-    for old in (callbacks, monitor_module):
-        with pytest.warns(DeprecationWarning, match=r"opacus_lastiterate\.accountants\.Incr"):
-            assert old.IncrementalRDP is IncrementalRDP
+    assert record is not None
+    values = record.as_dict()
+    assert EpsilonRecord.from_dict(values) == record
+    values["robust_epsilon"] = values.pop("robust_heuristic_epsilon")
+    with pytest.raises(ValueError, match="keys"):
+        EpsilonRecord.from_dict(values)
+    with pytest.raises(ValueError, match="`metric`"):
+        PrivacyBudget(1.0, metric="robust_epsilon")  # type: ignore[arg-type]
 
 
 def test_a_monitor_that_was_not_attached_does_not_report_in_silence() -> None:

@@ -102,7 +102,7 @@ from opacus_lastiterate.analysis.audit.threshold_strategies import (
     RankGridBonferroni,
     ThresholdStrategy,
 )
-from opacus_lastiterate.analysis.audit.warning_types import (
+from opacus_lastiterate.exceptions import (
     AuditWarning,
     NonRandomizedInclusionWarning,
     OneRunDeltaWarning,

@@ -24,10 +24,7 @@ from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._bisection import monotone_boundary
 from opacus_lastiterate.analysis._validation import check_epsilon, check_in_interval, check_int
 from opacus_lastiterate.analysis.audit.result import AuditResult, OneRunCounts, result_kind
-from opacus_lastiterate.analysis.audit.warning_types import (
-    NonRandomizedInclusionWarning,
-    OneRunDeltaWarning,
-)
+from opacus_lastiterate.exceptions import NonRandomizedInclusionWarning, OneRunDeltaWarning
 
 __all__ = [
     "ONE_RUN_DELTA_WARNING_LEVEL",

@@ -18,8 +18,7 @@ Iterate Advantage" (arXiv 2410.06186):
   so its epsilon is eps_1 (:func:`zeroing_regulariser_epsilon`). The robust variant
   ``heuristic_epsilon(..., robust=True)`` (max over the last t <= T steps) covers it and
   every regulariser that forgets all but the last t steps; it is the number to report beside
-  eps_T (:func:`~.heuristic.robust_heuristic_epsilon` is that call; it lived here before and
-  its old import path still works, with a DeprecationWarning).
+  eps_T (:func:`~.heuristic.robust_heuristic_epsilon` is that call).
 * **Non-monotonicity**: more steps add signal and noise, so eps_T can be below eps_t for
   some t < T. :func:`heuristic_monotonicity` reports where.
 
@@ -35,7 +34,6 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize
 
-from opacus_lastiterate.analysis._deprecation import moved_names
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_in_interval,
@@ -418,9 +416,3 @@ def one_step_noise_multiplier(epsilon: float, delta: float, sample_rate: float) 
         hi += 1.0
     return math.exp(optimize.brentq(gap, lo, hi, xtol=1e-14, rtol=1e-13))
 
-
-__getattr__ = moved_names(
-    __name__,
-    {"robust_heuristic_epsilon": "opacus_lastiterate.analysis.last_iterate.heuristic:"
-     "robust_heuristic_epsilon"},
-)

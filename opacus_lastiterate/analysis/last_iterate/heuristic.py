@@ -24,23 +24,16 @@ certified upper bound (:mod:`.suffix_maximum`).
 from __future__ import annotations
 
 import math
-import warnings
-from typing import Any
 
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_in_interval,
     check_noise_multiplier,
 )
-from opacus_lastiterate.analysis.last_iterate import heuristic_pair
 from opacus_lastiterate.analysis.last_iterate.heuristic_pair import (
-    has_noiseless_step as _noiseless,
-)
-from opacus_lastiterate.analysis.last_iterate.heuristic_pair import (
-    segments_epsilon as _epsilon,
-)
-from opacus_lastiterate.analysis.last_iterate.heuristic_pair import (
-    segments_pair as _pair,
+    has_noiseless_step,
+    segments_epsilon,
+    segments_pair,
 )
 from opacus_lastiterate.analysis.last_iterate.suffix_maximum import certified_suffix_maximum
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
@@ -62,26 +55,6 @@ __all__ = [
     "robust_heuristic_delta",
     "robust_heuristic_epsilon",
 ]
-
-# The constant-rate pair lives in :mod:`.heuristic_pair` (shared with :mod:`.suffix_maximum`
-# and :mod:`.weighted_heuristic`, which this module imports); ``_pair``, ``_epsilon`` and
-# ``_noiseless`` above are its functions under their former names here.
-_MOVED = {"count_pair": heuristic_pair}
-
-
-def __getattr__(name: str) -> Any:
-    """``count_pair``, moved to :mod:`.heuristic_pair`: still importable from here for one
-    release, with a DeprecationWarning."""
-    if name in _MOVED:
-        new = f"{_MOVED[name].__name__}.{name}"
-        warnings.warn(
-            f"{__name__}.{name} moved to {new}; import it from there.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(_MOVED[name], name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 def _segment(steps: object, sample_rate: object, noise_multiplier: object) -> tuple[TrainingSegment, ...]:
     sigma = check_noise_multiplier(noise_multiplier)  # the free functions want sigma > 0
@@ -107,7 +80,7 @@ def heuristic_epsilon(
     is :func:`robust_heuristic_epsilon` (the registry name ``"robust_heuristic"``)."""
     d = check_delta(delta)
     segments = _segment(steps, sample_rate, noise_multiplier)
-    return _robust_epsilon(segments, d) if robust else _epsilon(segments, d)
+    return _robust_epsilon(segments, d) if robust else segments_epsilon(segments, d)
 
 
 def heuristic_delta(
@@ -153,7 +126,8 @@ class LastIterateHeuristic(PrivacyModel):
     count for several sample rates, noise variance sum_i T_i sigma_i^2). With weights
     (``run.weights``: learning-rate schedules, momentum) it is the weighted pair of
     :mod:`.weighted_heuristic`, rounded up to within ``accuracy`` relative. A run with a
-    step without noise gives epsilon = inf and delta = 1 (see :func:`_noiseless`).
+    step without noise gives epsilon = inf and delta = 1
+    (:func:`~.heuristic_pair.has_noiseless_step`).
 
     A heuristic: exact for linear losses, not a proven DP guarantee for deep networks; it
     describes the final model only.
@@ -180,13 +154,13 @@ class LastIterateHeuristic(PrivacyModel):
         """Never below the exact epsilon of the pair."""
         if self.run.weights is not None:
             return float(self._weighted("epsilon", delta).value)
-        return _epsilon(self.run.segments, delta)
+        return segments_epsilon(self.run.segments, delta)
 
     def _delta(self, epsilon: float) -> float:
         """An upper bound on the exact delta of the pair."""
         if self.run.weights is not None:
             return float(self._weighted("delta", epsilon).value)
-        pair = _pair(self.run.segments)
+        pair = segments_pair(self.run.segments)
         return 0.0 if pair is None else pair.delta(epsilon)
 
     def beta(self, alpha: float) -> float:
@@ -198,9 +172,9 @@ class LastIterateHeuristic(PrivacyModel):
             raise NotImplementedError(
                 "beta(alpha) is computed for runs without per-step weights only."
             )
-        if _noiseless(self.run.segments):
+        if has_noiseless_step(self.run.segments):
             return 0.0 if a > 0 else 1.0
-        pair = _pair(self.run.segments)
+        pair = segments_pair(self.run.segments)
         return 1.0 - a if pair is None else pair.beta(a)
 
     def __repr__(self) -> str:

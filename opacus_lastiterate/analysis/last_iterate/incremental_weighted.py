@@ -104,7 +104,6 @@ from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
 
 __all__ = [
     "FINE_POINTS",
-    "FOURIER_EVERY_STEP_LIMIT",
     "SPARSE_FINE_POINTS",
     "IncrementalWeightedHeuristic",
 ]
@@ -120,11 +119,6 @@ q = 0.045, accuracy 1e-3, one BLAS thread): queried every 100 steps, 0.26 s inst
 for 500 steps and 9.3 s instead of 14.7 s for 5000; every 50 steps, 3.2 s instead of 4.1 s for
 2000; but every 10 steps 3.4 s instead of 3.1 s, and every step 24 s instead of 15 s for 1000
 (``FINE_POINTS`` is the better choice there)."""
-FOURIER_EVERY_STEP_LIMIT = 32
-"""No longer used (kept for one release): an engine asked at every step used to leave the
-Fourier route for the grid past this many steps, which stalled that query for seconds at
-T = 1,500 (the grid state built at once). The Fourier route now answers however often it is
-asked (``benchmarks/bench_every_step_heuristic.py``)."""
 _FOLD_BUDGET = 1e-32  # mass cut per end and trim of the fine pmfs
 _TRIM_EVERY = 8  # folds between trims
 _BLOCK_WORK = 3_000_000  # frozen steps are folded in blocks of about this many grid updates

@@ -52,7 +52,7 @@ from opacus_lastiterate.analysis._validation import (
     check_positive,
     check_real,
 )
-from opacus_lastiterate.exceptions import UnsupportedOptimizerError  # defined there, re-exported
+from opacus_lastiterate.exceptions import UnsupportedOptimizerError
 
 __all__ = [
     "ADAPTIVE_OPTIMIZERS",
@@ -60,7 +60,6 @@ __all__ = [
     "SUPPORTED_OPTIMIZERS",
     "HeavyBallRecursion",
     "SGDSettings",
-    "UnsupportedOptimizerError",
     "builtin_schedule",
     "check_optimizer_supported",
     "constant_schedule",

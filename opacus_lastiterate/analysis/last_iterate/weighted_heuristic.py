@@ -69,10 +69,9 @@ from opacus_lastiterate.analysis.last_iterate.heuristic_pair import (
     segments_epsilon,
 )
 from opacus_lastiterate.analysis.run import DPSGDRun
-from opacus_lastiterate.exceptions import WeightedAccuracyWarning  # defined there, re-exported
+from opacus_lastiterate.exceptions import WeightedAccuracyWarning
 
 __all__ = [
-    "WeightedAccuracyWarning",
     "WeightedHeuristicResult",
     "weighted_heuristic_delta",
     "weighted_heuristic_delta_result",
@@ -490,18 +489,12 @@ def weighted_heuristic_epsilon(
 ) -> float:
     """Heuristic epsilon of the final model for per-step weights, a float like its siblings
     (``heuristic_epsilon``, ``standard_epsilon``): ``weighted_heuristic_epsilon_result(...)
-    .value``, an upper bound within ``accuracy`` relative of the exact weighted heuristic.
-
-    Until the next release the float also answers the attributes of the
-    :class:`WeightedHeuristicResult` this function used to return (``.epsilon``,
-    ``.relative_accuracy``, ...), each with a DeprecationWarning naming
-    :func:`weighted_heuristic_epsilon_result`.
-    """
+    .value``, an upper bound within ``accuracy`` relative of the exact weighted heuristic."""
     result = weighted_heuristic_epsilon_result(
         delta, weights=weights, sample_rates=sample_rates,
         noise_multipliers=noise_multipliers, accuracy=accuracy,
     )
-    return _ResultFloat(result, "weighted_heuristic_epsilon")
+    return float(result.value)
 
 
 def weighted_heuristic_delta(
@@ -513,48 +506,10 @@ def weighted_heuristic_delta(
     accuracy: float = 1e-3,
 ) -> float:
     """Heuristic delta(eps) for per-step weights, a float: ``weighted_heuristic_delta_result(
-    ...).value`` (the result's attributes still answer until the next release, with a
-    DeprecationWarning, as for :func:`weighted_heuristic_epsilon`)."""
+    ...).value``."""
     result = weighted_heuristic_delta_result(
         epsilon, weights=weights, sample_rates=sample_rates,
         noise_multipliers=noise_multipliers, accuracy=accuracy,
     )
-    return _ResultFloat(result, "weighted_heuristic_delta")
+    return float(result.value)
 
-
-_RESULT_ATTRIBUTES = frozenset(
-    ("value", "lower_bound", "relative_accuracy", "requested_accuracy", "exact", "resolution",
-     "support_size", "dropped_mass", "steps", "quantity", "argument", "epsilon", "delta",
-     "converged")
-)
-
-
-class _ResultFloat(float):
-    """The float ``result.value``: what ``weighted_heuristic_epsilon``/``_delta`` return. For
-    one release it also answers the attributes of the :class:`WeightedHeuristicResult` those
-    functions used to return, with a DeprecationWarning naming the ``_result`` function; it
-    pickles and copies as a plain float."""
-
-    __slots__ = ("_function", "_result")
-    _result: WeightedHeuristicResult
-    _function: str
-
-    def __new__(cls, result: WeightedHeuristicResult, function: str) -> _ResultFloat:
-        obj = super().__new__(cls, result.value)
-        obj._result = result
-        obj._function = function
-        return obj
-
-    def __getattr__(self, name: str) -> object:
-        if name in _RESULT_ATTRIBUTES:
-            from opacus_lastiterate.analysis._deprecation import deprecated
-
-            deprecated(
-                f"`{self._function}(...).{name}` (it returns a float now)",
-                f"`{self._function}_result(...).{name}`",
-            )
-            return getattr(self._result, name)
-        raise AttributeError(f"'float' object has no attribute {name!r}")
-
-    def __reduce__(self) -> tuple[type, tuple[float]]:
-        return float, (float(self),)

@@ -13,7 +13,6 @@ numpy / scipy / dp_accounting only. Each number names its model:
   likelihood-ratio audit used to validate the curves.
 """
 
-from opacus_lastiterate.analysis._deprecation import moved_names
 from opacus_lastiterate.analysis.normalisation.asgm import (
     ASGM_MODEL,
     EMPTY_BATCH_BEHAVIOUR,
@@ -79,9 +78,3 @@ __all__ = [
     "threshold_delta",
     "unsafe_dataset_sizes",
 ]
-
-__getattr__ = moved_names(
-    __name__,
-    {"Discretisation": "opacus_lastiterate.analysis.normalisation.discretisation:"
-     "DiscretizationMethod"},
-)

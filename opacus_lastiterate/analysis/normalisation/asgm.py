@@ -48,7 +48,6 @@ from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from numpy.typing import NDArray
 from scipy import special, stats
 
-from opacus_lastiterate.analysis._deprecation import MISSING
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_epsilon,
@@ -65,7 +64,6 @@ from opacus_lastiterate.analysis.normalisation.discretisation import (
     check_discretization_method,
     check_interval,
     identity_pld,
-    method_keyword,
     pld_from_tails,
     worst_delta,
     worst_epsilon,
@@ -263,13 +261,9 @@ def asgm_pld(
     steps: int = 1,
     value_discretization_interval: float = DEFAULT_INTERVAL,
     discretization_method: DiscretizationMethod = "connect_dots",
-    discretisation: DiscretizationMethod = MISSING,
 ) -> PrivacyLossDistribution:
     """PLD of T steps of the ASGM model for one pair: n = ``other_records`` others, with or
     without the target (remove: upper = with, add: upper = without), pessimistic."""
-    discretization_method = method_keyword(  # type: ignore[assignment]
-        "asgm_pld", discretisation, discretization_method
-    )
     n = check_int("other_records", other_records, minimum=0)
     q, s, t, interval, disc = _check_common(
         sample_rate, noise_multiplier, steps, value_discretization_interval, discretization_method
@@ -301,14 +295,10 @@ def asgm_epsilon(
     steps: int,
     value_discretization_interval: float = DEFAULT_INTERVAL,
     discretization_method: DiscretizationMethod = "connect_dots",
-    discretisation: DiscretizationMethod = MISSING,
 ) -> float:
     """Smallest epsilon with delta(epsilon) <= ``delta`` for T steps of the ASGM model, worst
     of both neighbours of an N-record data set and both directions (an upper bound; inf when
     the all-sampled mass already exceeds delta)."""
-    discretization_method = method_keyword(  # type: ignore[assignment]
-        "asgm_epsilon", discretisation, discretization_method
-    )
     d = check_delta(delta)
     plds = _neighbour_plds(
         dataset_size,
@@ -332,13 +322,9 @@ def asgm_delta(
     steps: int,
     value_discretization_interval: float = DEFAULT_INTERVAL,
     discretization_method: DiscretizationMethod = "connect_dots",
-    discretisation: DiscretizationMethod = MISSING,
 ) -> float:
     """delta(epsilon) for T steps of the ASGM model, worst of both neighbours of an N-record
     data set and both directions (an upper bound)."""
-    discretization_method = method_keyword(  # type: ignore[assignment]
-        "asgm_delta", discretisation, discretization_method
-    )
     e = check_epsilon(epsilon)
     plds = _neighbour_plds(
         dataset_size,
@@ -383,7 +369,6 @@ class ASGM(WorstOfPLDs):
         *,
         value_discretization_interval: float = DEFAULT_INTERVAL,
         discretization_method: DiscretizationMethod = "connect_dots",
-    discretisation: DiscretizationMethod = MISSING,
     ) -> None:
         self.run = as_run(run)
         norm = self.run.normalisation
@@ -394,9 +379,7 @@ class ASGM(WorstOfPLDs):
             )
         self.dataset_size = norm.dataset_size
         self.interval = check_interval(value_discretization_interval)
-        self.discretization_method = check_discretization_method(
-            method_keyword(type(self).__name__, discretisation, discretization_method)
-        )
+        self.discretization_method = check_discretization_method(discretization_method)
         self._plds: list[PrivacyLossDistribution] | None = None
 
     def _composed(self) -> list[PrivacyLossDistribution]:

@@ -41,7 +41,6 @@ from dp_accounting.pld import pld_pmf
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from numpy.typing import NDArray
 
-from opacus_lastiterate.analysis._deprecation import moved_names, renamed_keyword
 from opacus_lastiterate.analysis._validation import check_in_interval
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 
@@ -54,7 +53,6 @@ __all__ = [
     "check_interval",
     "discretise",
     "identity_pld",
-    "method_keyword",
     "pld_from_tails",
     "worst_delta",
     "worst_epsilon",
@@ -62,7 +60,7 @@ __all__ = [
 
 DiscretizationMethod = Literal["connect_dots", "round_up"]
 """How a continuous one-step PLD is put on the grid (both pessimistic): the
-``discretization_method`` keyword (formerly ``discretisation``, type ``Discretisation``)."""
+``discretization_method`` keyword."""
 
 DISCRETIZATION_METHODS: tuple[str, ...] = ("connect_dots", "round_up")
 
@@ -111,13 +109,6 @@ def check_discretization_method(value: object) -> DiscretizationMethod:
             f"`discretization_method` must be one of 'connect_dots', 'round_up', got {value!r}."
         )
     return value  # type: ignore[return-value]
-
-
-def method_keyword(function: str, old: object, new: object) -> object:
-    """``discretization_method``, or the deprecated ``discretisation`` when that was passed."""
-    return renamed_keyword(
-        function, "discretisation", old, "discretization_method", new, "connect_dots"
-    )
 
 
 def _expand(condition: Callable[[float], bool], start: float, direction: float) -> float:
@@ -282,8 +273,3 @@ class WorstOfPLDs(PrivacyModel):
     def _delta(self, epsilon: float) -> float:
         return worst_delta(self._composed(), epsilon)
 
-
-__getattr__ = moved_names(__name__, {
-    "Discretisation": f"{__name__}:DiscretizationMethod",
-    "check_discretisation": f"{__name__}:check_discretization_method",
-})

@@ -37,7 +37,6 @@ from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from numpy.typing import NDArray
 from scipy import optimize, special
 
-from opacus_lastiterate.analysis._deprecation import MISSING
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_epsilon,
@@ -55,7 +54,6 @@ from opacus_lastiterate.analysis.normalisation.discretisation import (
     check_discretization_method,
     check_interval,
     identity_pld,
-    method_keyword,
     pld_from_tails,
     worst_delta,
     worst_epsilon,
@@ -267,7 +265,6 @@ def divisor_leak_pld(
     steps: int = 1,
     value_discretization_interval: float | None = None,
     discretization_method: DiscretizationMethod = "connect_dots",
-    discretisation: DiscretizationMethod = MISSING,
 ) -> PrivacyLossDistribution:
     """PLD of T steps of (sum + Z) / c in the zero-other-gradients configuration (module
     docstring), remove (upper = with the target) and add directions, pessimistic.
@@ -275,9 +272,6 @@ def divisor_leak_pld(
     ``value_discretization_interval=None`` picks max(3e-4, sqrt(T) * sd(B) / 200,000), so
     that very large d (where B spans hundreds of nats per step) stays computable.
     """
-    discretization_method = method_keyword(  # type: ignore[assignment]
-        "divisor_leak_pld", discretisation, discretization_method
-    )
     c1 = check_positive("divisor_without", divisor_without)
     c2 = check_positive("divisor_with", divisor_with)
     q = check_sample_rate(sample_rate)
@@ -346,15 +340,11 @@ def feasgm_delta(
     drop_last: bool = False,
     value_discretization_interval: float | None = None,
     discretization_method: DiscretizationMethod = "connect_dots",
-    discretisation: DiscretizationMethod = MISSING,
 ) -> float:
     """delta(epsilon) of T steps of Opacus 1.x's FEASGM in the zero-other-gradients
     configuration with d = ``dimension``, worst of the pairs (N-1, N), (N, N+1) and both
     directions. Equal to SGM's when the verdict is safe; a lower bound on the worst case
     (which is 1) when unsafe."""
-    discretization_method = method_keyword(  # type: ignore[assignment]
-        "feasgm_delta", discretisation, discretization_method
-    )
     e = check_epsilon(epsilon)
     plds = _feasgm_plds(
         dataset_size,
@@ -382,12 +372,8 @@ def feasgm_epsilon(
     drop_last: bool = False,
     value_discretization_interval: float | None = None,
     discretization_method: DiscretizationMethod = "connect_dots",
-    discretisation: DiscretizationMethod = MISSING,
 ) -> float:
     """epsilon(delta) for the same model as :func:`feasgm_delta` (inf where a divisor is 0)."""
-    discretization_method = method_keyword(  # type: ignore[assignment]
-        "feasgm_epsilon", discretisation, discretization_method
-    )
     dl = check_delta(delta)
     plds = _feasgm_plds(
         dataset_size,
@@ -430,7 +416,6 @@ class FEASGM(WorstOfPLDs):
         *,
         value_discretization_interval: float | None = None,
         discretization_method: DiscretizationMethod = "connect_dots",
-    discretisation: DiscretizationMethod = MISSING,
     ) -> None:
         self.run = as_run(run)
         norm = self.run.normalisation
@@ -451,9 +436,7 @@ class FEASGM(WorstOfPLDs):
             if value_discretization_interval is None
             else check_interval(value_discretization_interval)
         )
-        self.discretization_method = check_discretization_method(
-            method_keyword(type(self).__name__, discretisation, discretization_method)
-        )
+        self.discretization_method = check_discretization_method(discretization_method)
         self._plds: list[PrivacyLossDistribution | None] | None = None
 
     @property

@@ -70,7 +70,6 @@ _LAZY: dict[str, str] = {
     "Insertion": "insertion",
     "MaliciousDataset": "adversaries",
     "StepDivisor": "arithmetic",
-    "Normalisation": "arithmetic",  # the former name of StepDivisor (warns)
     "PeriodicInsertion": "insertion",
     "PoissonInsertion": "insertion",
     "RandomDirectionAdversary": "canaries",

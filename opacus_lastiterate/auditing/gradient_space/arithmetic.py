@@ -18,33 +18,19 @@ most "the batch was empty" (``analysis/normalisation/asgm.py`` discusses the con
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
-from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._validation import check_noise_multiplier, check_positive
 
 __all__ = ["DPSGDArithmetic", "StepDivisor"]
 
 StepDivisor = Literal["sum", "expected", "realised"]
 """What a simulated step divides the noisy sum by: nothing (``"sum"``), the constant
-``expected_batch_size`` (``"expected"``) or the realised batch size (``"realised"``).
-(Called ``Normalisation`` before; that name is the run description's
-:class:`~opacus_lastiterate.analysis.run.Normalisation` dataclass.)"""
+``expected_batch_size`` (``"expected"``) or the realised batch size (``"realised"``)."""
 
-
-def __getattr__(name: str) -> Any:
-    """``Normalisation``, the former name of :data:`StepDivisor`, for one release."""
-    if name == "Normalisation":
-        warn(
-            f"{__name__}.Normalisation is now called StepDivisor (Normalisation is the run "
-            "description's dataclass); the old name goes in the next release.",
-            DeprecationWarning,
-        )
-        return StepDivisor
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 _NORMALISATIONS = ("sum", "expected", "realised")
 
 

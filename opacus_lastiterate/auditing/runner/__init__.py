@@ -22,9 +22,9 @@ from opacus_lastiterate.auditing.runner.records import (
     RECORD_FORMAT,
     RunRecord,
     RunRecords,
-    TruncatedRecordWarning,
     read_records,
 )
+from opacus_lastiterate.exceptions import TruncatedRecordWarning
 
 __all__ = [
     "RECORD_FORMAT",

@@ -29,13 +29,12 @@ from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._validation import check_int, check_real
 from opacus_lastiterate.analysis.audit import ScoreAudit
 from opacus_lastiterate.auditing.runner.identity import canonical_json, config_diff, config_hash
-from opacus_lastiterate.exceptions import TruncatedRecordWarning  # defined there, re-exported
+from opacus_lastiterate.exceptions import TruncatedRecordWarning
 
 __all__ = [
     "RECORD_FORMAT",
     "RunRecord",
     "RunRecords",
-    "TruncatedRecordWarning",
     "read_records",
 ]
 

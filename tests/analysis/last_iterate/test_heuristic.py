@@ -221,13 +221,3 @@ def test_bad_history_entry_is_named():
         LastIterateHeuristic([(1.0, 0.1)]).epsilon(1e-5)
     with pytest.raises(ValueError, match="epsilon"):
         LastIterateHeuristic([(1.0, 0.1, 3)]).delta(-1.0)
-
-
-def test_count_pair_moved_to_heuristic_pair_with_a_deprecation_warning():
-    from opacus_lastiterate.analysis.last_iterate import heuristic, heuristic_pair
-
-    with pytest.warns(DeprecationWarning, match=r"last_iterate\.heuristic_pair\.count_pair"):
-        from opacus_lastiterate.analysis.last_iterate.heuristic import count_pair
-    assert count_pair is heuristic_pair.count_pair
-    with pytest.raises(AttributeError, match="no_such_name"):
-        heuristic.no_such_name

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from opacus_lastiterate.analysis.last_iterate import optimizer_weights as ow
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
-    UnsupportedOptimizerError,
     builtin_schedule,
     check_optimizer_supported,
     constant_schedule,
@@ -26,6 +25,7 @@ from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
     sgd_weights,
     step_schedule,
 )
+from opacus_lastiterate.exceptions import UnsupportedOptimizerError
 
 
 def _simulate(

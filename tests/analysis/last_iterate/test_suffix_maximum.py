@@ -11,9 +11,9 @@ from opacus_lastiterate.analysis.last_iterate import suffix_maximum
 from opacus_lastiterate.analysis.last_iterate.counterexamples import heuristic_monotonicity
 from opacus_lastiterate.analysis.last_iterate.heuristic import (
     RobustLastIterateHeuristic,
-    _epsilon,
     heuristic_epsilon,
 )
+from opacus_lastiterate.analysis.last_iterate.heuristic_pair import segments_epsilon
 from opacus_lastiterate.analysis.last_iterate.suffix_maximum import (
     SuffixMaximum,
     certified_suffix_maximum,
@@ -40,7 +40,7 @@ def _history(rng: random.Random, max_steps: int) -> tuple[tuple[TrainingSegment,
 
 def _brute(segments: tuple[TrainingSegment, ...], delta: float) -> list[float]:
     n = sum(s.steps for s in segments)
-    return [_epsilon(suffix(segments, t), delta) for t in range(1, n + 1)]
+    return [segments_epsilon(suffix(segments, t), delta) for t in range(1, n + 1)]
 
 
 def _check_against_brute(segments: tuple[TrainingSegment, ...], delta: float) -> SuffixMaximum:

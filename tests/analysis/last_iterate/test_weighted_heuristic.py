@@ -24,13 +24,13 @@ from opacus_lastiterate.analysis.last_iterate.heuristic import (
 )
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
-    WeightedAccuracyWarning,
     weighted_heuristic_delta_result,
     weighted_heuristic_epsilon_result,
     weighted_heuristic_pair,
     weighted_sum_distribution,
 )
 from opacus_lastiterate.analysis.run import DPSGDRun
+from opacus_lastiterate.exceptions import WeightedAccuracyWarning
 from tests.analysis._reference import QuadratureHeuristic
 
 pytestmark = pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")

@@ -76,13 +76,3 @@ def test_each_canary_is_an_input_canary_scored_alike() -> None:
     with pytest.raises(ValueError, match="`index`"):
         canaries.canary(10)
     assert isinstance(canaries, InputCanaries)
-
-
-def test_the_callbacks_paths_warn_and_give_the_same_objects() -> None:
-    import opacus_lastiterate.callbacks as callbacks
-    from opacus_lastiterate.callbacks import canary_audit
-
-    for module in (callbacks, canary_audit):
-        for name, new in (("InputCanaries", InputCanaries), ("make_input_canaries", make_input_canaries)):
-            with pytest.warns(DeprecationWarning, match="opacus_lastiterate.auditing.input_space"):
-                assert getattr(module, name) is new

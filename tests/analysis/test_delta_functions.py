@@ -1,11 +1,9 @@
-"""The vocabulary of the privacy models: the function-style delta twins, and the old names
-that keep working for one release with a DeprecationWarning naming the new one."""
+"""The function-style delta twins of the epsilon functions, the weighted functions' floats
+and the discretisation method keyword."""
 
 from __future__ import annotations
 
 import math
-import pickle
-import warnings
 
 import pytest
 from scipy import stats
@@ -59,45 +57,20 @@ def test_delta_twins_invert_the_epsilon_functions() -> None:
     assert robust_heuristic_epsilon(1e-6, **KW) == heuristic_epsilon(1e-6, robust=True, **KW)
 
 
-def test_weighted_functions_return_floats_and_the_old_attributes_warn() -> None:
+def test_weighted_functions_return_plain_floats() -> None:
     kw = {"weights": [1.0, 0.5, 0.25, 2.0], "sample_rates": 0.2, "noise_multipliers": 1.0}
     result = weighted_heuristic_epsilon_result(1e-5, **kw)
     value = weighted_heuristic_epsilon(1e-5, **kw)
-    assert isinstance(value, float) and value == result.value
-    assert type(pickle.loads(pickle.dumps(value))) is float
-    assert type(value + 0.0) is float
-    with pytest.warns(DeprecationWarning, match="weighted_heuristic_epsilon_result"):
-        assert value.relative_accuracy == result.relative_accuracy  # type: ignore[attr-defined]
-    with pytest.raises(AttributeError):
-        value.no_such_field  # type: ignore[attr-defined]
+    assert type(value) is float and value == result.value
     delta = weighted_heuristic_delta(1.0, **kw)
-    assert delta == weighted_heuristic_delta_result(1.0, **kw).value
-    with pytest.warns(DeprecationWarning, match="weighted_heuristic_delta_result"):
-        assert delta.delta == delta  # type: ignore[attr-defined]
+    assert type(delta) is float and delta == weighted_heuristic_delta_result(1.0, **kw).value
 
 
-def test_discretisation_keyword_is_deprecated() -> None:
+def test_discretization_method_keyword() -> None:
     kw = {"dataset_size": 50, "sample_rate": 0.1, "noise_multiplier": 1.0, "steps": 2,
           "value_discretization_interval": 1e-3}
-    new = asgm_epsilon(1e-5, discretization_method="round_up", **kw)
-    with pytest.warns(DeprecationWarning, match="discretization_method"):
-        old = asgm_epsilon(1e-5, discretisation="round_up", **kw)
-    assert old == new != asgm_epsilon(1e-5, **kw)
-    with pytest.raises(TypeError, match="discretization_method"):
-        asgm_epsilon(1e-5, discretisation="round_up", discretization_method="round_up", **kw)
-
-
-def test_moved_names_warn_and_resolve() -> None:
-    import opacus_lastiterate.analysis.last_iterate.counterexamples as counterexamples
-    import opacus_lastiterate.analysis.normalisation as normalisation
-    from opacus_lastiterate.analysis.normalisation import discretisation
-
-    with pytest.warns(DeprecationWarning, match="heuristic.robust_heuristic_epsilon"):
-        assert counterexamples.robust_heuristic_epsilon is robust_heuristic_epsilon
-    with pytest.warns(DeprecationWarning, match="DiscretizationMethod"):
-        assert normalisation.Discretisation is discretisation.DiscretizationMethod
-    with pytest.warns(DeprecationWarning, match="check_discretization_method"):
-        assert discretisation.check_discretisation is discretisation.check_discretization_method
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert discretisation.DiscretizationMethod is not None  # the new names are quiet
+    round_up = asgm_epsilon(1e-5, discretization_method="round_up", **kw)
+    connect_dots = asgm_epsilon(1e-5, **kw)
+    assert round_up != connect_dots
+    with pytest.raises(TypeError, match="discretisation"):
+        asgm_epsilon(1e-5, discretisation="round_up", **kw)  # type: ignore[call-arg]
