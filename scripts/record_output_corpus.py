@@ -358,14 +358,14 @@ CLI_ENTRIES: list[Entry] = [
     _cli("epsilon_delta_at_epsilon", "epsilon --steps 1000 --sample-rate 0.01 "
          "--noise-multiplier 1 --epsilon 2"),
     _cli("epsilon_delta_at_epsilon_coarse", "epsilon --steps 20 --sample-rate 0.05 "
-         "--noise-multiplier 1 --epsilon 1.5 --discretization 1e-3"),
+         "--noise-multiplier 1 --epsilon 1.5 --value-discretization-interval 1e-3"),
     _cli("epsilon_calibrate_default", "epsilon --steps 1000 --sample-rate 0.01 --delta 1e-5 "
          "--target-epsilon 2"),
     _cli("epsilon_calibrate_heuristic_full_batch", "epsilon --steps 1000 --sample-rate 0.01 "
          "--delta 1e-5 --target-epsilon 2 --calibrate heuristic --calibrate full_batch"),
     _cli("epsilon_calibrate_robust_coarse", "epsilon --steps 200 --sample-rate 0.02 "
-         "--delta 1e-6 --target-epsilon 1 --calibrate robust --calibrate standard "
-         "--discretization 1e-3"),
+         "--delta 1e-6 --target-epsilon 1 --calibrate robust_heuristic --calibrate standard "
+         "--value-discretization-interval 1e-3"),
     _cli("epsilon_cosine_momentum", "epsilon --steps 1000 --sample-rate 0.01 "
          "--noise-multiplier 1 --delta 1e-5 --lr-schedule cosine --momentum 0.9"),
     _cli("epsilon_step_nesterov", "epsilon --steps 300 --sample-rate 0.02 "
@@ -389,10 +389,10 @@ CLI_ENTRIES: list[Entry] = [
     _cli("plan_cifar_epochs", "plan --dataset-size 50000 --epochs 200 "
          "--batch-sizes 4096,1024,512,256 --target-epsilon 6 --delta 1e-5"),
     _cli("plan_steps_robust", "plan --dataset-size 10000 --steps 500 --batch-sizes 1000,100 "
-         "--target-epsilon 2 --delta 1e-5 --accountant robust"),
+         "--target-epsilon 2 --delta 1e-5 --accountant robust_heuristic"),
     _cli("plan_steps_standard", "plan --dataset-size 10000 --steps 500 "
          "--batch-sizes 1000,100 --target-epsilon 2 --delta 1e-5 --accountant standard "
-         "--discretization 1e-3"),
+         "--value-discretization-interval 1e-3"),
     # -- normalisation -------------------------------------------------------------------
     _cli("normalisation_docs", "normalisation --dataset-size 60000 --batch-size 256 "
          "--noise-multiplier 1 --epochs 1 --delta 1e-5"),
