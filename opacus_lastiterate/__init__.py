@@ -16,133 +16,63 @@ Importing this package is light: it loads neither torch, opacus nor the mathemat
   is already imported). Chosen over importing Opacus here because that costs seconds (torch)
   for users of the mathematics and the command line, and over patching Opacus lazily by hand
   because wrapt's import hook is a maintained, thread-safe implementation of exactly this.
-* **Lazy names.** The public names listed in ``__all__`` resolve on first access (PEP 562
+* **What a user imports.** The root names (``__all__``, each listed once, in ``_LAZY``) are
+  the accountants for ``PrivacyEngine``, the description of a run and the function that
+  builds each of its numbers (``privacy_model``), the batch schemes and the balls-in-bins
+  sampler, the privacy monitor with its budget, sinks and in-training audit, the audit
+  statistics (``ScoreAudit``) and the package's warning base class; everything else is
+  imported from its subpackage (``docs/api.md``). They resolve on first access (PEP 562
   module ``__getattr__``): ``opacus_lastiterate.LastIterateAccountant`` imports the
-  accountants (and so torch and Opacus) only then; the analysis names import the mathematics
-  only then. ``from opacus_lastiterate import *`` resolves them all.
+  accountants (and so torch and Opacus) only then, the analysis names only the mathematics.
+  ``__init__.pyi`` gives type checkers the same names.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from opacus_lastiterate import _opacus_hook
 from opacus_lastiterate._lazy import lazy_attributes
-from opacus_lastiterate.exceptions import (
-    AuditWarning,
-    HeuristicCalibrationWarning,
-    MonitorWarning,
-    NonMonotoneHeuristicWarning,
-    NonRandomizedInclusionWarning,
-    NormalisationWarning,
-    OneRunDeltaWarning,
-    OpacusLastIterateWarning,
-    OptimizerTraceWarning,
-    SamplingWarning,
-    TruncatedRecordWarning,
-    UnsupportedOptimizerError,
-    WeightedAccuracyWarning,
-    ZeroNoiseWarning,
-)
-
-if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
-    from opacus_lastiterate.accountants import (
-        ASGMAccountant,
-        FEASGMAccountant,
-        LastIterateAccountant,
-        public_divisor_of,
-        register_accountant,
-        use_public_divisor,
-    )
-    from opacus_lastiterate.analysis import (
-        DPSGDRun,
-        EpsilonComparison,
-        LastIterateHeuristic,
-        Normalisation,
-        RobustLastIterateHeuristic,
-        StandardComposition,
-        TrainingSegment,
-        compare_epsilons,
-        compare_epsilons_for_history,
-        full_batch_epsilon,
-        heuristic_epsilon,
-        standard_epsilon,
-    )
+from opacus_lastiterate.exceptions import OpacusLastIterateWarning
 
 __version__ = "0.1.0"
 
-# Lazily resolved public names -> the module that defines them.
+# The public names resolved lazily -> the module that exports them.
 _LAZY: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "DPSGDRun",
-            "EpsilonComparison",
-            "LastIterateHeuristic",
-            "Normalisation",
-            "RobustLastIterateHeuristic",
-            "StandardComposition",
-            "TrainingSegment",
-            "compare_epsilons",
-            "compare_epsilons_for_history",
-            "full_batch_epsilon",
-            "heuristic_epsilon",
-            "standard_epsilon",
-        ),
-        "opacus_lastiterate.analysis",
-    ),
-    **dict.fromkeys(
-        (
-            "ASGMAccountant",
-            "FEASGMAccountant",
-            "LastIterateAccountant",
-            "public_divisor_of",
-            "register_accountant",
-            "use_public_divisor",
-        ),
-        "opacus_lastiterate.accountants",  # torch and opacus
-    ),
+    # accountants for PrivacyEngine(accountant=...) (torch and Opacus)
+    "LastIterateAccountant": "opacus_lastiterate.accountants",
+    "FEASGMAccountant": "opacus_lastiterate.accountants",
+    "ASGMAccountant": "opacus_lastiterate.accountants",
+    "use_public_divisor": "opacus_lastiterate.accountants",
+    # a run and its numbers (no torch)
+    "DPSGDRun": "opacus_lastiterate.analysis",
+    "privacy_model": "opacus_lastiterate.analysis.privacy_models",
+    "compare_epsilons": "opacus_lastiterate.analysis",
+    "heuristic_epsilon": "opacus_lastiterate.analysis",
+    "standard_epsilon": "opacus_lastiterate.analysis",
+    "calibrate_noise_multiplier": "opacus_lastiterate.analysis",
+    # how the batches are drawn
+    "PoissonSampling": "opacus_lastiterate.analysis",
+    "ShuffledBatches": "opacus_lastiterate.analysis",
+    "DeterministicBatches": "opacus_lastiterate.analysis",
+    "BallsInBins": "opacus_lastiterate.analysis",
+    "balls_in_bins_data_loader": "opacus_lastiterate.samplers",
+    # the privacy monitor of a training loop
+    "PrivacyMonitor": "opacus_lastiterate.callbacks",
+    "PrivacyBudget": "opacus_lastiterate.callbacks",
+    "JsonlSink": "opacus_lastiterate.callbacks",
+    "CsvSink": "opacus_lastiterate.callbacks",
+    "LoggingSink": "opacus_lastiterate.callbacks",
+    "InTrainingCanaryAudit": "opacus_lastiterate.callbacks",
+    # audit statistics
+    "ScoreAudit": "opacus_lastiterate.analysis.audit",
 }
 
 # Subpackages reachable as attributes without an explicit import.
 _SUBMODULES = frozenset(
-    {"accountants", "analysis", "auditing", "cli", "exceptions", "figures", "schedules"}
+    {"accountants", "analysis", "auditing", "callbacks", "cli", "exceptions", "figures",
+     "samplers", "schedules"}
 )
 
-__all__ = [
-    "ASGMAccountant",
-    "AuditWarning",
-    "DPSGDRun",
-    "EpsilonComparison",
-    "FEASGMAccountant",
-    "HeuristicCalibrationWarning",
-    "LastIterateAccountant",
-    "LastIterateHeuristic",
-    "MonitorWarning",
-    "NonMonotoneHeuristicWarning",
-    "NonRandomizedInclusionWarning",
-    "Normalisation",
-    "NormalisationWarning",
-    "OneRunDeltaWarning",
-    "OpacusLastIterateWarning",
-    "OptimizerTraceWarning",
-    "RobustLastIterateHeuristic",
-    "SamplingWarning",
-    "StandardComposition",
-    "TrainingSegment",
-    "TruncatedRecordWarning",
-    "UnsupportedOptimizerError",
-    "WeightedAccuracyWarning",
-    "ZeroNoiseWarning",
-    "compare_epsilons",
-    "compare_epsilons_for_history",
-    "full_batch_epsilon",
-    "heuristic_epsilon",
-    "public_divisor_of",
-    "register_accountant",
-    "standard_epsilon",
-    "use_public_divisor",
-]
-
+__all__ = ["OpacusLastIterateWarning", *_LAZY]
 
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals(), _SUBMODULES)
 

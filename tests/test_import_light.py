@@ -145,7 +145,7 @@ def test_lazy_root_attributes_resolve() -> None:
     assert pkg.FEASGMAccountant is accountants.FEASGMAccountant
     assert pkg.use_public_divisor is accountants.use_public_divisor
     assert pkg.heuristic_epsilon is analysis.heuristic_epsilon
-    assert pkg.HeuristicCalibrationWarning is exceptions.HeuristicCalibrationWarning
+    assert pkg.OpacusLastIterateWarning is exceptions.OpacusLastIterateWarning
     assert pkg.analysis is analysis and pkg.exceptions is exceptions
     assert set(pkg.__all__) <= set(dir(pkg))
     assert {"analysis", "accountants", "auditing"} <= set(dir(pkg))
