@@ -149,7 +149,28 @@ def _comparison(args: dict[str, Any], quantity: str) -> dict[str, Any]:
                                             "discretization")}
     inputs.update(quantity=quantity, argument=args["delta" if quantity == "epsilon" else
                                                   "epsilon"])
-    return cached(inputs, compute)
+    extra = _EPSILON_EXTRA if quantity == "epsilon" else ()
+    return cached(inputs, compute, lambda entry: _well_formed(entry, extra))
+
+
+_EPSILON_EXTRA = ("delta", "steps", "standard_discretization")
+"""The keys of an epsilon comparison's values besides the models' (``EpsilonComparison``)."""
+
+
+def _well_formed(entry: dict[str, Any], extra: tuple[str, ...]) -> bool:
+    """Whether a cached answer has the shape :func:`_comparison` computes: ``keys`` a non-empty
+    list of names, ``values`` exactly those names and ``extra`` mapped to numbers >= 0 (not
+    NaN; infinity allowed), ``labels`` a string for each name."""
+    values, keys, labels = entry.get("values"), entry.get("keys"), entry.get("labels")
+    if not (isinstance(values, dict) and isinstance(keys, list) and isinstance(labels, dict)):
+        return False
+    if not keys or not all(isinstance(k, str) for k in keys) or len(set(keys)) != len(keys):
+        return False
+    if set(values) != {*keys, *extra} or not set(keys) <= set(labels):
+        return False
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+                  for v in values.values())
+    return numbers and all(isinstance(v, str) for v in labels.values())
 
 
 def _epsilon_for_delta(args: dict[str, Any]) -> None:
