@@ -29,7 +29,9 @@ from opacus_lastiterate.cli._options import (
     emit_json,
     interval_option,
     json_option,
+    ordered,
     plot_option,
+    writing,
 )
 
 __all__ = ["WEIGHTED_LABEL", "epsilon"]
@@ -175,10 +177,10 @@ def _well_formed(entry: dict[str, Any], extra: tuple[str, ...]) -> bool:
 
 def _epsilon_for_delta(args: dict[str, Any]) -> None:
     comparison = _comparison(args, "epsilon")
-    result, labels = comparison["values"], comparison["labels"]
+    result, labels = ordered(comparison["values"]), comparison["labels"]
     weighted = _weighted(args, "epsilon", args["delta"])
     if args["plot"] is not None:
-        _plot_curve(args)
+        _plot_curve(args, weighted)
     if args["as_json"]:
         payload: dict[str, Any] = {
             "quantity": "epsilon",
@@ -230,7 +232,7 @@ def _models(args: dict[str, Any]) -> dict[str, Any]:
 def _delta_for_epsilon(args: dict[str, Any]) -> None:
     eps = args["epsilon"]
     comparison = _comparison(args, "delta")
-    deltas, labels = comparison["values"], comparison["labels"]
+    deltas, labels = ordered(comparison["values"]), comparison["labels"]
     weighted = _weighted(args, "delta", eps)
     if args["as_json"]:
         payload: dict[str, Any] = {
@@ -282,8 +284,8 @@ def _calibrate(args: dict[str, Any], accountants: tuple[str, ...]) -> None:
             noise_multiplier=sigma,
             value_discretization_interval=args["discretization"],
         )
-        rows.append({"accountant": accountant, "noise_multiplier": sigma,
-                     **{k: getattr(result, k) for k in _keys()}})
+        rows.append(ordered({"accountant": accountant, "noise_multiplier": sigma,
+                             **{k: getattr(result, k) for k in _keys()}}))
     if args["as_json"]:
         emit_json({
             "quantity": "noise_multiplier",
@@ -322,19 +324,32 @@ def _calibrate(args: dict[str, Any], accountants: tuple[str, ...]) -> None:
     click.echo(table.table())
 
 
-def _plot_curve(args: dict[str, Any]) -> None:
+def _plot_curve(args: dict[str, Any], weighted: Any) -> None:
+    """The four epsilons against t = 1..T (``--plot``), and the weighted heuristic at T when
+    the table has it: the plot shows every value the table prints."""
     from opacus_lastiterate.figures import last_iterate_fig1 as fig1
+    from opacus_lastiterate.figures._plotting import OKABE_ITO, legend_below, pyplot, save
 
     path = args["plot"]
     delta = args["delta"]
-    rows = fig1.curve(
+    rows = [ordered(row) for row in fig1.curve(
         delta,
         sample_rate=args["sample_rate"],
         noise_multiplier=args["noise_multiplier"],
         steps=fig1.steps_grid(max(args["steps"], 1)),
         value_discretization_interval=args["discretization"],
-    )
-    fig1.plot_configuration(rows, delta, path)
+    )]
+    with writing(path, "--plot"):
+        fig, ax = pyplot().subplots(figsize=(6, 4.2))
+        fig1.draw_panel(ax, rows, delta, f"epsilon against T: q = {args['sample_rate']:g}, "
+                        f"sigma = {args['noise_multiplier']:g}")
+        if weighted is not None:
+            ax.plot([args["steps"]], [weighted.epsilon], linestyle="none", marker="*", ms=11,
+                    color=OKABE_ITO[6],
+                    label=f"weighted heuristic at T = {args['steps']} (schedule "
+                    f"{args['lr_schedule'] or 'constant'}, momentum {args['momentum']:g})")
+        legend_below(fig, ax, ncol=2)
+        save(fig, path)
     click.echo(f"saved plot: {path}", err=args["as_json"])
 
 
