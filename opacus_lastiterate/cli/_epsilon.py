@@ -15,6 +15,8 @@ those names.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 import click
@@ -59,8 +61,6 @@ def _keys() -> tuple[str, ...]:
 
 def _learning_rates(lr_schedule: str | None, steps: int, step_size: int | None, gamma: float) -> Any:
     """The per-step learning rates of ``--lr-schedule`` (unit base rate: only ratios matter)."""
-    import numpy as np
-
     from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
         BUILTIN_SCHEDULES,
         builtin_schedule,
@@ -73,20 +73,50 @@ def _learning_rates(lr_schedule: str | None, steps: int, step_size: int | None, 
             size = step_size if step_size is not None else max(1, steps // 3)
             options = {"step_size": size, "gamma": gamma}
         return builtin_schedule(name, 1.0, steps, **options)
-    try:
-        rates = np.loadtxt(name, dtype=float, ndmin=1)
-    except OSError as err:
-        raise click.BadParameter(
-            f"must be one of {', '.join(BUILTIN_SCHEDULES)} or a readable file with one "
-            f"learning rate per step, got {name!r} ({err}).",
-            param_hint="'--lr-schedule'",
-        ) from None
+    rates = _read_rates(name, BUILTIN_SCHEDULES)
     if rates.size != steps:
         raise click.BadParameter(
-            f"the file must hold --steps = {steps} rates, got {rates.size}.",
+            f"the file {name!r} must hold --steps = {steps} rates, got {rates.size}.",
             param_hint="'--lr-schedule'",
         )
     return rates
+
+
+def _read_rates(name: str, builtin: Any) -> Any:
+    """The learning rates of the text file ``name``: numbers separated by white space or
+    commas, in reading order; ``#`` starts a comment (a header line must be one). A value that
+    is not a finite number >= 0 is a usage error naming --lr-schedule, the file, and the line
+    (1-based, every line of the file counted) and column (1-based field) where it stands."""
+    import numpy as np
+
+    try:
+        with open(name, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else err
+        raise click.BadParameter(
+            f"must be one of {', '.join(builtin)} or a readable text file with one learning "
+            f"rate per step, got {name!r} ({why}).",
+            param_hint="'--lr-schedule'",
+        ) from None
+    rates: list[float] = []
+    for line_number, line in enumerate(lines, start=1):
+        fields = re.split(r"[\s,]+", line.split("#", 1)[0].strip())
+        for column, field in enumerate(filter(None, fields), start=1):
+            try:
+                rate = float(field)
+            except ValueError:
+                rate = None
+            if rate is None or not math.isfinite(rate) or rate < 0:
+                what = "not a number" if rate is None else "not a finite number >= 0"
+                hint = " (a header line must start with #)" if rate is None else ""
+                raise click.BadParameter(
+                    f"{name!r}, line {line_number}, column {column}: {field!r} is {what}"
+                    f"{hint}.",
+                    param_hint="'--lr-schedule'",
+                )
+            rates.append(rate)
+    return np.asarray(rates, dtype=float)
 
 
 def _weighted(args: dict[str, Any], quantity: str, argument: float) -> Any:
@@ -100,7 +130,7 @@ def _weighted(args: dict[str, Any], quantity: str, argument: float) -> Any:
     )
 
     weights = sgd_weights(
-        _learning_rates(args["lr_schedule"], args["steps"], args["step_size"], args["gamma"]),
+        args["learning_rates"],
         momentum=args["momentum"],
         dampening=args["dampening"],
         nesterov=args["nesterov"],
@@ -370,7 +400,8 @@ def _plot_curve(args: dict[str, Any], weighted: Any) -> None:
                  "(1e-3 is 29% above 1e-4 at q = 0.001, sigma = 2).")
 @click.option("--lr-schedule", default=None, metavar="NAME|FILE",
               help="Learning-rate schedule: constant, step (StepLR: --step-size, --gamma), "
-              "cosine (CosineAnnealingLR over T), or a text file with one rate per step; adds "
+              "cosine (CosineAnnealingLR over T), or a text file with one rate per step "
+              "(separated by white space or commas; # starts a comment); adds "
               "the weighted heuristic (docs/last_iterate.md, 'Per-step weights: schedules "
               "and momentum').")
 @click.option("--momentum", type=NON_NEGATIVE, default=0.0, show_default=True,
@@ -432,6 +463,10 @@ def epsilon(**args: Any) -> None:
         )
     if delta is None and args["plot"] is not None:
         raise click.UsageError("--plot draws epsilon against T at --delta: pass --delta.")
+    if _weighted_requested(args):  # a bad schedule file is reported before any computation
+        args["learning_rates"] = _learning_rates(
+            args["lr_schedule"], args["steps"], args["step_size"], args["gamma"]
+        )
     if delta is not None:
         _epsilon_for_delta(args)
     else:
