@@ -5,7 +5,7 @@ The figures live in :mod:`opacus_lastiterate.figures`; each script here is a thi
     python reproductions/SCRIPT.py [--quick | --full] [--out DIR] [--no-plot] [--json] [...]
 
 ``--out DIR`` is a folder: the picture is saved as ``DIR/SCRIPT.png`` (default
-``reproductions/output/``). Every other option (``--trials``, ``--seed``, ...) is passed on to
+``reproductions/output/``); DIR is created if its parent exists. Every other option (``--trials``, ``--seed``, ...) is passed on to
 ``opacus-lastiterate reproduce FIGURE``; ``--help`` lists them.
 """
 
@@ -41,5 +41,7 @@ def run_figure(figure: str, script: str) -> None:
         print("note: matplotlib is not installed; numbers printed, plot skipped "
               "(pip install matplotlib, or pass --no-plot).")
         args.no_plot = True
+    if not args.no_plot and not args.out.exists() and args.out.parent.is_dir():
+        args.out.mkdir()  # the folder named by --out, not the folders above it
     plot = ["--no-plot"] if args.no_plot else ["--plot", str(args.out / f"{stem}.png")]
     sys.exit(main(["reproduce", figure, *plot, *rest]))

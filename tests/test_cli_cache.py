@@ -136,3 +136,107 @@ def test_a_warm_call_imports_neither_the_analysis_nor_dp_accounting(tmp_path: Pa
               for _ in range(2)]
     assert "dp_accounting" in loaded[0]  # the cold call computes (so the probe can fail)
     assert loaded[1] == "[]", loaded[1]
+
+
+def _entry(data: dict) -> dict:  # type: ignore[type-arg]
+    """The one answer of a cache file holding one configuration."""
+    (key,) = data
+    return data[key]  # type: ignore[no-any-return]
+
+
+def _set(path: str, value: object):  # type: ignore[no-untyped-def]
+    """A corruption that replaces the item at ``path`` (keys joined by '/') of the entry."""
+    def corrupt(data: dict) -> dict:  # type: ignore[type-arg]
+        *parents, last = path.split("/")
+        target = _entry(data)
+        for part in parents:
+            target = target[part]
+        target[last] = value
+        return data
+    return corrupt
+
+
+def _drop(path: str):  # type: ignore[no-untyped-def]
+    def corrupt(data: dict) -> dict:  # type: ignore[type-arg]
+        *parents, last = path.split("/")
+        target = _entry(data)
+        for part in parents:
+            target = target[part]
+        del target[last]
+        return data
+    return corrupt
+
+
+CORRUPTIONS = {
+    "values a string": _set("values", "abc"),
+    "keys a string": _set("keys", "heuristic"),
+    "labels a list": _set("labels", ["x"]),
+    "entry a list": lambda data: {k: [1, 2] for k in data},
+    "entry a string": lambda data: {k: "abc" for k in data},
+    "value a string": _set("values/heuristic", "1.27"),
+    "value a bool": _set("values/robust_heuristic", True),
+    "value null": _set("values/standard", None),
+    "value negative": _set("values/full_batch", -1.0),
+    "value NaN": _set("values/heuristic", float("nan")),
+    "value missing": _drop("values/standard"),
+    "extra value": _set("values/unexpected", 1.0),
+    "key unknown": _set("keys", ["heuristic", "nonsense"]),
+    "keys empty": _set("keys", []),
+    "label missing": _drop("labels/heuristic"),
+    "label a number": _set("labels/standard", 3),
+}
+
+
+FAST = [*ARGS, "--value-discretization-interval", "1e-2"]  # a coarse PLD: 0.1 s a call
+_FRESH: dict[str, str] = {}
+
+
+def _fresh(capsys, monkeypatch, argv: list[str]) -> str:  # type: ignore[no-untyped-def]
+    """What the command prints without a cache (computed once per command line)."""
+    key = " ".join(argv)
+    if key not in _FRESH:
+        monkeypatch.setenv(_cache.CACHE_ENV, "off")
+        _FRESH[key] = _out(capsys, *argv)
+    return _FRESH[key]
+
+
+CASES = [(c, "--delta", "1e-5") for c in sorted(CORRUPTIONS)] + [
+    (c, "--epsilon", "1.2") for c in ("values a string", "value missing", "label missing")
+]
+
+
+@pytest.mark.parametrize(("corruption", "option", "value"), CASES)
+def test_a_malformed_entry_is_computed_again_and_overwritten(  # type: ignore[no-untyped-def]
+    cache, calls, capsys, monkeypatch, corruption, option, value
+) -> None:
+    """Whatever shape a stored answer has, the command answers as without a cache (exit 0,
+    the same bytes), computes it again, and stores a good entry in its place."""
+    argv = [*FAST, option, value, "--json"]
+    fresh = _fresh(capsys, monkeypatch, argv)
+    monkeypatch.setenv(_cache.CACHE_ENV, str(cache))
+    _out(capsys, *argv)
+    computed = len(calls)
+    path = cache / "epsilon-cli.json"
+    path.write_text(json.dumps(CORRUPTIONS[corruption](json.loads(path.read_text()))))
+    assert _out(capsys, *argv) == fresh
+    if option == "--delta":  # `calls` counts the epsilon comparison only
+        assert len(calls) == computed + 1
+    stored = _entry(json.loads(path.read_text()))  # the good answer took the bad one's place
+    assert isinstance(stored["values"], dict) and stored["keys"]
+    assert _out(capsys, *argv) == fresh
+    if option == "--delta":
+        assert len(calls) == computed + 1  # read back, not computed a third time
+    assert "heuristic" in _out(capsys, *argv[:-1])  # the table too
+
+
+@pytest.mark.parametrize("keep", [0.0, 0.3, 0.5, 0.999])
+def test_a_truncated_file_is_computed_again_and_rewritten(  # type: ignore[no-untyped-def]
+    cache, calls, capsys, keep
+) -> None:
+    argv = [*FAST, "--delta", "1e-5", "--json"]
+    first = _out(capsys, *argv)
+    path = cache / "epsilon-cli.json"
+    text = path.read_bytes()
+    path.write_bytes(text[: int(len(text) * keep)])
+    assert _out(capsys, *argv) == first and calls == [1, 1]
+    assert _out(capsys, *argv) == first and calls == [1, 1]  # the rewritten file is read

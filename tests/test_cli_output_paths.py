@@ -150,23 +150,90 @@ def test_reproduce_default_picture_is_checked_before_computing(
     assert "Invalid value for '--plot'" in err and "is an existing folder" in err
 
 
-def test_missing_folders_are_fine_and_created_only_by_the_writer(
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_missing_folder_is_refused_and_never_created(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A file in a folder that does not exist is refused before computing, the message names
+    the option and the missing folder, and no folder is created (not even the first one)."""
+    _forbid(monkeypatch, CASES[case][2])
+    missing = tmp_path / "missing"
+    argv, option = _argv(case, tmp_path, str(missing / "deeper" / _image(case)))
+    err = _refused(capsys, argv)
+    assert f"Invalid value for '{option}'" in err
+    assert f"the directory '{missing / 'deeper'}' does not exist" in err
+    assert not missing.exists()
+
+
+def test_a_folder_at_the_filesystem_root_is_never_created(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--plot /missing/x.png`` is refused; nothing appears at the root."""
+    missing = Path("/").absolute() / "opacus_lastiterate_no_such_folder"
+    assert not missing.exists()
+    err = _refused(capsys, [*EPSILON, "--plot", str(missing / "x.png")])
+    assert "Invalid value for '--plot'" in err and f"'{missing}' does not exist" in err
+    assert not missing.exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_folder_that_takes_no_file_is_refused_before_computing(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """/proc takes no new file, whatever its permission bits say (also for root): refused
+    before computing, naming the option and the user's path, not a temporary file."""
+    _forbid(monkeypatch, CASES[case][2])
+    target = f"/proc/{_image(case)}"
+    argv, option = _argv(case, tmp_path, target)
+    err = _refused(capsys, argv)
+    assert f"Invalid value for '{option}'" in err
+    assert f"cannot write '{target}'" in err and "the folder '/proc' is not writable" in err
+    assert ".tmp" not in err
+
+
+def test_a_folder_the_user_names_is_created_but_not_its_parents(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A path in folders that do not exist yet passes the check; the folders appear with the
-    picture, after the computation."""
+    """``--plot DIR/`` creates DIR (the folder the user named) when its parent exists, and
+    nothing when it does not."""
     pytest.importorskip("matplotlib")
-    target = tmp_path / "new" / "deeper" / "eps.png"
-    assert main([*EPSILON, "--value-discretization-interval", "1e-3", "--plot", str(target)]) == 0
-    assert target.read_bytes()[:4] == b"\x89PNG"
+    fast = [*EPSILON, "--value-discretization-interval", "1e-3"]
+    assert main([*fast, "--plot", f"{tmp_path / 'figures'}/"]) == 0
+    assert (tmp_path / "figures" / "epsilon.png").read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+    err = _refused(capsys, [*fast, "--plot", f"{tmp_path / 'a' / 'figures'}/"])
+    assert f"the directory '{tmp_path / 'a'}' does not exist" in err
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_write_that_fails_after_the_check_names_the_option_and_the_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The folder passed the check but the write fails (a full disk, say): the error names
+    --plot and the user's path."""
+    figure_module = pytest.importorskip("matplotlib.figure")
+
+    def full_disk(self: object, fname: object, *args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device", str(fname))
+
+    monkeypatch.setattr(figure_module.Figure, "savefig", full_disk)
+    target = tmp_path / "eps.png"
+    with pytest.raises(SystemExit) as stop:
+        main([*EPSILON, "--value-discretization-interval", "1e-3", "--plot", str(target)])
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert f"--plot '{target}': could not write the file: No space left on device" in err
 
 
 def test_a_refused_path_creates_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The check creates no folder: a command refused for another reason after the output
-    option was accepted leaves the file system as it was."""
-    target = tmp_path / "new" / "eps.png"
+    """The check leaves nothing behind (its test file is removed): a command refused for
+    another reason after the output option was accepted leaves the folder as it was."""
+    target = tmp_path / "eps.png"
     err = _refused(capsys, [*EPSILON[:-2], "--epsilon", "1", "--plot", str(target)])
     assert "pass --delta" in err
-    assert not (tmp_path / "new").exists()
+    assert list(tmp_path.iterdir()) == []

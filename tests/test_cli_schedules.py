@@ -74,3 +74,40 @@ def test_counterexample_table(capsys):
                  "--noise-multiplier", "1", "--delta", "1e-6"]) == 0
     text = capsys.readouterr().out
     assert "exceeds the heuristic" in text and "zeroing regulariser" in text
+
+
+@pytest.mark.parametrize(("text", "line", "column", "value"), [
+    ("0.5\nabc\n0.5\n", 2, 1, "'abc' is not a number"),
+    ("# learning rate\n0.5\n0.5 -1\n", 3, 2, "'-1' is not a finite number >= 0"),
+    ("lr\n0.5\n0.5\n", 1, 1, "'lr' is not a number (a header line must start with #)"),
+    ("0.5, 0.5\n\n0.5 nan # last\n", 3, 2, "'nan' is not a finite number >= 0"),
+])
+def test_a_bad_schedule_file_names_the_option_the_file_and_the_line(
+    capsys, tmp_path, monkeypatch, text, line, column, value
+):
+    """The line number is the file's own (1-based, comments and blank lines counted), the
+    column the field on that line; nothing is computed before the error."""
+    import opacus_lastiterate.analysis.comparison as comparison
+
+    def never(*args, **kwargs):
+        raise AssertionError("computed although the schedule file is bad")
+
+    monkeypatch.setattr(comparison, "compare_epsilons", never)
+    path = tmp_path / "rates.txt"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["epsilon", "--steps", "3", *BASE, "--lr-schedule", str(path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert (f"Invalid value for '--lr-schedule': '{path}', line {line}, column {column}: "
+            f"{value}") in err
+
+
+def test_a_schedule_file_may_hold_comments_and_commas(capsys, tmp_path):
+    rates = [0.5, 0.4, 0.3, 0.2]
+    path = tmp_path / "rates.csv"
+    path.write_text("# step rates\n0.5, 0.4\n\n0.3  # third\n0.2\n")
+    out = _json(capsys, ["epsilon", "--steps", "4", *BASE, "--lr-schedule", str(path)])
+    ref = weighted_heuristic_epsilon_result(1e-6, weights=rates, sample_rates=0.05,
+                                            noise_multipliers=1.0)
+    assert out["weighted_heuristic"] == pytest.approx(ref.epsilon, rel=1e-9)

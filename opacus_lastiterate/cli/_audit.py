@@ -28,6 +28,7 @@ from opacus_lastiterate.cli._options import (
     emit_json,
     json_option,
     plot_option,
+    writing,
 )
 from opacus_lastiterate.figures._plotting import QUICK_NOTE
 
@@ -130,7 +131,8 @@ def records_command(
     )
     if plot is not None:
         target = plot
-        _plot_scores(records, result, target, f"{path.name}: {len(records.records)} runs")
+        with writing(target, "--plot"):
+            _plot_scores(records, result, target, f"{path.name}: {len(records.records)} runs")
         click.echo(f"saved plot: {target}", err=as_json)
     n_in, n_out = len(records.in_scores), len(records.out_scores)
     if as_json:
@@ -200,7 +202,11 @@ def digits_command(
         workers=(os.cpu_count() or 1) if workers is None else workers,
         progress=progress and not as_json,
     )
-    records = runner.run()
+    if records_path is None:
+        records = runner.run()
+    else:
+        with writing(records_path, "--records"):
+            records = runner.run()
     result = audit_records(
         records, delta=delta, confidence=confidence,
         threshold_strategy=_strategy(threshold, seed), method=method,  # type: ignore[arg-type]
@@ -208,8 +214,9 @@ def digits_command(
     heuristic, standard = trainer.heuristic_epsilon(delta), trainer.standard_epsilon(delta)
     if plot is not None:
         target = plot
-        _plot_scores(records, result, target, f"digits, {canary} canary, {runs} runs",
-                     note=QUICK_NOTE if quick else "")
+        with writing(target, "--plot"):
+            _plot_scores(records, result, target, f"digits, {canary} canary, {runs} runs",
+                         note=QUICK_NOTE if quick else "")
         click.echo(f"saved plot: {target}", err=as_json)
     configuration = {
         "runs": runs, "steps": steps, "sample_rate": trainer.sample_rate,

@@ -11,8 +11,10 @@ epsilon, the PLD interval, as ``repr`` of floats) and a fingerprint of what comp
 size and modification time of every module of ``opacus_lastiterate/analysis`` and the
 versions of dp-accounting, numpy and scipy. Values are stored as JSON floats, which read back
 bit-identical. Answers whose computation warned are not stored (a cached answer would lose
-the warning). Where the cache folder cannot be read or written the command computes as if
-there were none.
+the warning). An entry is used only if the caller's ``valid`` accepts it; a malformed one
+(a file that is not JSON or is cut short, an entry of the wrong shape or types) is computed
+again and overwritten, never an error. Where the cache folder cannot be read or written the
+command computes as if there were none.
 
 The folder is ``$OPACUS_LASTITERATE_CACHE_DIR``, else ``$XDG_CACHE_HOME/opacus-lastiterate``,
 else ``~/.cache/opacus-lastiterate``; ``OPACUS_LASTITERATE_CACHE_DIR=off`` (or empty) turns the
@@ -21,6 +23,7 @@ cache off.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -65,25 +68,32 @@ def _fingerprint() -> str:
 
 
 def _load(path: Path) -> dict[str, Any]:
+    """The entries of the cache file; ``{}`` for a file that cannot be read or parsed
+    (missing, cut short, not UTF-8, not JSON, nested too deep, not a JSON object)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
-def cached(inputs: dict[str, Any], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def cached(
+    inputs: dict[str, Any],
+    compute: Callable[[], dict[str, Any]],
+    valid: Callable[[Any], bool],
+) -> dict[str, Any]:
     """``compute()`` (a JSON-able dict), or what it returned for the same ``inputs``, code and
-    libraries before."""
+    libraries before, if ``valid`` accepts that entry (a malformed entry is computed again
+    and overwritten). ``valid`` must return a bool for any JSON value and raise nothing."""
     folder = cache_dir()
     if folder is None:
         return compute()
     key = json.dumps({"inputs": {k: repr(v) for k, v in sorted(inputs.items())},
                       "code": _fingerprint()}, sort_keys=True)
     path = folder / _FILE
-    entries = _load(path)
-    if key in entries and isinstance(entries[key], dict):
-        return entries[key]
+    entry = _load(path).get(key)
+    if isinstance(entry, dict) and valid(entry):
+        return entry
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         value = compute()
@@ -95,11 +105,15 @@ def cached(inputs: dict[str, Any], compute: Callable[[], dict[str, Any]]) -> dic
     entries[key] = value
     while len(entries) > _MAX_ENTRIES:  # oldest first (dicts keep insertion order)
         entries.pop(next(iter(entries)))
+    temporary = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as out:
+            temporary = out.name
             json.dump(entries, out, allow_nan=True)
-        os.replace(out.name, path)
+        os.replace(temporary, path)
     except OSError:
-        pass
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
     return value

@@ -50,7 +50,7 @@ def counterexample(
         "quadratic_lower": (c.quadratic.epsilon_lower, "lower bound of the same"),
         "heuristic": (c.epsilon_linear, "last-iterate heuristic eps_T (alpha = 0)"),
         "one_step": (c.epsilon_one_step, "one step eps_1 (alpha = 1, zeroing regulariser)"),
-        "robust_heuristic": (c.epsilon_robust,
+        "robust_heuristic": (max(c.epsilon_robust, c.epsilon_linear),
                              f"max over t <= T of eps_t (at t = {c.robust_steps})"),
     }
     if as_json:

@@ -15,6 +15,8 @@ those names.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 import click
@@ -28,7 +30,9 @@ from opacus_lastiterate.cli._options import (
     emit_json,
     interval_option,
     json_option,
+    ordered,
     plot_option,
+    writing,
 )
 
 __all__ = ["WEIGHTED_LABEL", "epsilon"]
@@ -56,8 +60,6 @@ def _keys() -> tuple[str, ...]:
 
 def _learning_rates(lr_schedule: str | None, steps: int, step_size: int | None, gamma: float) -> Any:
     """The per-step learning rates of ``--lr-schedule`` (unit base rate: only ratios matter)."""
-    import numpy as np
-
     from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
         BUILTIN_SCHEDULES,
         builtin_schedule,
@@ -70,20 +72,50 @@ def _learning_rates(lr_schedule: str | None, steps: int, step_size: int | None, 
             size = step_size if step_size is not None else max(1, steps // 3)
             options = {"step_size": size, "gamma": gamma}
         return builtin_schedule(name, 1.0, steps, **options)
-    try:
-        rates = np.loadtxt(name, dtype=float, ndmin=1)
-    except OSError as err:
-        raise click.BadParameter(
-            f"must be one of {', '.join(BUILTIN_SCHEDULES)} or a readable file with one "
-            f"learning rate per step, got {name!r} ({err}).",
-            param_hint="'--lr-schedule'",
-        ) from None
+    rates = _read_rates(name, BUILTIN_SCHEDULES)
     if rates.size != steps:
         raise click.BadParameter(
-            f"the file must hold --steps = {steps} rates, got {rates.size}.",
+            f"the file {name!r} must hold --steps = {steps} rates, got {rates.size}.",
             param_hint="'--lr-schedule'",
         )
     return rates
+
+
+def _read_rates(name: str, builtin: Any) -> Any:
+    """The learning rates of the text file ``name``: numbers separated by white space or
+    commas, in reading order; ``#`` starts a comment (a header line must be one). A value that
+    is not a finite number >= 0 is a usage error naming --lr-schedule, the file, and the line
+    (1-based, every line of the file counted) and column (1-based field) where it stands."""
+    import numpy as np
+
+    try:
+        with open(name, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else err
+        raise click.BadParameter(
+            f"must be one of {', '.join(builtin)} or a readable text file with one learning "
+            f"rate per step, got {name!r} ({why}).",
+            param_hint="'--lr-schedule'",
+        ) from None
+    rates: list[float] = []
+    for line_number, line in enumerate(lines, start=1):
+        fields = re.split(r"[\s,]+", line.split("#", 1)[0].strip())
+        for column, field in enumerate(filter(None, fields), start=1):
+            try:
+                rate = float(field)
+            except ValueError:
+                rate = None
+            if rate is None or not math.isfinite(rate) or rate < 0:
+                what = "not a number" if rate is None else "not a finite number >= 0"
+                hint = " (a header line must start with #)" if rate is None else ""
+                raise click.BadParameter(
+                    f"{name!r}, line {line_number}, column {column}: {field!r} is {what}"
+                    f"{hint}.",
+                    param_hint="'--lr-schedule'",
+                )
+            rates.append(rate)
+    return np.asarray(rates, dtype=float)
 
 
 def _weighted(args: dict[str, Any], quantity: str, argument: float) -> Any:
@@ -97,7 +129,7 @@ def _weighted(args: dict[str, Any], quantity: str, argument: float) -> Any:
     )
 
     weights = sgd_weights(
-        _learning_rates(args["lr_schedule"], args["steps"], args["step_size"], args["gamma"]),
+        args["learning_rates"],
         momentum=args["momentum"],
         dampening=args["dampening"],
         nesterov=args["nesterov"],
@@ -148,15 +180,36 @@ def _comparison(args: dict[str, Any], quantity: str) -> dict[str, Any]:
                                             "discretization")}
     inputs.update(quantity=quantity, argument=args["delta" if quantity == "epsilon" else
                                                   "epsilon"])
-    return cached(inputs, compute)
+    extra = _EPSILON_EXTRA if quantity == "epsilon" else ()
+    return cached(inputs, compute, lambda entry: _well_formed(entry, extra))
+
+
+_EPSILON_EXTRA = ("delta", "steps", "standard_discretization")
+"""The keys of an epsilon comparison's values besides the models' (``EpsilonComparison``)."""
+
+
+def _well_formed(entry: dict[str, Any], extra: tuple[str, ...]) -> bool:
+    """Whether a cached answer has the shape :func:`_comparison` computes: ``keys`` a non-empty
+    list of names, ``values`` exactly those names and ``extra`` mapped to numbers >= 0 (not
+    NaN; infinity allowed), ``labels`` a string for each name."""
+    values, keys, labels = entry.get("values"), entry.get("keys"), entry.get("labels")
+    if not (isinstance(values, dict) and isinstance(keys, list) and isinstance(labels, dict)):
+        return False
+    if not keys or not all(isinstance(k, str) for k in keys) or len(set(keys)) != len(keys):
+        return False
+    if set(values) != {*keys, *extra} or not set(keys) <= set(labels):
+        return False
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+                  for v in values.values())
+    return numbers and all(isinstance(v, str) for v in labels.values())
 
 
 def _epsilon_for_delta(args: dict[str, Any]) -> None:
     comparison = _comparison(args, "epsilon")
-    result, labels = comparison["values"], comparison["labels"]
+    result, labels = ordered(comparison["values"]), comparison["labels"]
     weighted = _weighted(args, "epsilon", args["delta"])
     if args["plot"] is not None:
-        _plot_curve(args)
+        _plot_curve(args, weighted)
     if args["as_json"]:
         payload: dict[str, Any] = {
             "quantity": "epsilon",
@@ -208,7 +261,7 @@ def _models(args: dict[str, Any]) -> dict[str, Any]:
 def _delta_for_epsilon(args: dict[str, Any]) -> None:
     eps = args["epsilon"]
     comparison = _comparison(args, "delta")
-    deltas, labels = comparison["values"], comparison["labels"]
+    deltas, labels = ordered(comparison["values"]), comparison["labels"]
     weighted = _weighted(args, "delta", eps)
     if args["as_json"]:
         payload: dict[str, Any] = {
@@ -260,8 +313,8 @@ def _calibrate(args: dict[str, Any], accountants: tuple[str, ...]) -> None:
             noise_multiplier=sigma,
             value_discretization_interval=args["discretization"],
         )
-        rows.append({"accountant": accountant, "noise_multiplier": sigma,
-                     **{k: getattr(result, k) for k in _keys()}})
+        rows.append(ordered({"accountant": accountant, "noise_multiplier": sigma,
+                             **{k: getattr(result, k) for k in _keys()}}))
     if args["as_json"]:
         emit_json({
             "quantity": "noise_multiplier",
@@ -300,19 +353,32 @@ def _calibrate(args: dict[str, Any], accountants: tuple[str, ...]) -> None:
     click.echo(table.table())
 
 
-def _plot_curve(args: dict[str, Any]) -> None:
+def _plot_curve(args: dict[str, Any], weighted: Any) -> None:
+    """The four epsilons against t = 1..T (``--plot``), and the weighted heuristic at T when
+    the table has it: the plot shows every value the table prints."""
     from opacus_lastiterate.figures import last_iterate_fig1 as fig1
+    from opacus_lastiterate.figures._plotting import OKABE_ITO, legend_below, pyplot, save
 
     path = args["plot"]
     delta = args["delta"]
-    rows = fig1.curve(
+    rows = [ordered(row) for row in fig1.curve(
         delta,
         sample_rate=args["sample_rate"],
         noise_multiplier=args["noise_multiplier"],
         steps=fig1.steps_grid(max(args["steps"], 1)),
         value_discretization_interval=args["discretization"],
-    )
-    fig1.plot_configuration(rows, delta, path)
+    )]
+    with writing(path, "--plot"):
+        fig, ax = pyplot().subplots(figsize=(6, 4.2))
+        fig1.draw_panel(ax, rows, delta, f"epsilon against T: q = {args['sample_rate']:g}, "
+                        f"sigma = {args['noise_multiplier']:g}")
+        if weighted is not None:
+            ax.plot([args["steps"]], [weighted.epsilon], linestyle="none", marker="*", ms=11,
+                    color=OKABE_ITO[6],
+                    label=f"weighted heuristic at T = {args['steps']} (schedule "
+                    f"{args['lr_schedule'] or 'constant'}, momentum {args['momentum']:g})")
+        legend_below(fig, ax, ncol=2)
+        save(fig, path)
     click.echo(f"saved plot: {path}", err=args["as_json"])
 
 
@@ -332,7 +398,8 @@ def _plot_curve(args: dict[str, Any]) -> None:
                  "(1e-3 is 29% above 1e-4 at q = 0.001, sigma = 2).")
 @click.option("--lr-schedule", default=None, metavar="NAME|FILE",
               help="Learning-rate schedule: constant, step (StepLR: --step-size, --gamma), "
-              "cosine (CosineAnnealingLR over T), or a text file with one rate per step; adds "
+              "cosine (CosineAnnealingLR over T), or a text file with one rate per step "
+              "(separated by white space or commas; # starts a comment); adds "
               "the weighted heuristic (docs/last_iterate.md, 'Per-step weights: schedules "
               "and momentum').")
 @click.option("--momentum", type=NON_NEGATIVE, default=0.0, show_default=True,
@@ -390,6 +457,10 @@ def epsilon(**args: Any) -> None:
         )
     if delta is None and args["plot"] is not None:
         raise click.UsageError("--plot draws epsilon against T at --delta: pass --delta.")
+    if _weighted_requested(args):  # a bad schedule file is reported before any computation
+        args["learning_rates"] = _learning_rates(
+            args["lr_schedule"], args["steps"], args["step_size"], args["gamma"]
+        )
     if delta is not None:
         _epsilon_for_delta(args)
     else:

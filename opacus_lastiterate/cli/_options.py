@@ -6,10 +6,12 @@ pure-math commands must start fast (no numpy-heavy, torch or opacus import at st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,13 +26,16 @@ __all__ = [
     "OutputPath",
     "check_batch_size",
     "check_output_path",
+    "check_plot_path",
     "dp_sgd_options",
     "emit_json",
     "fmt_eps",
     "interval_option",
     "json_option",
+    "ordered",
     "plot_option",
     "plot_path",
+    "writing",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -127,18 +132,18 @@ def json_option(f: F) -> F:
 
 def plot_option(what: str, default_name: str) -> Callable[[F], F]:
     """--plot FILE: save a picture of ``what``; the value reaches the command as the resolved
-    :class:`~pathlib.Path` (:func:`plot_path`), checked before anything is computed."""
+    :class:`~pathlib.Path` (:func:`check_plot_path`), checked before anything is computed."""
 
     def resolve(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
         if value is None:
             return None
-        return check_output_path(plot_path(value, default_name), "--plot")
+        return check_plot_path(value, default_name)
 
     return click.option(
         "--plot", "plot", type=click.Path(path_type=str), default=None, metavar="FILE",
         callback=resolve,
         help=f"Save a plot of {what} to FILE (.png, .pdf or .svg; a folder gets "
-        f"{default_name} inside). Needs matplotlib.",
+        f"{default_name} inside). Its folder must exist. Needs matplotlib.",
     )
 
 
@@ -151,12 +156,23 @@ def fmt_eps(value: float, width: int = 10) -> str:
     return f"{value:{width}.4f}" if math.isfinite(value) else f"{'inf':>{width}}"
 
 
+def ordered(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the robust heuristic raised to the heuristic where it came out below:
+    the robust value is a maximum over t <= T that includes t = T, so it is never below the
+    heuristic; two separately computed upper bounds can still land in the wrong order by a
+    rounding (``docs/cli.md``, "epsilon")."""
+    robust, plain = values.get("robust_heuristic"), values.get("heuristic")
+    if isinstance(robust, float) and isinstance(plain, float) and robust < plain:
+        return {**values, "robust_heuristic": plain}
+    return values
+
+
 def plot_path(text: str | Path, default_name: str) -> Path:
     """Where ``--plot PATH`` saves: PATH itself if it names an image file; PATH/default_name
     if it is an existing folder or ends with a separator. Anything else is a usage error."""
     text = str(text) if isinstance(text, Path) else text
     path = Path(text)
-    if path.is_dir() or text.endswith(("/", "\\")):
+    if _names_folder(text):
         return path / default_name
     if path.suffix.lower() not in IMAGE_SUFFIXES:
         raise click.BadParameter(
@@ -167,6 +183,21 @@ def plot_path(text: str | Path, default_name: str) -> Path:
     return path
 
 
+def _names_folder(text: str) -> bool:
+    return text.endswith(("/", "\\")) or _is_dir(Path(text))
+
+
+def check_plot_path(text: str | Path, default_name: str, option: str = "--plot") -> Path:
+    """:func:`plot_path` of ``text``, checked by :func:`check_output_path`: a folder the user
+    names (``DIR/``) may be missing if its parent exists (the writer creates DIR only)."""
+    target = plot_path(text, default_name)
+    if _names_folder(str(text)):
+        check_output_path(target.parent, option, folder=True)
+        if not _exists(target.parent):
+            return target
+    return check_output_path(target, option)
+
+
 def _exists(path: Path) -> bool:
     try:
         return path.exists() or path.is_symlink()
@@ -174,37 +205,91 @@ def _exists(path: Path) -> bool:
         return False
 
 
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
+def _accepts_files(folder: Path) -> str | None:
+    """None if a file can be created in the existing ``folder`` (a file is created and removed
+    at once: permission bits do not say it, e.g. for root or under /proc), else why not."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".opacus-lastiterate-", suffix=".probe", dir=folder)
+    except OSError as err:
+        return (f"the folder {str(folder)!r} is not writable (creating a file there failed: "
+                f"{err.strerror or err})")
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return None
+
+
 def _output_problem(path: Path, folder: bool) -> str | None:
-    """Why nothing can be written at ``path`` (a file, or a ``folder``), or None."""
+    """Why nothing can be written at ``path`` (a file, or a ``folder``), or None. A missing
+    ``path`` needs an existing, writable parent folder: no folder above it is created."""
     if _exists(path):
-        if folder and not path.is_dir():
+        if folder and not _is_dir(path):
             return f"{str(path)!r} exists and is not a folder"
-        if not folder and path.is_dir():
+        if not folder and _is_dir(path):
             return f"{str(path)!r} is an existing folder, not a file"
-        if not os.access(path, os.W_OK | (os.X_OK if folder else 0)):
-            return f"{str(path)!r} is not writable"
-        return None
-    ancestor = path.parent
-    while not _exists(ancestor) and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if ancestor.is_file():
-        return f"{str(ancestor)!r} is a file, so {str(path)!r} cannot be created under it"
-    if not ancestor.is_dir():
-        return f"{str(ancestor)!r} is not a folder"
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        return f"the folder {str(ancestor)!r} is not writable"
+        if folder:
+            return _accepts_files(path)
+        problem = _file_problem(path)
+        return problem if problem is not None else _accepts_files(path.parent)
+    parent = path.parent
+    if not _is_dir(parent):
+        ancestor = parent
+        while not _exists(ancestor) and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        if _exists(parent):
+            kind = "a file" if parent.is_file() else "something else"
+            return f"{str(parent)!r} is {kind}, not a folder"
+        why = f" ({str(ancestor)!r} is a file)" if not _is_dir(ancestor) else ""
+        return f"the directory {str(parent)!r} does not exist{why}"
+    return _accepts_files(parent)
+
+
+def _file_problem(path: Path) -> str | None:
+    """Why the existing file ``path`` cannot be overwritten, or None (a regular file is opened
+    for appending and closed unchanged; anything else is asked of its permission bits)."""
+    if not path.is_file():
+        return None if os.access(path, os.W_OK) else f"{str(path)!r} is not writable"
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as err:
+        return f"{str(path)!r} is not writable ({err.strerror or err})"
     return None
 
 
 def check_output_path(path: Path, option: str, *, folder: bool = False) -> Path:
     """``path`` if a file (or a ``folder``) can be written there, else a usage error naming
-    ``option``: the path must not be a folder (a file), its nearest existing ancestor must be
-    a writable folder (missing folders in between are created later, by the writer). Creates
-    nothing; called while the command line is parsed, before anything is computed."""
+    ``option`` and the path: the path must not be a folder (a file), and its parent must be an
+    existing folder in which a file can be created (tried). Creates nothing that stays;
+    called while the command line is parsed, before anything is computed."""
     problem = _output_problem(Path(path), folder)
     if problem is not None:
-        raise click.BadParameter(f"cannot write there: {problem}.", param_hint=f"'{option}'")
+        raise click.BadParameter(f"cannot write {str(path)!r}: {problem}.",
+                                 param_hint=f"'{option}'")
     return Path(path)
+
+
+@contextlib.contextmanager
+def writing(path: Path, option: str) -> Iterator[None]:
+    """Turns an :class:`OSError` raised while writing ``path`` (checked before the computation,
+    but a disk can fill or a folder vanish since) into an error naming ``option`` and the
+    path the user gave, not a temporary file beside it."""
+    try:
+        yield
+    except OSError as err:
+        folder = Path(path).absolute().parent
+        if err.filename is not None and Path(str(err.filename)).absolute().parent != folder:
+            raise
+        raise click.ClickException(
+            f"{option} {str(path)!r}: could not write the file: {err.strerror or err}."
+        ) from None
 
 
 class OutputPath(click.Path):

@@ -16,7 +16,9 @@ from opacus_lastiterate.cli._options import (
     emit_json,
     interval_option,
     json_option,
+    ordered,
     plot_option,
+    writing,
 )
 
 __all__ = ["plan"]
@@ -97,7 +99,7 @@ def plan(
     for size in batch_sizes:
         check_batch_size(size, dataset_size, option="--batch-sizes")
     rows = [
-        p.as_dict()
+        ordered(p.as_dict())
         for p in plan_batch_sizes(
             target_epsilon, delta, dataset_size=dataset_size, batch_sizes=batch_sizes,
             epochs=epochs, steps=steps, accountant=accountant,  # type: ignore[arg-type]
@@ -108,7 +110,8 @@ def plan(
         from opacus_lastiterate.figures.last_iterate_table1 import plot_plan
 
         path = plot
-        plot_plan(rows, delta, path)
+        with writing(path, "--plot"):
+            plot_plan(rows, delta, path)
         click.echo(f"saved plot: {path}", err=as_json)
     labels = {
         "noise_multiplier": f"smallest sigma meeting epsilon <= {target_epsilon:g} under the "

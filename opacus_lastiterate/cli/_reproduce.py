@@ -15,10 +15,10 @@ from opacus_lastiterate.cli._options import (
     COUNT,
     POSITIVE,
     OutputPath,
-    check_output_path,
+    check_plot_path,
     emit_json,
     json_option,
-    plot_path,
+    writing,
 )
 from opacus_lastiterate.figures import FIGURES
 
@@ -55,13 +55,14 @@ def _run(name: str, size: str, plot: Path | None, no_plot: bool, **kwargs: Any) 
             note = ("plot skipped: matplotlib is not installed "
                     "(pip install 'opacus-lastiterate[plot]', or pass --no-plot)")
         elif plot is None:  # checked before the (possibly long) computation
-            saved = check_output_path(plot_path(f"{name}.png", f"{name}.png"), "--plot")
+            saved = check_plot_path(f"{name}.png", f"{name}.png")
         else:  # checked when the command line was parsed
             saved = Path(plot)
     start = time.perf_counter()
     result = load(name).compute(size, **kwargs)
     if saved is not None:
-        result.plot(result, saved)
+        with writing(saved, "--plot"):
+            result.plot(result, saved)
     return {"result": result, "plot": saved, "note": note,
             "elapsed": time.perf_counter() - start}
 
@@ -85,7 +86,7 @@ def _common(f: Any, name: str, simulated: bool) -> Any:
     def resolve(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
         if value is None:
             return None
-        return check_output_path(plot_path(value, f"{name}.png"), "--plot")
+        return check_plot_path(value, f"{name}.png")
 
     options = [
         click.option("--quick", is_flag=True,
@@ -153,7 +154,9 @@ def reproduce_all(quick: bool, full: bool, out: Path, no_plot: bool, as_json: bo
     size = _size(quick, full)
     runs = []
     for name in FIGURES:
-        out.mkdir(parents=True, exist_ok=True)
+        if not no_plot:
+            with writing(out / f"{name}.png", "--out"):
+                out.mkdir(exist_ok=True)  # its parent was checked: only OUT is created
         run = _run(name, size, None if no_plot else out / f"{name}.png", no_plot)
         if as_json:
             runs.append(run)

@@ -17,6 +17,7 @@ from opacus_lastiterate.cli._options import (
     fmt_eps,
     json_option,
     plot_option,
+    writing,
 )
 
 __all__ = ["compare_versions"]
@@ -95,7 +96,8 @@ def compare_versions(
     rows = compare(config, versions)
     if plot is not None:
         path = plot
-        _plot_versions(rows, delta, path)
+        with writing(path, "--plot"):
+            _plot_versions(rows, delta, path)
         click.echo(f"saved plot: {path}", err=as_json)
     if as_json:
         emit_json({
