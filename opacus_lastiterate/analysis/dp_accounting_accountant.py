@@ -40,7 +40,8 @@ momentum with :func:`~.last_iterate.optimizer_weights.sgd_weights`). Either a se
 one weight per composed step (checked when a number is asked for), or a callable that takes
 the number of steps T composed so far and returns the T weights of the model at that point
 (for a number after every step: with momentum the weight of a step depends on the steps after
-it).
+it); it is called once per query after new steps, and the model it gives is kept until the next
+``compose``.
 
 What the number is: a heuristic for the final model only (exact for linear losses, not a
 proven DP bound for deep networks; intermediate models are not covered), the label of
@@ -106,6 +107,9 @@ class LastIterateHeuristicAccountant(PrivacyAccountant):
         robust: the robust heuristic (the maximum over the last t <= T steps,
             ``privacy_model("robust_heuristic", run)``) instead of the heuristic; runs
             without weights only.
+
+    Attributes:
+        kind: ``"heuristic"``, what every number of this accountant is.
 
     Raises:
         TypeError: a parameter of the wrong type (named).
