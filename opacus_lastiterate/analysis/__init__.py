@@ -17,6 +17,8 @@ Everything in this subpackage uses numpy, scipy and dp_accounting only, so it ca
 * :mod:`.normalisation`: batch-size normalisation (EASGM, FEASGM, ASGM);
 * :mod:`.audit`: the statistics of privacy auditing;
 * :mod:`.comparison`: every number of one run side by side;
+* :mod:`.dp_accounting_accountant`: the heuristic as a ``dp_accounting`` accountant (events
+  composed by JAX or TensorFlow training code);
 * :mod:`.calibration` and :mod:`.hyperparameter_plan`: the noise multiplier for a target
   epsilon, and batch sizes with equal heuristic epsilon;
 * :mod:`.opacus_versions`: what each Opacus release 0.9.0-1.6.0 computes.
@@ -56,6 +58,9 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         EpsilonComparison,
         compare_epsilons,
         compare_epsilons_for_history,
+    )
+    from opacus_lastiterate.analysis.dp_accounting_accountant import (
+        LastIterateHeuristicAccountant,
     )
     from opacus_lastiterate.analysis.hyperparameter_plan import BatchSizePlan, plan_batch_sizes
     from opacus_lastiterate.analysis.last_iterate.counterexamples import (
@@ -162,6 +167,7 @@ _LAZY: dict[str, str] = {
     "VersionConfig": "opacus_versions",
     "compare_versions": "opacus_versions",
     "DPSGDRun": "run",
+    "LastIterateHeuristicAccountant": "dp_accounting_accountant",
     "SAMPLING_NAMES": "sampling",
     "BallsInBins": "sampling",
     "DeterministicBatches": "sampling",
@@ -256,6 +262,7 @@ __all__ = [
     "FullBatchGaussian",
     "IncrementalHeuristic",
     "LastIterateHeuristic",
+    "LastIterateHeuristicAccountant",
     "MonotonicityCheck",
     "NoAmplificationBound",
     "Normalisation",
