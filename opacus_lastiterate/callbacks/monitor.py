@@ -62,9 +62,10 @@ from opacus_lastiterate.accountants import (
     steps_of,
     take_back_steps,
 )
+from opacus_lastiterate.accountants.base import revision_of, trim_history
 from opacus_lastiterate.accountants.engine_sampling import warn_about_detection
 from opacus_lastiterate.analysis._validation import check_delta
-from opacus_lastiterate.callbacks._checkpoint import monitor_state, restore, rewind
+from opacus_lastiterate.callbacks._checkpoint import monitor_state, restore
 from opacus_lastiterate.callbacks._evaluation_process import SEND_EVERY
 from opacus_lastiterate.callbacks._optimizer_hooks import OptimizerHooks
 from opacus_lastiterate.callbacks._optimizer_hooks import host_float as _host_float
@@ -92,7 +93,7 @@ from opacus_lastiterate.callbacks.records import (
     MonitorAudit,
     Sink,
 )
-from opacus_lastiterate.callbacks.sinks import check_sink_rank, process_rank
+from opacus_lastiterate.callbacks.sinks import SinkDispatch, check_sink_rank, process_rank
 from opacus_lastiterate.exceptions import MonitorWarning, PrivacyBudgetExceededError
 
 __all__ = [
@@ -204,6 +205,7 @@ class PrivacyMonitor:
             if not callable(sink):
                 raise TypeError(f"`sinks[{i}]` must be callable, got {type(sink).__name__}.")
             self.sinks.append(sink)
+        self._dispatch = SinkDispatch(self.sinks)  # each sink fails alone
         self.sink_rank = check_sink_rank(sink_rank)
         self.cadences = Cadences(heuristic_every, weighted_every, robust_every, standard_every)
         self._overhead = OverheadBudget(check_max_overhead(max_overhead))
@@ -234,6 +236,7 @@ class PrivacyMonitor:
         """True once the budget refused a step (``action="stop"``)."""
         self.stop_reason: str | None = None
         self._was_attached = False
+        self._warned_foreign = False  # steps recorded by another optimizer: warned once
         self._evaluator: Evaluator | None = None
         self._sync()
         if optimizer is not None:
@@ -273,13 +276,15 @@ class PrivacyMonitor:
     robust_every = property(lambda self: self.cadences.robust_every)
     standard_every = property(lambda self: self.cadences.standard_every)
 
-    def _sync(self, rdp: Sequence[float] | None = None) -> None:
-        """Start evaluating from the accountant's current state (no queued steps)."""
+    def _sync(self, rdp: Sequence[float] | None = None, dropped: int = 0) -> None:
+        """Start evaluating from the accountant's current state less its last ``dropped``
+        steps (no queued steps)."""
         if self._evaluator is not None:
             self._evaluator.close(kill=True)  # its answers are of the state replaced
         last_lr = None if self.last_record is None else self.last_record.lr
         self._synced_sampling = getattr(self.accountant, "sampling", None)
-        self._evaluator = self._make_evaluator(0, rdp, last_lr)
+        self._revision = revision_of(self.accountant)
+        self._evaluator = self._make_evaluator(dropped, rdp, last_lr)
         self._final: tuple[int, EpsilonRecord | None] | None = None  # (steps, record) of finish()
         self._queue: list[QueuedStep] = []
         self._ready: list[EpsilonRecord] = []
@@ -343,14 +348,16 @@ class PrivacyMonitor:
 
         Raises:
             TypeError: if ``optimizer`` is not a ``DPOptimizer``.
-            ValueError: if it has no step hook (no accountant attached) or the monitor is
-                attached already.
+            ValueError: if it has no step hook (no accountant attached), its hook records
+                into another accountant than the monitor's (another ``PrivacyEngine``'s), or
+                the monitor is attached already.
         """
-        if not self._hooks.check(optimizer):
+        if not self._hooks.check(optimizer, self.accountant):
             return self  # attached to it already
         assert self._evaluator is not None
         if not self._queue and (
             self._evaluator.evaluated != steps_of(self.accountant)
+            or revision_of(self.accountant) is not self._revision
             or self._synced_sampling != getattr(self.accountant, "sampling", None)
         ):
             self._sync()  # the accountant moved on (or make_private gave it its sampling)
@@ -395,6 +402,8 @@ class PrivacyMonitor:
         assert inner_hook is not None
         inner_hook(optim)
         acc = self.accountant
+        if revision_of(acc) is not self._revision or steps_of(acc) != self._seen() + 1:
+            self._step_out_of_line()
         sigma, q = last_step_of(acc)
         if self._own_corrected:  # what its own hook would record: the same (sigma, q)
             self._corrected.record_step(sigma, q, optimizer=optim)
@@ -435,6 +444,81 @@ class PrivacyMonitor:
         elif self.pending >= every:
             self.flush()
 
+    # -- following the accountant -----------------------------------------------------------
+
+    def _seen(self) -> int:
+        """The accountant's steps this monitor has seen (evaluated, sent or queued)."""
+        assert self._evaluator is not None
+        return self._evaluator.evaluated + len(self._queue)
+
+    def _step_out_of_line(self) -> None:
+        """The accountant's hook has recorded a step, and the accountant is not at the
+        monitor's state plus that step: refuse if the hook recorded nothing in it, else
+        re-synchronise, with the step queued as usual."""
+        acc = self.accountant
+        if revision_of(acc) is self._revision and steps_of(acc) == self._seen():
+            raise RuntimeError(
+                "PrivacyMonitor: the optimizer's step hook did not record this step in the "
+                "monitor's accountant (the optimizer was made private by another "
+                "PrivacyEngine, or its hook was replaced): the monitor would report steps "
+                "that were not accounted. Build the monitor on the engine that made this "
+                "optimizer private."
+            )
+        self._follow(recorded=1)
+
+    def _follow(self, recorded: int = 0) -> None:
+        """Re-synchronise with the accountant if its state changed in a way this monitor did
+        not see (``docs/callbacks.md``, "Resuming"): its history was replaced (a load, an
+        assignment, steps taken back: :func:`revision_of`), or, while attached, it recorded
+        steps that did not pass through this monitor (another optimizer). The records of
+        the steps seen are emitted first; the evaluator then restarts from the accountant's
+        state (less its last ``recorded`` steps, queued by the caller), so the records and
+        the budget guard from there on are of the accountant's true state. A
+        :class:`MonitorWarning` says so, unless the monitor had seen no step yet (as if
+        attached now); steps from another optimizer are warned about once. Steps taken
+        while detached are left to :meth:`finish` (its warning)."""
+        acc = self.accountant
+        steps, seen = steps_of(acc) - recorded, self._seen()
+        replaced = revision_of(acc) is not self._revision
+        if not replaced and (steps == seen or (steps > seen and not self.attached)):
+            return
+        self._drain()
+        self.flush()  # the records of the steps seen, of the state they were taken in
+        if replaced:
+            cause = (
+                "its history was replaced (load_state_dict, an assigned history or steps "
+                f"taken back): {seen} step(s) seen, {steps} now"
+            )
+        elif steps > seen:
+            cause = (
+                f"it recorded {steps - seen} step(s) that did not pass through this monitor "
+                "(another optimizer made private with the same accountant, or its step() "
+                "called directly)"
+            )
+        else:
+            cause = f"it has {steps} step(s), fewer than the {seen} this monitor saw"
+        foreign = not replaced and steps > seen
+        if seen and not (foreign and self._warned_foreign):
+            warn(
+                f"PrivacyMonitor: the accountant changed without this monitor: {cause}. The "
+                f"monitor follows it from its state at step {steps}: the records (and the "
+                "budget guard) from there on are of the accountant's whole history"
+                + (" (at every step where this happens; warned once)" if foreign else "")
+                + ". To resume a run, load the checkpoint before attaching the monitor "
+                "(docs/callbacks.md, 'Resuming').",
+                MonitorWarning,
+            )
+            self._warned_foreign = self._warned_foreign or foreign
+        last = self.last_record
+        if last is not None and last.step > steps and self.calls_sinks:
+            self._dispatch.call("rewind", steps)  # the sinks go back with the accountant
+        if self._own_corrected:  # it is fed by this monitor: the same history
+            state = dict(self._corrected.state_dict())
+            state["history"] = trim_history(acc.history, recorded)
+            state.pop("sampling", None)  # of the history replaced
+            self._corrected.load_state_dict(state)
+        self._sync(dropped=recorded)
+
     # -- the budget guard -----------------------------------------------------------------
 
     def _check_budget(self, entry: QueuedStep) -> None:
@@ -446,6 +530,7 @@ class PrivacyMonitor:
         if refusal is None:
             return
         take_back_steps(self.accountant, 1)  # the step, undone everywhere
+        self._revision = revision_of(self.accountant)  # a change this monitor made
         if self._own_corrected:
             self._corrected.take_back(1)
         self.stop_reason = str(refusal)
@@ -493,8 +578,7 @@ class PrivacyMonitor:
         self.last_record = record
         self.records_emitted += 1
         if self.calls_sinks:
-            for sink in self.sinks:
-                sink(record)
+            self._dispatch.send(record)  # a sink that fails is set aside, with a warning
         if self.audit is not None:
             self.audit.on_step(record)
         return record
@@ -525,9 +609,10 @@ class PrivacyMonitor:
                 (it was never attached while training): nothing is emitted or closed then,
                 and the message says how to attach it.
         """
+        self._follow()
         evaluator = self._evaluator
         assert evaluator is not None
-        seen = evaluator.evaluated + len(self._queue)  # evaluated: sent ones included
+        seen = self._seen()
         unseen = steps_of(self.accountant) - seen
         if unseen > 0 and not seen:
             raise RuntimeError(
@@ -560,10 +645,7 @@ class PrivacyMonitor:
         evaluator.close()
         if self.audit is not None:
             self.audit_result = self.audit.finish()
-        for sink in self.sinks:
-            close = getattr(sink, "close", None)
-            if callable(close):
-                close()
+        self._dispatch.call("close", failed_too=True)
         self._final = (evaluator.evaluated, record)
         return record
 
@@ -575,13 +657,16 @@ class PrivacyMonitor:
         accountant), the corrected accountant's, the RDP vector, the budget flag and the
         last record. Flushes first, so that the sinks hold every record up to the
         checkpoint (with ``evaluation="process"``, after waiting for every record)."""
+        self._follow()
         self._drain()
         self.flush()
-        assert self._evaluator is not None
+        evaluator = self._evaluator
+        assert evaluator is not None
+        covers = evaluator.evaluated == steps_of(self.accountant)  # no steps taken detached
         return monitor_state(
             accountant=self.accountant,
             corrected=self._corrected if self._own_corrected else None,
-            rdp=self._evaluator.rdp_vector,
+            rdp=evaluator.rdp_vector if covers else None,
             should_stop=self.should_stop,
             stop_reason=self.stop_reason,
             records_emitted=self.records_emitted,
@@ -600,8 +685,10 @@ class PrivacyMonitor:
                 from a checkpoint neither repeats nor skips a step in them.
 
         Raises:
-            TypeError, ValueError: if ``state`` is not such a state; nothing changes then
-                unless an accountant rejects its part.
+            TypeError, ValueError: if ``state`` is not such a state (a missing or malformed
+                field, an ``rdp`` vector that is not the saved history's, an optimizer trace
+                that does not cover the history), naming the field; the state is validated
+                whole first, so nothing changes then (monitor and accountants).
         """
         restored = restore(state, self.accountant, self._corrected if self._own_corrected else None)
         self.should_stop = restored.should_stop
@@ -613,7 +700,7 @@ class PrivacyMonitor:
         self._overhead.restart()
         assert self._evaluator is not None
         if rewind_sinks and self.calls_sinks:
-            rewind(self.sinks, self._evaluator.evaluated)
+            self._dispatch.call("rewind", self._evaluator.evaluated)
 
     def __repr__(self) -> str:
         return (
