@@ -557,12 +557,12 @@ def check_accountant_state(accountant: IAccountant, state: object) -> None:
 
 def revision_of(accountant: IAccountant) -> object:
     """A token (compare with ``is``) that is replaced when the accountant's history is
-    replaced and kept while steps are recorded: :attr:`RunAccountant.revision` for ours; for
-    Opacus's own, the history list itself (their ``step`` extends it in place, their
-    ``load_state_dict`` and a reset assign another)."""
+    replaced and kept while steps are recorded: :attr:`RunAccountant.revision` for ours;
+    None for Opacus's own, which have none (some replace their history list at every step),
+    so that only a change of their step count can be noticed."""
     if isinstance(accountant, RunAccountant):
         return accountant.revision
-    return accountant.history
+    return None
 
 
 def steps_of(accountant: IAccountant) -> int:

@@ -62,11 +62,11 @@ from opacus_lastiterate.accountants import (
     steps_of,
     take_back_steps,
 )
-from opacus_lastiterate.accountants.base import revision_of, trim_history
 from opacus_lastiterate.accountants.engine_sampling import warn_about_detection
 from opacus_lastiterate.analysis._validation import check_delta
 from opacus_lastiterate.callbacks._checkpoint import monitor_state, restore
 from opacus_lastiterate.callbacks._evaluation_process import SEND_EVERY
+from opacus_lastiterate.callbacks._following import AccountantWatch
 from opacus_lastiterate.callbacks._optimizer_hooks import OptimizerHooks
 from opacus_lastiterate.callbacks._optimizer_hooks import host_float as _host_float
 from opacus_lastiterate.callbacks.budget import BudgetGuard, BudgetMetric, PrivacyBudget
@@ -236,8 +236,8 @@ class PrivacyMonitor:
         """True once the budget refused a step (``action="stop"``)."""
         self.stop_reason: str | None = None
         self._was_attached = False
-        self._warned_foreign = False  # steps recorded by another optimizer: warned once
         self._evaluator: Evaluator | None = None
+        self._watch = AccountantWatch(self.accountant)  # a change it did not make
         self._sync()
         if optimizer is not None:
             self.attach(optimizer)
@@ -283,7 +283,7 @@ class PrivacyMonitor:
             self._evaluator.close(kill=True)  # its answers are of the state replaced
         last_lr = None if self.last_record is None else self.last_record.lr
         self._synced_sampling = getattr(self.accountant, "sampling", None)
-        self._revision = revision_of(self.accountant)
+        self._watch.mark()
         self._evaluator = self._make_evaluator(dropped, rdp, last_lr)
         self._final: tuple[int, EpsilonRecord | None] | None = None  # (steps, record) of finish()
         self._queue: list[QueuedStep] = []
@@ -356,8 +356,7 @@ class PrivacyMonitor:
             return self  # attached to it already
         assert self._evaluator is not None
         if not self._queue and (
-            self._evaluator.evaluated != steps_of(self.accountant)
-            or revision_of(self.accountant) is not self._revision
+            not self._watch.in_line(self._evaluator.evaluated)
             or self._synced_sampling != getattr(self.accountant, "sampling", None)
         ):
             self._sync()  # the accountant moved on (or make_private gave it its sampling)
@@ -402,8 +401,9 @@ class PrivacyMonitor:
         assert inner_hook is not None
         inner_hook(optim)
         acc = self.accountant
-        if revision_of(acc) is not self._revision or steps_of(acc) != self._seen() + 1:
-            self._step_out_of_line()
+        if not self._watch.in_line(self._seen() + 1):  # a change this monitor did not see
+            self._watch.refuse_if_missed(self._seen())
+            self._follow(recorded=1)
         sigma, q = last_step_of(acc)
         if self._own_corrected:  # what its own hook would record: the same (sigma, q)
             self._corrected.record_step(sigma, q, optimizer=optim)
@@ -444,79 +444,28 @@ class PrivacyMonitor:
         elif self.pending >= every:
             self.flush()
 
-    # -- following the accountant -----------------------------------------------------------
+    # -- following the accountant (module _following) -------------------------------------
 
     def _seen(self) -> int:
         """The accountant's steps this monitor has seen (evaluated, sent or queued)."""
         assert self._evaluator is not None
         return self._evaluator.evaluated + len(self._queue)
 
-    def _step_out_of_line(self) -> None:
-        """The accountant's hook has recorded a step, and the accountant is not at the
-        monitor's state plus that step: refuse if the hook recorded nothing in it, else
-        re-synchronise, with the step queued as usual."""
-        acc = self.accountant
-        if revision_of(acc) is self._revision and steps_of(acc) == self._seen():
-            raise RuntimeError(
-                "PrivacyMonitor: the optimizer's step hook did not record this step in the "
-                "monitor's accountant (the optimizer was made private by another "
-                "PrivacyEngine, or its hook was replaced): the monitor would report steps "
-                "that were not accounted. Build the monitor on the engine that made this "
-                "optimizer private."
-            )
-        self._follow(recorded=1)
-
     def _follow(self, recorded: int = 0) -> None:
-        """Re-synchronise with the accountant if its state changed in a way this monitor did
-        not see (``docs/callbacks.md``, "Resuming"): its history was replaced (a load, an
-        assignment, steps taken back: :func:`revision_of`), or, while attached, it recorded
-        steps that did not pass through this monitor (another optimizer). The records of
-        the steps seen are emitted first; the evaluator then restarts from the accountant's
-        state (less its last ``recorded`` steps, queued by the caller), so the records and
-        the budget guard from there on are of the accountant's true state. A
-        :class:`MonitorWarning` says so, unless the monitor had seen no step yet (as if
-        attached now); steps from another optimizer are warned about once. Steps taken
-        while detached are left to :meth:`finish` (its warning)."""
-        acc = self.accountant
-        steps, seen = steps_of(acc) - recorded, self._seen()
-        replaced = revision_of(acc) is not self._revision
-        if not replaced and (steps == seen or (steps > seen and not self.attached)):
+        """If the accountant changed without this monitor (besides the ``recorded`` steps
+        its hook has just added, queued by the caller): emit the records of the steps seen,
+        warn, rewind the sinks if it went back, and restart from its state."""
+        change = self._watch.change(self._seen(), recorded=recorded, attached=self.attached)
+        if change is None:
             return
         self._drain()
         self.flush()  # the records of the steps seen, of the state they were taken in
-        if replaced:
-            cause = (
-                "its history was replaced (load_state_dict, an assigned history or steps "
-                f"taken back): {seen} step(s) seen, {steps} now"
-            )
-        elif steps > seen:
-            cause = (
-                f"it recorded {steps - seen} step(s) that did not pass through this monitor "
-                "(another optimizer made private with the same accountant, or its step() "
-                "called directly)"
-            )
-        else:
-            cause = f"it has {steps} step(s), fewer than the {seen} this monitor saw"
-        foreign = not replaced and steps > seen
-        if seen and not (foreign and self._warned_foreign):
-            warn(
-                f"PrivacyMonitor: the accountant changed without this monitor: {cause}. The "
-                f"monitor follows it from its state at step {steps}: the records (and the "
-                "budget guard) from there on are of the accountant's whole history"
-                + (" (at every step where this happens; warned once)" if foreign else "")
-                + ". To resume a run, load the checkpoint before attaching the monitor "
-                "(docs/callbacks.md, 'Resuming').",
-                MonitorWarning,
-            )
-            self._warned_foreign = self._warned_foreign or foreign
+        self._watch.report(change)
         last = self.last_record
-        if last is not None and last.step > steps and self.calls_sinks:
-            self._dispatch.call("rewind", steps)  # the sinks go back with the accountant
+        if last is not None and last.step > change.steps and self.calls_sinks:
+            self._dispatch.call("rewind", change.steps)  # the sinks go back with it
         if self._own_corrected:  # it is fed by this monitor: the same history
-            state = dict(self._corrected.state_dict())
-            state["history"] = trim_history(acc.history, recorded)
-            state.pop("sampling", None)  # of the history replaced
-            self._corrected.load_state_dict(state)
+            self._watch.align(self._corrected, recorded)
         self._sync(dropped=recorded)
 
     # -- the budget guard -----------------------------------------------------------------
@@ -530,7 +479,7 @@ class PrivacyMonitor:
         if refusal is None:
             return
         take_back_steps(self.accountant, 1)  # the step, undone everywhere
-        self._revision = revision_of(self.accountant)  # a change this monitor made
+        self._watch.mark()  # a change this monitor made
         if self._own_corrected:
             self._corrected.take_back(1)
         self.stop_reason = str(refusal)
