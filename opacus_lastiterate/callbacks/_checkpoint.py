@@ -52,7 +52,7 @@ def monitor_state(
     *,
     accountant: Any,
     corrected: Any,
-    rdp: Iterable[float],
+    rdp: Iterable[float] | None,
     should_stop: bool,
     stop_reason: str | None,
     records_emitted: int,
@@ -64,7 +64,8 @@ def monitor_state(
     Args:
         accountant: the monitor's accountant.
         corrected: the corrected accountant the monitor feeds itself, or None.
-        rdp: the evaluator's RDP vector.
+        rdp: the evaluator's RDP vector, when it is the composition of the accountant's
+            whole history (else None: it is composed again from the history at the load).
         should_stop, stop_reason, records_emitted, physical_steps, last_record: the
             monitor's attributes of these names.
     """
@@ -72,7 +73,7 @@ def monitor_state(
         "format": FORMAT,
         "accountant": _plain(accountant.state_dict()),
         "corrected_accountant": None if corrected is None else _plain(corrected.state_dict()),
-        "rdp": [float(v) for v in rdp],
+        "rdp": None if rdp is None else [float(v) for v in rdp],
         "should_stop": should_stop,
         "stop_reason": stop_reason,
         "records_emitted": records_emitted,

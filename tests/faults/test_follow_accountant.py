@@ -96,10 +96,14 @@ def test_resume_the_opacus_way_after_building_the_monitor(tmp_path: Path, accoun
 def test_a_change_of_the_accountant_mid_run_is_followed_with_a_warning(change: str) -> None:
     """20 steps seen, then the accountant is changed behind the monitor: at the next step a
     MonitorWarning says so and the records from there on are the accountant's."""
+    from opacus_lastiterate.accountants import FEASGMAccountant
+
     engine, model, opt, loader = make_dp()
+    corrected = FEASGMAccountant().configure(dataset_size=256, batch_size=32)  # fed by it
     records: list[EpsilonRecord] = []
     monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt,
-                             robust_every=None, standard_every=None, flush_every=None)  # fmt: skip
+                             robust_every=None, standard_every=None, flush_every=None,
+                             corrected_accountant=corrected)  # fmt: skip
     train(model, opt, loader, 20)
     acc = engine.accountant
     if change == "load":
@@ -121,6 +125,7 @@ def test_a_change_of_the_accountant_mid_run_is_followed_with_a_warning(change: s
     assert [r.step for r in after][-10:] == list(range(start + 1, start + 11))
     last = after[-1]
     assert acc.num_steps == start + 10 == last.step
+    assert corrected.history == acc.history  # the accountant it feeds follows too
     assert last.standard_rdp_epsilon == pytest.approx(_rdp_epsilon(start + 10), rel=1e-9)
     truth = QuadratureHeuristic(start + 10, Q, SIGMA).epsilon(DELTA)
     assert last.heuristic_epsilon == pytest.approx(truth, rel=REL)
