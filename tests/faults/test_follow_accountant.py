@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from opacus.accountants import RDPAccountant
 
 from opacus_lastiterate.accountants import steps_of
@@ -135,7 +136,6 @@ def test_two_optimizers_on_one_accountant_are_detected_at_the_step() -> None:
     """One engine, two make_private optimizers, a monitor on each: the first step at which a
     monitor meets the other optimizer's steps warns (not finish()), and both monitors report
     the accountant's whole history."""
-    import torch
     from opacus import PrivacyEngine
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -182,3 +182,14 @@ def test_an_optimizer_of_another_engine_is_refused_at_construction() -> None:
     assert engine_a.accountant.num_steps == 0
     train(model_b, opt_b, loader_b, 1)  # the optimizer was left as it was
     assert engine_b.accountant.num_steps == 1
+    # a hook that hides its accountant (wrapped by the user): refused at the first step,
+    # before the update, rather than reporting steps that were not accounted
+    engine_c, *_ = make_dp(seed=2)
+    inner = opt_b.step_hook
+    opt_b.step_hook = lambda optim: inner(optim)
+    PrivacyMonitor(engine_c, delta=DELTA, optimizer=opt_b)
+    weights = [p.detach().clone() for p in model_b.parameters()]
+    with pytest.raises(RuntimeError, match="did not record this step in the monitor's"):
+        train(model_b, opt_b, loader_b, 1)
+    assert all(torch.equal(a, b) for a, b in zip(weights, model_b.parameters(), strict=True))
+    assert engine_c.accountant.num_steps == 0
