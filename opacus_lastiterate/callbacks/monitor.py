@@ -35,6 +35,11 @@ monitor wraps that hook (the accountant records the step, then the monitor queue
 checks the budget) and the wrapped optimizer's ``step`` (the update; a due flush follows
 it). A step refused by the budget is taken back from the accountant and the update is not
 applied. The monitor never reads a tensor (no ``.item()``, ``.cpu()``, ``.tolist()``).
+At each step it checks that the accountant is at the state it saw plus that step; a change it
+did not make (a checkpoint loaded, a history assigned, another optimizer's steps) is followed
+from the accountant's state, with a ``MonitorWarning``
+(:mod:`opacus_lastiterate.callbacks._following`). A sink that raises is set aside with one
+warning; the others get every record (``SinkDispatch``).
 
 Distributed training (Opacus's ``DistributedDPOptimizer``): create the monitor on every rank.
 Every rank's accountant records every step with the same (sigma, q), so the histories, the

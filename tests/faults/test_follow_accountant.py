@@ -8,6 +8,7 @@ epsilon, a quadrature of the constant-rate heuristic (``tests/analysis/_referenc
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from opacus.accountants import RDPAccountant
 from opacus_lastiterate.accountants import steps_of
 from opacus_lastiterate.callbacks import (
     EpsilonRecord,
+    JsonlSink,
     MonitorWarning,
     PrivacyBudget,
     PrivacyBudgetExceededError,
@@ -94,15 +96,20 @@ def test_resume_the_opacus_way_after_building_the_monitor(tmp_path: Path, accoun
 
 @pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")
 @pytest.mark.parametrize("change", ["load", "reset", "take_back"])
-def test_a_change_of_the_accountant_mid_run_is_followed_with_a_warning(change: str) -> None:
+def test_a_change_of_the_accountant_mid_run_is_followed_with_a_warning(
+    change: str, tmp_path: Path
+) -> None:
     """20 steps seen, then the accountant is changed behind the monitor: at the next step a
-    MonitorWarning says so and the records from there on are the accountant's."""
+    MonitorWarning says so and the records from there on are the accountant's; a JSONL log
+    goes back with it (each step once, in order)."""
     from opacus_lastiterate.accountants import FEASGMAccountant
 
     engine, model, opt, loader = make_dp()
     corrected = FEASGMAccountant().configure(dataset_size=256, batch_size=32)  # fed by it
     records: list[EpsilonRecord] = []
-    monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt,
+    log = tmp_path / "records.jsonl"
+    monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[records.append, JsonlSink(log)],
+                             optimizer=opt,
                              robust_every=None, standard_every=None, flush_every=None,
                              corrected_accountant=corrected)  # fmt: skip
     train(model, opt, loader, 20)
@@ -130,6 +137,9 @@ def test_a_change_of_the_accountant_mid_run_is_followed_with_a_warning(change: s
     assert last.standard_rdp_epsilon == pytest.approx(_rdp_epsilon(start + 10), rel=1e-9)
     truth = QuadratureHeuristic(start + 10, Q, SIGMA).epsilon(DELTA)
     assert last.heuristic_epsilon == pytest.approx(truth, rel=REL)
+    logged = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    kept = [s for s in range(1, 21) if s <= start]  # the rows before the change it kept
+    assert logged == [*kept, *range(start + 1, start + 11)]
 
 
 def test_two_optimizers_on_one_accountant_are_detected_at_the_step() -> None:
