@@ -56,7 +56,9 @@ __all__ = [
     "History",
     "RunAccountant",
     "accountant_of",
+    "check_accountant_state",
     "last_step_of",
+    "revision_of",
     "sampling_of_new_accountants",
     "steps_of",
     "take_back_steps",
@@ -147,6 +149,7 @@ class RunAccountant(IAccountant):
         self._sampling: SamplingScheme | None = _NEW_ACCOUNTANT_SAMPLING.get()
         self._sampling_declared = False
         self._sampling_checked_rate: float | None = None
+        self._revision = object()
         # IAccountant.__init__ would assign ``self.history = []``; nothing to validate here.
 
     # -- history ------------------------------------------------------------------------------
@@ -163,7 +166,16 @@ class RunAccountant(IAccountant):
         self._set_segments(segments)
         self._externally_assigned = True
 
+    @property
+    def revision(self) -> object:
+        """A token replaced each time the history is replaced (:meth:`load_state_dict`, an
+        assigned :attr:`history`, :meth:`take_back`) and kept while steps are recorded:
+        whoever follows the accountant step by step compares it (``is``) to notice a change
+        it did not make."""
+        return self._revision
+
     def _set_segments(self, segments: tuple[TrainingSegment, ...]) -> None:
+        self._revision = object()
         self._segments = list(segments)
         self._num_steps = sum(s.steps for s in segments)
         self._run = None
@@ -439,14 +451,17 @@ class RunAccountant(IAccountant):
         destination.update(self._extra_state())
         return destination
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load a state from :meth:`state_dict`, after validating all of it.
+    def check_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Validate a state as :meth:`load_state_dict` does, without loading it.
 
         Raises:
-            TypeError, ValueError: if the state is not a mapping, lacks ``"history"`` or
-                ``"mechanism"``, is of another mechanism, or has an invalid entry; the
-                accountant is then unchanged.
+            TypeError, ValueError: as :meth:`load_state_dict` would; nothing changes.
         """
+        self._checked_state(state_dict)
+
+    def _checked_state(
+        self, state_dict: Mapping[str, Any]
+    ) -> tuple[tuple[TrainingSegment, ...], SamplingScheme | None, Any]:
         if not isinstance(state_dict, Mapping):
             raise TypeError(
                 f"`state_dict` must be a mapping with keys 'history' and 'mechanism', "
@@ -466,7 +481,20 @@ class RunAccountant(IAccountant):
             )
         segments = validate_history(state_dict["history"], "state_dict['history']")
         sampling = _state_sampling(state_dict, segments)
-        extra = self._check_extra_state(state_dict)
+        declared = state_dict.get("sampling_declared", False)
+        if not isinstance(declared, bool):
+            raise TypeError(f"`state_dict['sampling_declared']` must be a bool, got {declared!r}.")
+        return segments, sampling, self._check_extra_state(state_dict)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load a state from :meth:`state_dict`, after validating all of it.
+
+        Raises:
+            TypeError, ValueError: if the state is not a mapping, lacks ``"history"`` or
+                ``"mechanism"``, is of another mechanism, or has an invalid entry; the
+                accountant is then unchanged.
+        """
+        segments, sampling, extra = self._checked_state(state_dict)
         self._set_sampling(sampling)
         self._sampling_declared = bool(state_dict.get("sampling_declared", False)) and (
             sampling is not None
@@ -506,6 +534,34 @@ def accountant_of(source: object) -> IAccountant:
             f"{type(source).__name__}."
         )
     return accountant
+
+
+def check_accountant_state(accountant: IAccountant, state: object) -> None:
+    """Validate ``state`` as ``accountant.load_state_dict`` would take it, without loading:
+    ours check all of it (:meth:`RunAccountant.check_state_dict`); for Opacus's own, the
+    state must be a mapping whose ``"history"`` is a valid history.
+
+    Raises:
+        TypeError, ValueError: naming the bad entry; nothing changes.
+    """
+    if isinstance(accountant, RunAccountant):
+        accountant.check_state_dict(state)  # type: ignore[arg-type]
+        return
+    if not isinstance(state, Mapping) or "history" not in state:
+        raise ValueError(
+            f"`state_dict` must be a mapping with the key 'history', got {type(state).__name__}."
+        )
+    validate_history(state["history"], "state_dict['history']")
+
+
+def revision_of(accountant: IAccountant) -> object:
+    """A token (compare with ``is``) that is replaced when the accountant's history is
+    replaced and kept while steps are recorded: :attr:`RunAccountant.revision` for ours;
+    None for Opacus's own, which have none (some replace their history list at every step),
+    so that only a change of their step count can be noticed."""
+    if isinstance(accountant, RunAccountant):
+        return accountant.revision
+    return None
 
 
 def steps_of(accountant: IAccountant) -> int:

@@ -25,7 +25,12 @@ import numpy as np
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants.base import RunAccountant, check_step_noise
 from opacus_lastiterate.accountants.monotonicity import MonotonicityWatch
-from opacus_lastiterate.accountants.optimizer_trace import TraceEntry, trim_trace, validate_trace
+from opacus_lastiterate.accountants.optimizer_trace import (
+    TraceEntry,
+    check_trace_covers,
+    trim_trace,
+    validate_trace,
+)
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_epsilon,
@@ -392,9 +397,13 @@ class LastIterateAccountant(RunAccountant):
         return self._weighted_cache[1]
 
     def _extra_state(self) -> dict[str, Any]:
+        covered, _ = self._trace_summary() if self._trace else (0, False)
+        # a trace that does not cover every step (steps recorded without the optimizer)
+        # never weighs the steps: it is stored as what it amounts to, settings not used
+        partial = bool(self._trace) and covered != self._steps()
         out: dict[str, Any] = {
-            "optimizer_trace": list(self._trace),
-            "optimizer_trace_disabled": self._trace_disabled,
+            "optimizer_trace": [] if partial else list(self._trace),
+            "optimizer_trace_disabled": self._trace_disabled or partial,
         }
         engine = self._weighted_engine
         saved = self._saved_characteristic
@@ -413,6 +422,7 @@ class LastIterateAccountant(RunAccountant):
             raise TypeError(
                 f"`state_dict['optimizer_trace_disabled']` must be a bool, got {disabled!r}."
             )
+        check_trace_covers(trace, state_dict["history"], disabled, "state_dict['optimizer_trace']")
         saved = state_dict.get("weighted_characteristic")
         if saved is not None and not isinstance(saved, Mapping):
             raise TypeError(

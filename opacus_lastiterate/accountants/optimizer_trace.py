@@ -17,7 +17,7 @@ import numpy as np
 
 from opacus_lastiterate.analysis._validation import check_in_interval, check_steps
 
-__all__ = ["TraceEntry", "trim_trace", "validate_trace"]
+__all__ = ["TraceEntry", "check_trace_covers", "trim_trace", "validate_trace"]
 
 # One run of identical optimizer settings: (lr, momentum, dampening, nesterov, weight_decay, steps)
 TraceEntry = tuple[float, float, float, bool, float, int]
@@ -87,6 +87,26 @@ def _plain_trace(trace: list[Any] | tuple[Any, ...]) -> list[TraceEntry] | None:
         return None
     lr, momentum, dampening, weight_decay = (row.tolist() for row in a)
     return list(zip(lr, momentum, dampening, columns[3], weight_decay, n.tolist(), strict=True))
+
+
+def check_trace_covers(trace: list[TraceEntry], history: Any, disabled: bool, name: str) -> None:
+    """A validated trace must cover every step of the (validated) history, or be empty:
+    a trace of other steps would silently change the model of the run (the weighted
+    heuristic becomes the constant-rate one, or weighs steps that were not taken); a trace
+    whose settings are disabled (``optimizer_trace_disabled``) must be empty."""
+    if not trace:
+        return
+    if disabled:
+        raise ValueError(
+            f"`{name}` must be empty when the trace is disabled, got {len(trace)} entries."
+        )
+    covered = sum(e[5] for e in trace)
+    steps = sum(int(h[2]) for h in history)
+    if covered != steps:
+        raise ValueError(
+            f"`{name}` must cover every recorded step: it covers {covered} step(s), the "
+            f"history {steps}; a trace of other steps would change the model of the run."
+        )
 
 
 def trim_trace(trace: list[tuple[Any, ...]], steps: int) -> list[tuple[Any, ...]]:

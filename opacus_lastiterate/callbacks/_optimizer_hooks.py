@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["OptimizerHooks", "host_float"]
+__all__ = ["OptimizerHooks", "hooked_accountant", "host_float"]
 
 _ATTACHED: weakref.WeakKeyDictionary[Any, object] = weakref.WeakKeyDictionary()
 """The monitor attached to each optimizer (one at most)."""
@@ -44,6 +44,26 @@ def host_float(value: object) -> float | None:
     device = getattr(value, "device", None)
     if device is not None and getattr(device, "type", "cpu") == "cpu":
         return float(value)  # type: ignore[arg-type]
+    return None
+
+
+def hooked_accountant(hook: object) -> Any:
+    """The Opacus accountant that an optimizer's step hook records into, when the hook
+    shows it: a bound method of an accountant, or a function (the hook that
+    ``get_optimizer_hook_fn`` returns) holding one among its closure's variables; None when
+    it cannot be told (a hook of the user's)."""
+    from opacus.accountants import IAccountant
+
+    owner = getattr(hook, "__self__", None)
+    if isinstance(owner, IAccountant):
+        return owner
+    for cell in getattr(hook, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(value, IAccountant):
+            return value
     return None
 
 
@@ -84,14 +104,16 @@ class OptimizerHooks:
         self.physical_steps = physical_steps
         self._physical_at = {}
 
-    def check(self, optimizer: object) -> bool:
+    def check(self, optimizer: object, accountant: object = None) -> bool:
         """Whether ``optimizer`` may be wrapped now: True, or False when it is the one
         wrapped already.
 
         Raises:
             TypeError: if ``optimizer`` is not a ``DPOptimizer``.
-            ValueError: if it has no step hook (no accountant attached), another monitor is
-                attached to it, or this object wraps another optimizer.
+            ValueError: if it has no step hook (no accountant attached), its hook records
+                into another accountant than ``accountant`` (when given;
+                :func:`hooked_accountant`), another monitor is attached to it, or this
+                object wraps another optimizer.
         """
         from opacus.optimizers import DPOptimizer
 
@@ -110,6 +132,15 @@ class OptimizerHooks:
             raise ValueError(
                 "`optimizer` has no step hook: make_private attaches the accountant's hook; "
                 "a monitor needs it to follow the accountant."
+            )
+        hooked = hooked_accountant(optimizer.step_hook)
+        if accountant is not None and hooked is not None and hooked is not accountant:
+            raise ValueError(
+                "`optimizer` records its steps in another accountant than the monitor's (it "
+                f"was made private by another PrivacyEngine: its hook feeds a "
+                f"{type(hooked).__name__} that is not the monitor's "
+                f"{type(accountant).__name__}); build the monitor on the engine that made "
+                "this optimizer private."
             )
         return True
 

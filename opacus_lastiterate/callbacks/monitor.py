@@ -35,6 +35,11 @@ monitor wraps that hook (the accountant records the step, then the monitor queue
 checks the budget) and the wrapped optimizer's ``step`` (the update; a due flush follows
 it). A step refused by the budget is taken back from the accountant and the update is not
 applied. The monitor never reads a tensor (no ``.item()``, ``.cpu()``, ``.tolist()``).
+At each step it checks that the accountant is at the state it saw plus that step; a change it
+did not make (a checkpoint loaded, a history assigned, another optimizer's steps) is followed
+from the accountant's state, with a ``MonitorWarning``
+(:mod:`opacus_lastiterate.callbacks._following`). A sink that raises is set aside with one
+warning; the others get every record (``SinkDispatch``).
 
 Distributed training (Opacus's ``DistributedDPOptimizer``): create the monitor on every rank.
 Every rank's accountant records every step with the same (sigma, q), so the histories, the
@@ -63,8 +68,9 @@ from opacus_lastiterate.accountants import (
 )
 from opacus_lastiterate.accountants.engine_sampling import warn_about_detection
 from opacus_lastiterate.analysis._validation import check_delta
-from opacus_lastiterate.callbacks._checkpoint import monitor_state, restore, rewind
+from opacus_lastiterate.callbacks._checkpoint import monitor_state, restore
 from opacus_lastiterate.callbacks._evaluation_process import SEND_EVERY
+from opacus_lastiterate.callbacks._following import AccountantWatch
 from opacus_lastiterate.callbacks._optimizer_hooks import OptimizerHooks
 from opacus_lastiterate.callbacks._optimizer_hooks import host_float as _host_float
 from opacus_lastiterate.callbacks.budget import BudgetGuard, BudgetMetric, PrivacyBudget
@@ -91,7 +97,7 @@ from opacus_lastiterate.callbacks.records import (
     MonitorAudit,
     Sink,
 )
-from opacus_lastiterate.callbacks.sinks import check_sink_rank, process_rank
+from opacus_lastiterate.callbacks.sinks import SinkDispatch, check_sink_rank, process_rank
 from opacus_lastiterate.exceptions import MonitorWarning
 
 __all__ = [
@@ -194,6 +200,7 @@ class PrivacyMonitor:
             if not callable(sink):
                 raise TypeError(f"`sinks[{i}]` must be callable, got {type(sink).__name__}.")
             self.sinks.append(sink)
+        self._dispatch = SinkDispatch(self.sinks)  # each sink fails alone
         self.sink_rank = check_sink_rank(sink_rank)
         self.cadences = Cadences(heuristic_every, weighted_every, robust_every, standard_every)
         self._overhead = OverheadBudget(check_max_overhead(max_overhead))
@@ -225,6 +232,7 @@ class PrivacyMonitor:
         self.stop_reason: str | None = None
         self._was_attached = False
         self._evaluator: Evaluator | None = None
+        self._watch = AccountantWatch(self.accountant)  # a change it did not make
         self._sync()
         if optimizer is not None:
             self.attach(optimizer)
@@ -263,13 +271,15 @@ class PrivacyMonitor:
     robust_every = property(lambda self: self.cadences.robust_every)
     standard_every = property(lambda self: self.cadences.standard_every)
 
-    def _sync(self, rdp: Sequence[float] | None = None) -> None:
-        """Start evaluating from the accountant's current state (no queued steps)."""
+    def _sync(self, rdp: Sequence[float] | None = None, dropped: int = 0) -> None:
+        """Start evaluating from the accountant's current state less its last ``dropped``
+        steps (no queued steps)."""
         if self._evaluator is not None:
             self._evaluator.close(kill=True)  # its answers are of the state replaced
         last_lr = None if self.last_record is None else self.last_record.lr
         self._synced_sampling = getattr(self.accountant, "sampling", None)
-        self._evaluator = self._make_evaluator(0, rdp, last_lr)
+        self._watch.mark()
+        self._evaluator = self._make_evaluator(dropped, rdp, last_lr)
         self._final: tuple[int, EpsilonRecord | None] | None = None  # (steps, record) of finish()
         self._queue: list[QueuedStep] = []
         self._ready: list[EpsilonRecord] = []
@@ -333,14 +343,15 @@ class PrivacyMonitor:
 
         Raises:
             TypeError: if ``optimizer`` is not a ``DPOptimizer``.
-            ValueError: if it has no step hook (no accountant attached) or the monitor is
-                attached already.
+            ValueError: if it has no step hook (no accountant attached), its hook records
+                into another accountant than the monitor's (another ``PrivacyEngine``'s), or
+                the monitor is attached already.
         """
-        if not self._hooks.check(optimizer):
+        if not self._hooks.check(optimizer, self.accountant):
             return self  # attached to it already
         assert self._evaluator is not None
         if not self._queue and (
-            self._evaluator.evaluated != steps_of(self.accountant)
+            not self._watch.in_line(self._evaluator.evaluated)
             or self._synced_sampling != getattr(self.accountant, "sampling", None)
         ):
             self._sync()  # the accountant moved on (or make_private gave it its sampling)
@@ -385,6 +396,9 @@ class PrivacyMonitor:
         assert inner_hook is not None
         inner_hook(optim)
         acc = self.accountant
+        if not self._watch.in_line(self._seen() + 1):  # a change this monitor did not see
+            self._watch.refuse_if_missed(self._seen())
+            self._follow(recorded=1)
         sigma, q = last_step_of(acc)
         if self._own_corrected:  # what its own hook would record: the same (sigma, q)
             self._corrected.record_step(sigma, q, optimizer=optim)
@@ -425,6 +439,30 @@ class PrivacyMonitor:
         elif self.pending >= every:
             self.flush()
 
+    # -- following the accountant (module _following) -------------------------------------
+
+    def _seen(self) -> int:
+        """The accountant's steps this monitor has seen (evaluated, sent or queued)."""
+        assert self._evaluator is not None
+        return self._evaluator.evaluated + len(self._queue)
+
+    def _follow(self, recorded: int = 0) -> None:
+        """If the accountant changed without this monitor (besides the ``recorded`` steps
+        its hook has just added, queued by the caller): emit the records of the steps seen,
+        warn, rewind the sinks if it went back, and restart from its state."""
+        change = self._watch.change(self._seen(), recorded=recorded, attached=self.attached)
+        if change is None:
+            return
+        self._drain()
+        self.flush()  # the records of the steps seen, of the state they were taken in
+        self._watch.report(change)
+        last = self.last_record
+        if last is not None and last.step > change.steps and self.calls_sinks:
+            self._dispatch.call("rewind", change.steps)  # the sinks go back with it
+        if self._own_corrected:  # it is fed by this monitor: the same history
+            self._watch.align(self._corrected, recorded)
+        self._sync(dropped=recorded)
+
     # -- the budget guard -----------------------------------------------------------------
 
     def _check_budget(self, entry: QueuedStep) -> None:
@@ -436,6 +474,7 @@ class PrivacyMonitor:
         if refusal is None:
             return
         take_back_steps(self.accountant, 1)  # the step, undone everywhere
+        self._watch.mark()  # a change this monitor made
         if self._own_corrected:
             self._corrected.take_back(1)
         self.stop_reason = str(refusal)
@@ -483,8 +522,7 @@ class PrivacyMonitor:
         self.last_record = record
         self.records_emitted += 1
         if self.calls_sinks:
-            for sink in self.sinks:
-                sink(record)
+            self._dispatch.send(record)  # a sink that fails is set aside, with a warning
         if self.audit is not None:
             self.audit.on_step(record)
         return record
@@ -515,9 +553,10 @@ class PrivacyMonitor:
                 (it was never attached while training): nothing is emitted or closed then,
                 and the message says how to attach it.
         """
+        self._follow()
         evaluator = self._evaluator
         assert evaluator is not None
-        seen = evaluator.evaluated + len(self._queue)  # evaluated: sent ones included
+        seen = self._seen()
         unseen = steps_of(self.accountant) - seen
         if unseen > 0 and not seen:
             raise RuntimeError(
@@ -550,10 +589,7 @@ class PrivacyMonitor:
         evaluator.close()
         if self.audit is not None:
             self.audit_result = self.audit.finish()
-        for sink in self.sinks:
-            close = getattr(sink, "close", None)
-            if callable(close):
-                close()
+        self._dispatch.call("close", failed_too=True)
         self._final = (evaluator.evaluated, record)
         return record
 
@@ -565,13 +601,16 @@ class PrivacyMonitor:
         accountant), the corrected accountant's, the RDP vector, the budget flag and the
         last record. Flushes first, so that the sinks hold every record up to the
         checkpoint (with ``evaluation="process"``, after waiting for every record)."""
+        self._follow()
         self._drain()
         self.flush()
-        assert self._evaluator is not None
+        evaluator = self._evaluator
+        assert evaluator is not None
+        covers = evaluator.evaluated == steps_of(self.accountant)  # no steps taken detached
         return monitor_state(
             accountant=self.accountant,
             corrected=self._corrected if self._own_corrected else None,
-            rdp=self._evaluator.rdp_vector,
+            rdp=evaluator.rdp_vector if covers else None,
             should_stop=self.should_stop,
             stop_reason=self.stop_reason,
             records_emitted=self.records_emitted,
@@ -590,8 +629,10 @@ class PrivacyMonitor:
                 from a checkpoint neither repeats nor skips a step in them.
 
         Raises:
-            TypeError, ValueError: if ``state`` is not such a state; nothing changes then
-                unless an accountant rejects its part.
+            TypeError, ValueError: if ``state`` is not such a state (a missing or malformed
+                field, an ``rdp`` vector that is not the saved history's, an optimizer trace
+                that does not cover the history), naming the field; the state is validated
+                whole first, so nothing changes then (monitor and accountants).
         """
         restored = restore(state, self.accountant, self._corrected if self._own_corrected else None)
         self.should_stop = restored.should_stop
@@ -603,7 +644,7 @@ class PrivacyMonitor:
         self._overhead.restart()
         assert self._evaluator is not None
         if rewind_sinks and self.calls_sinks:
-            rewind(self.sinks, self._evaluator.evaluated)
+            self._dispatch.call("rewind", self._evaluator.evaluated)
 
     def __repr__(self) -> str:
         return (

@@ -38,7 +38,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from opacus_lastiterate._warn import warn
 from opacus_lastiterate.callbacks.records import FIELDS, LABELS, EpsilonRecord
+from opacus_lastiterate.exceptions import MonitorWarning
 
 __all__ = [
     "CsvSink",
@@ -420,3 +422,66 @@ def check_sink_rank(value: object) -> int | None:
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
         raise ValueError(f"`sink_rank` must be an integer >= 0 or None, got {value!r}.")
     return int(value)
+
+
+# -- sending records: each sink fails alone --------------------------------------------------
+
+
+def sink_name(sink: object) -> str:
+    """How a warning names a sink: its class (with its ``path`` if it has one) or, for a
+    function or bound method, its qualified name."""
+    path = getattr(sink, "path", None)
+    if path is not None:
+        return f"{type(sink).__name__}({str(path)!r})"
+    name = getattr(sink, "__qualname__", None)
+    return name if isinstance(name, str) else type(sink).__name__
+
+
+class SinkDispatch:
+    """Calls the monitor's sinks, each on its own: a sink that raises (a full disk, a lost
+    connection) is reported once, by a :class:`~opacus_lastiterate.exceptions.MonitorWarning`
+    naming it and its error, and set aside for the rest of the run; the other sinks get
+    every record, and the exception never reaches the training loop.
+
+    Args:
+        sinks: the monitor's list of sinks (read at each call: sinks added later are sent
+            records too).
+    """
+
+    def __init__(self, sinks: Sequence[Callable[[EpsilonRecord], Any]]) -> None:
+        self.sinks = sinks
+        self.set_aside: list[object] = []
+        """The sinks that failed, in order (no longer called)."""
+
+    def _active(self) -> list[Any]:
+        return [s for s in self.sinks if not any(s is f for f in self.set_aside)]
+
+    def _fail(self, sink: object, what: str, err: Exception) -> None:
+        self.set_aside.append(sink)
+        warn(
+            f"PrivacyMonitor: the sink {sink_name(sink)} failed {what} "
+            f"({type(err).__name__}: {err}); it is set aside and gets no more records in this "
+            "run. The other sinks and the accountant keep every record; training goes on.",
+            MonitorWarning,
+        )
+
+    def send(self, record: EpsilonRecord) -> None:
+        """Call every sink that has not failed with ``record``."""
+        for sink in self._active():
+            try:
+                sink(record)
+            except Exception as err:  # a log never stops training
+                self._fail(sink, f"on the record of step {record.step}", err)
+
+    def call(self, method: str, *args: Any, failed_too: bool = False) -> None:
+        """Call ``sink.method(*args)`` on the sinks that have it (``rewind``, ``close``);
+        ``failed_too``: also on those set aside (to release what they hold), quietly."""
+        for sink in list(self.sinks) if failed_too else self._active():
+            function = getattr(sink, method, None)
+            if not callable(function):
+                continue
+            try:
+                function(*args)
+            except Exception as err:
+                if not any(sink is f for f in self.set_aside):
+                    self._fail(sink, f"in {method}()", err)

@@ -190,3 +190,24 @@ def test_a_long_plain_trace_is_checked_like_one_entry_at_a_time(entry, field):
                      optimizer_trace=bad)  # fmt: skip
     with pytest.raises((TypeError, ValueError), match=rf"optimizer_trace'\]\[300\]\.{field}"):
         LastIterateAccountant().load_state_dict(state_bad)
+
+
+def test_a_trace_of_the_later_steps_only_is_saved_as_unusable_and_loads():
+    """A step recorded without the optimizer leaves a trace of the later steps only: such an
+    accountant never weighs its steps, and its own state (the settings marked unusable, the
+    partial trace not stored: a stored trace must cover every step) loads back to the same
+    epsilon."""
+    from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
+
+    acc = LastIterateAccountant()
+    acc.step(noise_multiplier=SIGMA, sample_rate=0.05)  # no optimizer seen
+    for _ in range(4):  # as the optimizer hook records them, with momentum
+        acc.replay_step(SIGMA, 0.05, SGDSettings(0.1, 0.5, 0.0, False, 0.0))
+    assert sum(e[5] for e in acc.optimizer_trace) == 4 and acc.num_steps == 5
+    assert not acc.uses_weights
+    state = acc.state_dict()
+    assert state["optimizer_trace"] == [] and state["optimizer_trace_disabled"]
+    fresh = LastIterateAccountant()
+    fresh.load_state_dict(state)
+    assert fresh.get_epsilon(DELTA) == acc.get_epsilon(DELTA)
+    assert not fresh.uses_weights
