@@ -253,11 +253,11 @@ class FullBatchGaussian(PrivacyModel):
 
     def _epsilon(self, delta: float) -> float:
         """epsilon of mu-GDP at ``delta``."""
-        return 0.0 if self.mu == 0.0 else gaussian_epsilon(delta, mu=self.mu)
+        return gaussian_epsilon(mu=self.mu, delta=delta)
 
     def _delta(self, epsilon: float) -> float:
         """delta(epsilon) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)."""
-        return 0.0 if self.mu == 0.0 else gaussian_delta(epsilon, mu=self.mu)
+        return gaussian_delta(mu=self.mu, epsilon=epsilon)
 
     def beta(self, alpha: float) -> float:
         """Trade-off curve of mu-GDP: Phi(Phi^{-1}(1 - alpha) - mu)."""
