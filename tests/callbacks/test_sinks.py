@@ -232,3 +232,19 @@ def test_tensorboard_sink_writes_event_files(tmp_path: Path) -> None:
         got = [(e.step, e.value) for e in events.Scalars(tag)]
         want = [(step, float(np.float32(value))) for step, value in expected[tag]]
         assert got == want, tag
+
+
+def test_a_line_torn_by_a_crash_is_cut_off_when_the_sink_reopens(tmp_path: Path) -> None:
+    from opacus_lastiterate.exceptions import TruncatedRecordWarning
+
+    path = tmp_path / "log.jsonl"
+    sink = JsonlSink(path)
+    sink(record(1))
+    sink.close()
+    with path.open("a") as f:
+        f.write('{"step": 2, "heur')  # a machine crash mid-line
+    with pytest.warns(TruncatedRecordWarning, match="partial last line"):
+        sink = JsonlSink(path)
+    sink(record(2))
+    sink.close()
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
