@@ -37,7 +37,9 @@ import pytest
 RENAMED_KEYS: dict[str, str] = {
     # the monitor's record fields are named <model>_epsilon after the privacy-model registry
     "monitor_*::robust_epsilon": "robust_heuristic_epsilon",
-    "monitor_*::standard_epsilon_rdp": "standard_rdp_epsilon",
+    "monitor_*::standard_epsilon_rdp": "opacus_rdp_epsilon",
+    # Opacus's RDP accountant, named apart from the registry's "standard_rdp" (dp_accounting)
+    "monitor_*::standard_rdp_epsilon": "opacus_rdp_epsilon",
     "monitor_*::standard_epsilon_pld": "standard_epsilon",
 }
 """Old record key -> new key, applied to the recorded outputs before comparing."""

@@ -273,7 +273,7 @@ class InlineEvaluator:
             delta=d,
             heuristic_epsilon=heuristic,
             robust_heuristic_epsilon=robust,
-            standard_rdp_epsilon=self._standard_rdp(self.rdp.epsilon(d)),
+            opacus_rdp_epsilon=self._opacus_rdp(self.rdp.epsilon(d)),
             standard_epsilon=pld,
             corrected_epsilon=corrected,
             lr=self.last_lr,
@@ -397,7 +397,7 @@ class InlineEvaluator:
             delta=d,
             heuristic_epsilon=heuristic,
             robust_heuristic_epsilon=robust,
-            standard_rdp_epsilon=self._standard_rdp(rdp),
+            opacus_rdp_epsilon=self._opacus_rdp(rdp),
             standard_epsilon=pld,
             corrected_epsilon=corrected,
             lr=lr,
@@ -429,8 +429,8 @@ class InlineEvaluator:
             self._sampling = None
             return DPSGDRun.from_history(self.history)
 
-    def _standard_rdp(self, poisson_rdp: float) -> float:
-        """The record's ``standard_rdp_epsilon``: the Poisson RDP bound, or for batches in
+    def _opacus_rdp(self, poisson_rdp: float) -> float:
+        """The record's ``opacus_rdp_epsilon``: Opacus's Poisson RDP bound, or for batches in
         epochs the scheme's bound (closed form, every step)."""
         if not self.epoch_sampling:
             return poisson_rdp

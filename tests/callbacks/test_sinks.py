@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 def record(step: int, **kw: object) -> EpsilonRecord:
     values: dict[str, object] = dict(
         step=step, delta=1e-5, heuristic_epsilon=0.1 * step, robust_heuristic_epsilon=None,
-        standard_rdp_epsilon=0.2 * step, standard_epsilon=None, corrected_epsilon=None,
+        opacus_rdp_epsilon=0.2 * step, standard_epsilon=None, corrected_epsilon=None,
         lr=0.5, noise_multiplier=1.0, sample_rate=0.125,
     )
     values.update(kw)
@@ -45,11 +45,11 @@ def record(step: int, **kw: object) -> EpsilonRecord:
 def test_jsonl_round_trip_with_null_and_infinity(tmp_path: Path) -> None:
     sink = JsonlSink(tmp_path / "sub" / "log.jsonl")
     sink(record(1))
-    sink(record(2, standard_rdp_epsilon=math.inf, final=True))
+    sink(record(2, opacus_rdp_epsilon=math.inf, final=True))
     sink.close()
     rows = [json.loads(line) for line in (tmp_path / "sub" / "log.jsonl").read_text().splitlines()]
     assert [list(r) for r in rows] == [list(FIELDS)] * 2
-    assert rows[0]["robust_heuristic_epsilon"] is None and rows[1]["standard_rdp_epsilon"] == math.inf
+    assert rows[0]["robust_heuristic_epsilon"] is None and rows[1]["opacus_rdp_epsilon"] == math.inf
     assert rows[1]["final"] is True
 
 
@@ -189,7 +189,7 @@ def test_tensorboard_wandb_mlflow_through_stand_ins() -> None:
     writer, run, client = _Recorder(), _Recorder(), _Recorder()
     sinks = [TensorBoardSink(writer), WandbSink(run), MlflowSink(client)]
     for sink in sinks:
-        sink(record(4, standard_rdp_epsilon=math.inf))
+        sink(record(4, opacus_rdp_epsilon=math.inf))
     assert ("privacy/heuristic_epsilon", pytest.approx(0.4), 4) in writer.calls
     assert not any(c[0] == "privacy/robust_heuristic_epsilon" for c in writer.calls)
     data, commit = run.calls[0]

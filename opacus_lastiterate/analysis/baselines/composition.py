@@ -10,7 +10,9 @@
   ``"standard_rdp"``): the same mechanism composed with dp_accounting's ``RdpAccountant`` at
   its default orders and converted to (epsilon, delta) by its conversion (Canonne, Kamath,
   Steinke, arXiv 2004.00010, Proposition 12). An upper bound, looser than the PLD one; it
-  has no discretisation.
+  has no discretisation. The privacy monitor's ``opacus_rdp_epsilon`` is another number:
+  Opacus's RDP accountant (its orders, and its evaluation of fractional orders, which
+  dp_accounting bounds from above), so this one can be larger.
 * Full-batch DP-GD with the same expected step and noise variance: q = 1 and noise
   multiplier sigma / q for each step, i.e. mu-GDP with mu^2 = sum_t (q_t / sigma_t)^2,
   in closed form.
