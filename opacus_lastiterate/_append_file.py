@@ -1,25 +1,19 @@
-"""Crash-safe appending of whole lines to a file: the one writer of the package's logs and
-records (the monitor's JSON-lines and CSV sinks, the many-run audit's record files).
+"""Crash-safe appending of whole lines: the one writer of the monitor's JSON-lines and CSV
+sinks and of the many-run audit's record files.
 
-* **Whole lines.** Lines are buffered (``flush_every``) and each flush is one ``os.write`` on
-  a file opened with ``O_APPEND``, never through a Python buffer: a killed process leaves
-  only whole lines (the kernel completes a write system call it has started). Lines still
-  buffered when the process dies are lost, never truncated.
-* **fsync policy.** ``fsync_every=k`` also calls ``os.fsync`` every k writes, when a torn
-  line is cut off and on close, for a machine crash; None leaves write-back to the OS.
-* **A torn last line is cut off on reopen.** A machine crash can still leave a last line
-  without its newline; it is truncated when the file is opened again (with a
-  :class:`~opacus_lastiterate.exceptions.TruncatedRecordWarning`), so that the next line is
-  not glued to it. An owner that must check the file before changing it opens with
-  ``repair=False`` and calls :meth:`AppendFile.drop_partial_line` itself.
-* **Exclusive writers.** ``lock=True`` holds an advisory ``flock`` for the file's lifetime and
-  refuses a file that another process holds (where ``fcntl`` exists).
-* **Atomic rewrites and creation.** :meth:`AppendFile.rewind` rewrites the file through a
-  temporary file renamed over it; :func:`create_exclusive` creates a file with its first
-  content in one step and never replaces a file that exists.
-
-Names here are public within the package (base layer: imports nothing of it but the
-warning helpers).
+* **Whole lines**: lines are buffered (``flush_every``) and each flush is one ``os.write``
+  on a file opened with ``O_APPEND``, so a killed process leaves only whole lines (the
+  kernel completes a write it has started); buffered lines are lost, never truncated.
+* **fsync policy**: ``fsync_every=k`` calls ``os.fsync`` every k writes, after cutting off a
+  torn line and on close; None leaves write-back to the OS.
+* **A torn last line** (a machine crash) is cut off when the file is opened again, with a
+  :class:`~opacus_lastiterate.exceptions.TruncatedRecordWarning`; an owner that checks the
+  file first opens it with ``repair=False`` and calls :meth:`AppendFile.drop_partial_line`.
+* **One writer**: ``lock=True`` holds an advisory ``flock`` while open (where ``fcntl``
+  exists) and refuses a file another process holds.
+* **Atomic rewrites**: :meth:`AppendFile.rewind` writes a temporary file and renames it over
+  the file; :func:`create_exclusive` creates a file with its first content in one step,
+  never replacing one that exists.
 """
 
 from __future__ import annotations
@@ -32,7 +26,7 @@ from pathlib import Path
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.exceptions import TruncatedRecordWarning
 
-__all__ = ["AppendFile", "create_exclusive", "fsync_directory", "write_all"]
+__all__ = ["AppendFile", "create_exclusive"]
 
 _CHUNK = 1 << 16
 
@@ -45,14 +39,14 @@ def _check_every(name: str, value: object) -> int:
     return value
 
 
-def write_all(fd: int, data: bytes) -> None:
+def _write_all(fd: int, data: bytes) -> None:
     """Write ``data`` to ``fd`` (a regular file takes it in one call; loop for completeness)."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
 
 
-def fsync_directory(directory: Path) -> None:
+def _fsync_directory(directory: Path) -> None:
     """fsync a directory, so that a file created or renamed in it survives a crash."""
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -74,7 +68,7 @@ def create_exclusive(path: Path, data: bytes) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=directory)
     try:
-        write_all(fd, data)
+        _write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -88,7 +82,7 @@ def create_exclusive(path: Path, data: bytes) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    fsync_directory(directory)
+    _fsync_directory(directory)
 
 
 def _complete_length(fd: int) -> int:
@@ -205,7 +199,7 @@ class AppendFile:
         self._last_bytes = len(self._buffer[-1].encode())
         data = "".join(self._buffer).encode()
         self._buffer = []
-        write_all(fd, data)
+        _write_all(fd, data)
         self._writes += 1
         self._unsynced = True
         if self.fsync_every is not None and self._writes % self.fsync_every == 0:
@@ -234,7 +228,7 @@ class AppendFile:
         tmp = self.path.with_name(self.path.name + ".rewind")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            write_all(fd, "".join(kept).encode())
+            _write_all(fd, "".join(kept).encode())
             if self.fsync_every is not None:
                 os.fsync(fd)
         finally:
@@ -243,7 +237,7 @@ class AppendFile:
         self._fd = None
         os.replace(tmp, self.path)
         if self.fsync_every is not None:
-            fsync_directory(self.path.parent)
+            _fsync_directory(self.path.parent)
         self._fd = self._open()
         self._last_bytes = 0
 
