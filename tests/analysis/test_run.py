@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -113,7 +114,7 @@ def test_append_steps_is_the_run_length_code_of_the_expanded_steps() -> None:
     # maximal runs: no two neighbouring segments share a setting, none is empty
     assert all(
         (a.noise_multiplier, a.sample_rate) != (b.noise_multiplier, b.sample_rate)
-        for a, b in zip(history, history[1:])
+        for a, b in itertools.pairwise(history)
     )
     assert all(s.steps >= 1 for s in history)
     assert DPSGDRun.from_history(history).num_steps == len(expanded)
