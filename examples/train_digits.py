@@ -173,7 +173,7 @@ class TablePrinter:
         if r.final or r.step % self.every == 0 or r.robust_heuristic_epsilon is not None:
             print(
                 f"{r.step:>6} {_fmt(r.heuristic_epsilon):>14} {_fmt(r.robust_heuristic_epsilon):>11} "
-                f"{_fmt(r.standard_rdp_epsilon):>12} {_fmt(r.standard_epsilon):>12}"
+                f"{_fmt(r.opacus_rdp_epsilon):>12} {_fmt(r.standard_epsilon):>12}"
                 + ("  (final)" if r.final else ""),
                 flush=True,
             )
@@ -215,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"columns: eps_heuristic = {LABELS['heuristic_epsilon']}")
     print(f"         eps_robust    = {LABELS['robust_heuristic_epsilon']}, every {args.robust_every} steps")
-    print(f"         eps_std_rdp   = {LABELS['standard_rdp_epsilon']}")
+    print(f"         eps_std_rdp   = {LABELS['opacus_rdp_epsilon']}")
     print(
         f"         eps_std_pld   = {LABELS['standard_epsilon']}, every "
         f"{args.standard_every} steps"
@@ -271,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  epsilon {final.heuristic_epsilon:.4f}  ({LABELS['heuristic_epsilon']})")
     print(f"  epsilon {final.robust_heuristic_epsilon:.4f}  ({LABELS['robust_heuristic_epsilon']})")
     print(f"  epsilon {final.standard_epsilon:.4f}  ({LABELS['standard_epsilon']})")
-    print(f"  epsilon {final.standard_rdp_epsilon:.4f}  ({LABELS['standard_rdp_epsilon']})")
+    print(f"  epsilon {final.opacus_rdp_epsilon:.4f}  ({LABELS['opacus_rdp_epsilon']})")
     if final.robust_heuristic_epsilon is not None and (
             final.robust_heuristic_epsilon > final.heuristic_epsilon):
         print("  note: the final heuristic is below its maximum over the last t <= T steps "

@@ -43,8 +43,9 @@ import numpy as np
 import torch
 from _plotting import plotting_available
 
-from opacus_lastiterate.analysis.audit import ScoreAudit, gaussian_dp_epsilon
+from opacus_lastiterate.analysis.audit import ScoreAudit
 from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
+from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
 from opacus_lastiterate.auditing import (
     DiracCanary,
     DiracCanaryAdversary,
@@ -179,7 +180,7 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
 
     mu_ub = math.sqrt(STEPS) / SIGMA
-    eps_ub = gaussian_dp_epsilon(mu_ub, DELTA)
+    eps_ub = gaussian_epsilon(mu=mu_ub, delta=DELTA)
     std = standard_epsilon(DELTA, steps=STEPS, sample_rate=1.0, noise_multiplier=SIGMA)
 
     noiseless = train(task, NOISELESS_SIMULATIONS, gen, noise=False, record_updates=True)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from opacus_lastiterate.analysis.audit import ScoreAudit, gaussian_dp_epsilon
+from opacus_lastiterate.analysis.audit import ScoreAudit
 from opacus_lastiterate.analysis.audit.coverage import (
     COVERAGE_STATISTICS,
     Exceedance,
@@ -36,6 +36,7 @@ from opacus_lastiterate.analysis.audit.coverage import (
     exceedance_simulated,
     rr_true_epsilon,
 )
+from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
 
 DELTA, ONE_RUN_DELTA, CONFIDENCE = 1e-5, 1e-6, 0.95
 RANDOM = ("clopper-pearson, held-out split", "clopper-pearson, multi-split (11)")
@@ -79,7 +80,7 @@ def run_setting(pair_name: str, param: float, n: int, reps: int, seed: int,
     t0 = time.perf_counter()
     stats = audit_statistics(DELTA, CONFIDENCE)
     if pair_name == "gaussian":
-        truth, truth_1run = gaussian_dp_epsilon(param, DELTA), gaussian_dp_epsilon(param, ONE_RUN_DELTA)
+        truth, truth_1run = gaussian_epsilon(mu=param, delta=DELTA), gaussian_epsilon(mu=param, delta=ONE_RUN_DELTA)
         sampler, one_delta = gaussian_sampler(param, n), ONE_RUN_DELTA
         big = gaussian_sampler(param, 2 * n)
     else:

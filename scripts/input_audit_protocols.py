@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from opacus_lastiterate.analysis.audit import ScoreAudit, gaussian_dp_epsilon
+from opacus_lastiterate.analysis.audit import ScoreAudit
+from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
 from opacus_lastiterate.auditing.input_space.protocols import (
     annamalai_protocol,
     run_protocol,
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lo, hi = 0.01, 20.0
     for _ in range(100):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if gaussian_dp_epsilon(mid, 1e-5) < 10.0 else (lo, mid)
+        lo, hi = (mid, hi) if gaussian_epsilon(mu=mid, delta=1e-5) < 10.0 else (lo, mid)
     mu10 = hi
     sizes = [64, 256] if q else [256, 1024, 4096, 16384, 65536]
     result["mu_of_epsilon_10"] = mu10

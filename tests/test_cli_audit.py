@@ -43,7 +43,7 @@ def test_records_bound_is_the_runner_audit_and_below_the_truth(records, capsys) 
     assert audit["epsilon"] == direct.epsilon and audit["kind"] == "bound"
     assert out["runs"] == 400 and out["runs_with_canary"] + out["runs_without_canary"] == 400
     # a valid lower bound of a MU-GDP mechanism (fixed seed; fails with prob. <= 5%)
-    assert 0 < audit["epsilon"] <= gaussian_epsilon(1e-5, mu=MU)
+    assert 0 < audit["epsilon"] <= gaussian_epsilon(mu=MU, delta=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ from opacus_lastiterate.analysis._validation import (
     check_int,
     check_sample_rate,
 )
-from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment, as_segments
+from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment, append_steps, as_segments
 from opacus_lastiterate.analysis.sampling import (
     SamplingScheme,
     check_sampling,
@@ -372,11 +372,7 @@ class RunAccountant(IAccountant):
 
     def _extend_segments(self, sigma: float, q: float, steps: int) -> None:
         """Add ``steps`` validated steps at (sigma, q) to the history (no hooks)."""
-        segs = self._segments
-        if segs and segs[-1].noise_multiplier == sigma and segs[-1].sample_rate == q:
-            segs[-1] = TrainingSegment._trusted(sigma, q, segs[-1].steps + steps)
-        else:
-            segs.append(TrainingSegment._trusted(sigma, q, steps))
+        append_steps(self._segments, sigma, q, steps)
         self._num_steps += steps
         self._run = None
 

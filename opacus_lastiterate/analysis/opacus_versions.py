@@ -39,6 +39,7 @@ from opacus_lastiterate.analysis._validation import (
     check_int,
     check_noise_multiplier,
 )
+from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
 from opacus_lastiterate.analysis.opacus_releases import (
     OPACUS_RELEASES,
     SUM_REDUCTION_RULES,
@@ -302,29 +303,13 @@ def reported_epsilon(rel: OpacusRelease | str, config: VersionConfig) -> float:
     return _rdp_epsilon(p.accountant_rate, sigma, p.steps, delta, r.default_accountant == "rdp-improved")
 
 
-def _gaussian_epsilon(mu: float, delta: float) -> float:
-    """epsilon(delta) of a Gaussian mechanism with sensitivity / sigma = mu."""
-    from scipy.optimize import brentq
-    from scipy.stats import norm
-
-    def excess(eps: float) -> float:
-        return float(norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2)) - delta
-
-    if excess(0.0) <= 0:
-        return 0.0
-    hi = 1.0
-    while excess(hi) > 0:
-        hi *= 2
-    return float(brentq(excess, 0.0, hi, xtol=1e-10))
-
-
 @lru_cache(maxsize=256)
 def _corrected(key: tuple[Any, ...]) -> tuple[float, str]:
     (family, poisson, n, b, drop_last, sigma, delta, steps, q, epochs, sampler_rate, total) = key
     if not poisson:
         participations = epochs if epochs is not None else math.ceil(steps / _loader_length(n, b, drop_last))
         mu = 2.0 * math.sqrt(participations) / sigma
-        return _gaussian_epsilon(mu, delta), (
+        return gaussian_epsilon(mu=mu, delta=delta), (
             f"shuffled fixed-size batches, no amplification: each record in one batch per "
             f"epoch, {participations} Gaussian step(s) of sensitivity 2C (replace-one "
             f"neighbours; the batch sizes and the divisor are then the same in both worlds)"

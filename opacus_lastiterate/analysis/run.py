@@ -22,10 +22,10 @@ A run is validated once, where it enters (:meth:`DPSGDRun.from_history`, the con
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -50,6 +50,7 @@ __all__ = [
     "Normalisation",
     "RunLike",
     "TrainingSegment",
+    "append_steps",
     "as_run",
     "as_segments",
     "suffix",
@@ -93,6 +94,10 @@ class TrainingSegment:
         object.__setattr__(seg, "sample_rate", sample_rate)
         object.__setattr__(seg, "steps", steps)
         return seg
+
+    def __iter__(self) -> Iterator[Any]:
+        """Unpacks as the Opacus triple ``(noise_multiplier, sample_rate, steps)``."""
+        return iter((self.noise_multiplier, self.sample_rate, self.steps))
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +180,20 @@ def as_segments(history: HistoryLike, name: str = "history") -> tuple[TrainingSe
             )
         )
     return tuple(out)
+
+
+def append_steps(
+    history: list[TrainingSegment], noise_multiplier: float, sample_rate: float, steps: int = 1
+) -> None:
+    """Append ``steps`` steps at (``noise_multiplier``, ``sample_rate``) to the run-length
+    ``history`` in place: the last segment grows when it has the same setting, else a segment
+    is added. The values are trusted (the caller validates them)."""
+    if history:
+        last = history[-1]
+        if last.noise_multiplier == noise_multiplier and last.sample_rate == sample_rate:
+            history[-1] = TrainingSegment._trusted(noise_multiplier, sample_rate, last.steps + steps)
+            return
+    history.append(TrainingSegment._trusted(noise_multiplier, sample_rate, steps))
 
 
 def _check_weights(weights: object, steps: int) -> np.ndarray:

@@ -294,11 +294,9 @@ def _value(run: DPSGDRun, quantity: str, argument: float, accuracy: float) -> fl
 
     def evaluate(pair: ShiftedGaussianMixture | float) -> float:
         if isinstance(pair, float):  # a Gaussian mechanism with this mu
-            if pair == 0.0:
-                return 0.0
             if quantity == "epsilon":
-                return gaussian_epsilon(argument, mu=pair)
-            return gaussian_delta(argument, mu=pair)
+                return gaussian_epsilon(mu=pair, delta=argument)
+            return gaussian_delta(mu=pair, epsilon=argument)
         return pair.epsilon(argument) if quantity == "epsilon" else pair.delta(argument)
 
     if isinstance(scheme, DeterministicBatches):

@@ -122,10 +122,10 @@ class NoAmplificationBound(PrivacyModel):
         )
 
     def _epsilon(self, delta: float) -> float:
-        return gaussian_epsilon(delta, mu=self.mu)
+        return gaussian_epsilon(mu=self.mu, delta=delta)
 
     def _delta(self, epsilon: float) -> float:
-        return gaussian_delta(epsilon, mu=self.mu)
+        return gaussian_delta(mu=self.mu, epsilon=epsilon)
 
 
 class PoissonAssumed(PrivacyModel):

@@ -46,13 +46,13 @@ from opacus_lastiterate.accountants import (
     RunAccountant,
 )
 from opacus_lastiterate.accountants.base import trim_history
+from opacus_lastiterate.analysis.run import append_steps
 from opacus_lastiterate.callbacks.cadence import Cadences, OverheadBudget
 from opacus_lastiterate.callbacks.evaluator import (
     InlineEvaluator,
     QueuedStep,
     corrected_accountant_of,
     evaluated_state,
-    extend_history,
 )
 from opacus_lastiterate.callbacks.records import EpsilonRecord
 from opacus_lastiterate.exceptions import MonitorWarning
@@ -340,7 +340,7 @@ class ProcessEvaluator:
         self._in_flight.append((queue, self.rdp.rdp, self.last_lr))
         self.rdp.advance([(sigma, q) for _, sigma, q, _, _ in queue], self.delta)
         for _, sigma, q, _, _ in queue:
-            extend_history(self.history, sigma, q)
+            append_steps(self.history, sigma, q)
         self.evaluated += len(queue)
         self.last_lr = queue[-1][3]
         configuration = None

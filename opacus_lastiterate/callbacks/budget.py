@@ -26,11 +26,11 @@ from opacus_lastiterate.exceptions import PrivacyBudgetExceededError
 
 __all__ = ["BUDGET_METRICS", "BudgetGuard", "BudgetMetric", "PrivacyBudget"]
 
-BudgetMetric = Literal["heuristic_epsilon", "robust_heuristic_epsilon", "standard_rdp_epsilon"]
+BudgetMetric = Literal["heuristic_epsilon", "robust_heuristic_epsilon", "opacus_rdp_epsilon"]
 BUDGET_METRICS: tuple[str, ...] = (
     "heuristic_epsilon",
     "robust_heuristic_epsilon",
-    "standard_rdp_epsilon",
+    "opacus_rdp_epsilon",
 )
 """The record fields a :class:`PrivacyBudget` can limit."""
 
@@ -42,7 +42,7 @@ class PrivacyBudget:
     Args:
         epsilon: the limit, > 0. A step is allowed if its epsilon is <= the limit.
         metric: ``"heuristic_epsilon"`` (default), ``"robust_heuristic_epsilon"`` or
-            ``"standard_rdp_epsilon"`` (the RDP upper bound on the standard epsilon, so the
+            ``"opacus_rdp_epsilon"`` (Opacus's RDP upper bound on the standard epsilon, so the
             tight PLD value is within budget too). The metric is evaluated at a step only
             when no certified bound already keeps it within the limit (module docs); near
             the limit that is every step (20-75 ms per robust evaluation at large T, one
@@ -155,7 +155,7 @@ class BudgetGuard:
         that) and a margin for the heuristics, which the RDP standard epsilon bounds (the
         final model is a post-processing of all iterates)."""
         limit = self.budget.epsilon
-        if self.budget.metric == "standard_rdp_epsilon":
+        if self.budget.metric == "opacus_rdp_epsilon":
             return limit
         return limit * (1.0 - evaluator.weight_accuracy) * (1.0 - _SLACK)
 

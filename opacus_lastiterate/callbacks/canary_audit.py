@@ -54,6 +54,7 @@ import torch
 from numpy.typing import ArrayLike, NDArray
 from torch import nn
 
+from opacus_lastiterate.accountants.base import check_step_noise
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_in_interval,
@@ -63,7 +64,7 @@ from opacus_lastiterate.analysis._validation import (
 from opacus_lastiterate.analysis.audit.result import AuditResult
 from opacus_lastiterate.analysis.audit.score_audit import ScoreAudit
 from opacus_lastiterate.analysis.privacy_models import privacy_model
-from opacus_lastiterate.analysis.run import DPSGDRun
+from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment, append_steps
 from opacus_lastiterate.analysis.sampling import (
     SamplingScheme,
     check_sampling,
@@ -391,7 +392,7 @@ class InTrainingCanaryAudit:
         self._enabled = enabled and m > 0
         self._num_canaries = m if self._enabled else 0
         self._steps = 0
-        self._history: list[list[float | int]] = []  # [sigma, q, steps], run-length
+        self._history: list[TrainingSegment] = []  # run-length
         self._original_add_noise: Callable[[], None] | None = None
         if not self._enabled:
             self._coordinates = np.zeros(0, dtype=np.int64)
@@ -437,7 +438,8 @@ class InTrainingCanaryAudit:
         self._insert()
         assert self._original_add_noise is not None
         self._original_add_noise()
-        self._record_step(float(self._optimizer.noise_multiplier))
+        self._steps += 1
+        append_steps(self._history, check_step_noise(self._optimizer.noise_multiplier), self._sample_rate)
 
     @torch.no_grad()
     def _insert(self) -> None:
@@ -459,12 +461,6 @@ class InTrainingCanaryAudit:
             values = present.index_select(0, pos).to(flat.device, flat.dtype) * norm
             flat.index_add_(0, local, values)
 
-    def _record_step(self, sigma: float) -> None:
-        self._steps += 1
-        if self._history and self._history[-1][0] == sigma:
-            self._history[-1][2] = int(self._history[-1][2]) + 1
-        else:
-            self._history.append([sigma, self._sample_rate, 1])
 
     # -- state --------------------------------------------------------------------------------
 
@@ -529,7 +525,7 @@ class InTrainingCanaryAudit:
         history = (
             self._accountant.history
             if self._accountant is not None
-            else [tuple(h) for h in self._history]
+            else self._history
         )
         if not history:
             return None

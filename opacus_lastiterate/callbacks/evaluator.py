@@ -41,7 +41,7 @@ from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
 )
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
 from opacus_lastiterate.analysis.privacy_models import privacy_model
-from opacus_lastiterate.analysis.run import DPSGDRun
+from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment, append_steps, as_segments
 from opacus_lastiterate.analysis.sampling import PoissonSampling, effective_sampling
 from opacus_lastiterate.callbacks.cadence import Cadences, OverheadBudget, due
 from opacus_lastiterate.callbacks.records import EpsilonRecord, sampling_field
@@ -54,7 +54,6 @@ __all__ = [
     "QueuedStep",
     "corrected_accountant_of",
     "evaluated_state",
-    "extend_history",
     "weighted_grid_points",
 ]
 
@@ -81,25 +80,17 @@ def weighted_grid_points(cadences: Cadences) -> float:
 
 def evaluated_state(
     history: Sequence[Sequence[Any]], rdp: Sequence[float] | np.ndarray | None
-) -> tuple[list[list[Any]], int, IncrementalRDP]:
-    """An evaluator's start: the run-length history of the evaluated steps (lists, extended
-    in place), their number, and their RDP vector (``rdp`` if given, a checkpoint's; else
-    composed from the history)."""
-    steps = [list(h) for h in history]
+) -> tuple[list[TrainingSegment], int, IncrementalRDP]:
+    """An evaluator's start: the run-length history of the evaluated steps (a list, extended
+    in place by :func:`~opacus_lastiterate.analysis.run.append_steps`), their number, and
+    their RDP vector (``rdp`` if given, a checkpoint's; else composed from the history)."""
+    steps = list(as_segments(history))
     bound = IncrementalRDP()
     if rdp is not None and len(rdp) == bound.orders.size:
         bound.rdp = np.asarray(rdp, dtype=float)
     else:
-        bound.reset((s, q, n) for s, q, n in steps)
-    return steps, sum(int(h[2]) for h in steps), bound
-
-
-def extend_history(history: list[list[Any]], sigma: float, q: float) -> None:
-    """One more step at (sigma, q) in a run-length history [[sigma, q, steps], ...]."""
-    if history and history[-1][0] == sigma and history[-1][1] == q:
-        history[-1][2] += 1
-    else:
-        history.append([sigma, q, 1])
+        bound.reset((s.noise_multiplier, s.sample_rate, s.steps) for s in steps)
+    return steps, sum(s.steps for s in steps), bound
 
 
 NORMALISATION_ACCOUNTANTS = (ASGMAccountant, FEASGMAccountant)
@@ -282,7 +273,7 @@ class InlineEvaluator:
             delta=d,
             heuristic_epsilon=heuristic,
             robust_heuristic_epsilon=robust,
-            standard_rdp_epsilon=self._standard_rdp(self.rdp.epsilon(d)),
+            opacus_rdp_epsilon=self._opacus_rdp(self.rdp.epsilon(d)),
             standard_epsilon=pld,
             corrected_epsilon=corrected,
             lr=self.last_lr,
@@ -309,11 +300,9 @@ class InlineEvaluator:
         if self.replica is not None:
             self.replica.take_back(1)
         self.rdp.rdp = self.rdp.previous
-        last = self.history[-1]
-        if last[2] > 1:
-            last[2] -= 1
-        else:
-            self.history.pop()
+        last = self.history.pop()
+        if last.steps > 1:
+            append_steps(self.history, last.noise_multiplier, last.sample_rate, last.steps - 1)
         self.evaluated -= 1
 
     def set_corrected_configuration(self, configuration: dict[str, Any]) -> None:
@@ -329,7 +318,7 @@ class InlineEvaluator:
 
     def _extend(self, sigma: float, q: float) -> None:
         """One more evaluated step."""
-        extend_history(self.history, sigma, q)
+        append_steps(self.history, sigma, q)
         self.evaluated += 1
 
     def _constant_run(self, queue: list[QueuedStep], i: int, need: str | None) -> int:
@@ -408,7 +397,7 @@ class InlineEvaluator:
             delta=d,
             heuristic_epsilon=heuristic,
             robust_heuristic_epsilon=robust,
-            standard_rdp_epsilon=self._standard_rdp(rdp),
+            opacus_rdp_epsilon=self._opacus_rdp(rdp),
             standard_epsilon=pld,
             corrected_epsilon=corrected,
             lr=lr,
@@ -434,15 +423,14 @@ class InlineEvaluator:
         return scheme is not None and not isinstance(scheme, PoissonSampling)
 
     def _scheme_run(self) -> DPSGDRun:
-        history = [tuple(h) for h in self.history]
         try:
-            return DPSGDRun.from_history(history, sampling=self.sampling)  # type: ignore[arg-type]
+            return DPSGDRun.from_history(self.history, sampling=self.sampling)
         except ValueError:  # a step that does not fit the scheme: Poisson from now on
             self._sampling = None
-            return DPSGDRun.from_history(history)  # type: ignore[arg-type]
+            return DPSGDRun.from_history(self.history)
 
-    def _standard_rdp(self, poisson_rdp: float) -> float:
-        """The record's ``standard_rdp_epsilon``: the Poisson RDP bound, or for batches in
+    def _opacus_rdp(self, poisson_rdp: float) -> float:
+        """The record's ``opacus_rdp_epsilon``: Opacus's Poisson RDP bound, or for batches in
         epochs the scheme's bound (closed form, every step)."""
         if not self.epoch_sampling:
             return poisson_rdp
@@ -454,7 +442,7 @@ class InlineEvaluator:
         # dp_accounting takes 0.5 s to import: only when a PLD value is first asked for
         from opacus_lastiterate.analysis.baselines.composition import StandardComposition
 
-        history = [tuple(h) for h in self.history]
+        history = tuple(self.history)
         poisson = float(StandardComposition(history).epsilon(self.delta))
         assumed = None
         pld = poisson

@@ -246,11 +246,11 @@ class PrivacyMonitor:
     def budget(self, budget: PrivacyBudget | None) -> None:
         if budget is not None and not isinstance(budget, PrivacyBudget):
             raise TypeError(f"`budget` must be a PrivacyBudget or None, got {budget!r}.")
-        if budget is not None and budget.metric != "standard_rdp_epsilon" and not self._heuristic:
+        if budget is not None and budget.metric != "opacus_rdp_epsilon" and not self._heuristic:
             raise ValueError(
                 f"`budget.metric` {budget.metric!r} needs a LastIterateAccountant; the "
                 f"accountant is a {type(self.accountant).__name__} (use "
-                "'standard_rdp_epsilon')."
+                "'opacus_rdp_epsilon')."
             )
         if budget is not None and self.evaluation == "process":
             raise ValueError(

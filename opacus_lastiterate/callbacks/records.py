@@ -2,8 +2,13 @@
 
 Each epsilon field is named after the privacy model that computed it, ``<model>_epsilon``
 with the model's registry name (:mod:`opacus_lastiterate.analysis.privacy_models`:
-``heuristic``, ``robust_heuristic``, ``standard``, ``standard_rdp``; ``corrected`` is the
-normalisation accountant's, ``asgm`` or ``feasgm``), and carries a label in :data:`LABELS`
+``heuristic``, ``robust_heuristic``, ``standard``; ``corrected`` is the normalisation
+accountant's, ``asgm`` or ``feasgm``). ``opacus_rdp`` is Opacus's RDP accountant composed
+step by step (:class:`~opacus_lastiterate.accountants.IncrementalRDP`: Opacus's orders,
+per-step RDP and conversion, its ``get_epsilon`` to the last bit), not the registry's
+``"standard_rdp"`` (dp_accounting's orders and fractional-order bound, which can be larger);
+on a run whose batches come in epochs it holds that scheme's no-amplification bound (the
+registry's ``"standard_rdp"`` for it). Each field carries a label in :data:`LABELS`
 saying what kind of number it is (heuristic, upper bound); a field that was not computed at a
 step is ``None``. :class:`MonitorAudit` is what the monitor needs from an in-training audit
 that reads the records as they are emitted.
@@ -28,7 +33,7 @@ __all__ = [
 ]
 
 SAMPLING_LABELS: dict[str, str] = {
-    "standard_rdp_epsilon": "standard (all iterates), upper bound without amplification for "
+    "opacus_rdp_epsilon": "standard (all iterates), upper bound without amplification for "
     "this run's batches",
     "standard_epsilon": "standard (all iterates), upper bound without amplification for "
     "this run's batches",
@@ -43,7 +48,8 @@ SAMPLING_LABELS: dict[str, str] = {
 LABELS: dict[str, str] = {
     "heuristic_epsilon": "last-iterate heuristic, final model only, not a DP guarantee",
     "robust_heuristic_epsilon": "robust heuristic: certified max over the last t <= T steps",
-    "standard_rdp_epsilon": "standard (all iterates), RDP upper bound (min over orders)",
+    "opacus_rdp_epsilon": "standard (all iterates), Opacus's RDP accountant (its orders), "
+    "upper bound",
     "standard_epsilon": "standard (all iterates), dp_accounting PLD upper bound (tight)",
     "poisson_assumed_epsilon": "assumes Poisson sampling: not a guarantee for this run",
     "corrected_epsilon": "normalisation accountant (asgm/feasgm), docs/normalisation.md",
@@ -59,7 +65,7 @@ class EpsilonRecord:
     delta: float
     heuristic_epsilon: float | None
     robust_heuristic_epsilon: float | None
-    standard_rdp_epsilon: float
+    opacus_rdp_epsilon: float
     standard_epsilon: float | None
     corrected_epsilon: float | None
     lr: float | None

@@ -11,9 +11,11 @@ A sink is any callable taking an :class:`~opacus_lastiterate.callbacks.monitor.E
   with ``O_APPEND``, never through a Python buffer, so a killed process leaves only whole
   lines (the kernel completes a write system call it has started); ``fsync_every=k`` also
   calls ``os.fsync`` every k writes, for a machine crash. Records still buffered when the
-  process dies (``flush_every > 1``) are lost, never truncated. JSON lines use ``null`` for
-  a value not computed at that step and ``Infinity`` for an infinite epsilon (Python's
-  :mod:`json` reads both); CSV leaves such cells empty (``inf`` for infinity);
+  process dies (``flush_every > 1``) are lost, never truncated; a last line torn by a machine
+  crash is cut off when the file is opened again, with a ``TruncatedRecordWarning``. JSON
+  lines use ``null`` for a value not computed at that step and ``Infinity`` for an infinite
+  epsilon (Python's :mod:`json` reads both); CSV leaves such cells empty (``inf`` for
+  infinity);
 * :class:`TensorBoardSink`: a ``torch.utils.tensorboard.SummaryWriter`` (optional import);
 * :class:`WandbSink`, :class:`MlflowSink`: Weights & Biases and MLflow, imported only when
   such a sink is created.
@@ -38,6 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from opacus_lastiterate._append_file import AppendFile
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.callbacks.records import FIELDS, LABELS, EpsilonRecord
 from opacus_lastiterate.exceptions import MonitorWarning
@@ -122,86 +125,12 @@ class LoggingSink:
         self.logger.log(self.level, "privacy%s: %s", " (final)" if record.final else "", ", ".join(parts))
 
 
-class _AppendFile:
-    """Whole-line appends with one ``os.write`` per flush (module docs, "Durability")."""
-
-    def __init__(self, path: str | os.PathLike[str], flush_every: int, fsync_every: int | None):
-        self.path = Path(path)
-        self.flush_every = _check_every("flush_every", flush_every)
-        self.fsync_every = None if fsync_every is None else _check_every("fsync_every", fsync_every)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._buffer: list[str] = []
-        self._writes = 0
-        self._last_bytes = 0  # length of the last line written to the file
-
-    @property
-    def empty(self) -> bool:
-        return self.path.stat().st_size == 0
-
-    def add(self, line: str) -> None:
-        self._buffer.append(line)
-        if len(self._buffer) >= self.flush_every:
-            self.flush()
-
-    def flush(self) -> None:
-        if self._fd is None:
-            raise ValueError(f"the sink writing {self.path} is closed.")
-        if not self._buffer:
-            return
-        self._last_bytes = len(self._buffer[-1].encode())
-        data = "".join(self._buffer).encode()
-        self._buffer = []
-        view = memoryview(data)
-        while view:  # a regular file takes all of it at once; loop for completeness
-            view = view[os.write(self._fd, view) :]
-        self._writes += 1
-        if self.fsync_every is not None and self._writes % self.fsync_every == 0:
-            os.fsync(self._fd)
-
-    def replace_last(self, line: str) -> None:
-        """Replace the last line added (buffered or written) by ``line``."""
-        if self._buffer:
-            self._buffer[-1] = line
-            return
-        if self._fd is None:
-            raise ValueError(f"the sink writing {self.path} is closed.")
-        size = os.fstat(self._fd).st_size
-        os.ftruncate(self._fd, max(0, size - self._last_bytes))
-        self.add(line)
-        self.flush()
-
-    def rewind(self, keep: Callable[[str], bool]) -> None:
-        """Rewrite the file with the lines that ``keep`` accepts (buffered lines included),
-        atomically (a temporary file renamed over it), and go on appending to it."""
-        self.flush()
-        text = self.path.read_text()
-        lines = text.splitlines(keepends=True)
-        kept = [line for line in lines if keep(line)]
-        if len(kept) == len(lines):
-            return
-        tmp = self.path.with_name(self.path.name + ".rewind")
-        tmp.write_text("".join(kept))
-        assert self._fd is not None
-        os.close(self._fd)
-        os.replace(tmp, self.path)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-
-    def close(self) -> None:
-        if self._fd is None:
-            return
-        self.flush()
-        if self.fsync_every is not None:
-            os.fsync(self._fd)
-        os.close(self._fd)
-        self._fd = None
-
-
 class _FileSink:
-    """A sink writing through an :class:`_AppendFile` (``self._file``): one row per step
-    (a final record of the last row's step replaces that row, module docs)."""
+    """A sink writing through an :class:`~opacus_lastiterate._append_file.AppendFile`
+    (``self._file``): one row per step (a final record of the last row's step replaces that
+    row, module docs)."""
 
-    _file: _AppendFile
+    _file: AppendFile
     _last_step: int | None = None
 
     def _add_row(self, record: EpsilonRecord, line: str) -> None:
@@ -232,7 +161,7 @@ class JsonlSink(_FileSink):
     def __init__(
         self, path: str | os.PathLike[str], *, flush_every: int = 1, fsync_every: int | None = None
     ) -> None:
-        self._file = _AppendFile(path, flush_every, fsync_every)
+        self._file = AppendFile(path, flush_every=flush_every, fsync_every=fsync_every)
         self.path = self._file.path
 
     def __call__(self, record: EpsilonRecord) -> None:
@@ -275,7 +204,7 @@ class CsvSink(_FileSink):
                     f"`path` {str(self.path)!r} has another header ({first.strip()!r}); "
                     "a CsvSink appends only to its own files."
                 )
-        self._file = _AppendFile(path, flush_every, fsync_every)
+        self._file = AppendFile(path, flush_every=flush_every, fsync_every=fsync_every)
         if self._file.empty:
             self._file.add(header)
             self._file.flush()

@@ -57,7 +57,7 @@ def test_full_batch_matches_the_closed_form() -> None:
         target, DELTA, steps=steps, sample_rate=q, accountant="full_batch", rtol=1e-6
     )
     mu = q * math.sqrt(steps) / sigma
-    assert gaussian_epsilon(DELTA, mu=mu) == pytest.approx(target, rel=1e-5)
+    assert gaussian_epsilon(mu=mu, delta=DELTA) == pytest.approx(target, rel=1e-5)
 
 
 def test_ordering_of_the_accountants() -> None:

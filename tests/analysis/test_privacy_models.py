@@ -56,7 +56,7 @@ def test_full_batch_matches_closed_forms() -> None:
     model = FullBatchGaussian(run)
     mu = math.sqrt(50 * 0.1**2 + 10 * 0.1**2)
     assert model.mu == pytest.approx(mu, rel=1e-12)
-    assert model.delta(1.0) == pytest.approx(gaussian_delta(1.0, mu=mu), rel=1e-12)
+    assert model.delta(1.0) == pytest.approx(gaussian_delta(mu=mu, epsilon=1.0), rel=1e-12)
     assert model.delta(model.epsilon(1e-5)) == pytest.approx(1e-5, rel=1e-6)
     alpha = 0.01
     assert model.beta(alpha) == pytest.approx(stats.norm.cdf(stats.norm.isf(alpha) - mu), rel=1e-10)

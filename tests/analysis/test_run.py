@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -12,6 +13,7 @@ from opacus_lastiterate.analysis.run import (
     DPSGDRun,
     Normalisation,
     TrainingSegment,
+    append_steps,
     as_run,
 )
 
@@ -95,3 +97,29 @@ def test_run_is_immutable_and_as_run_passes_it_through() -> None:
 def test_bad_normalisation_names_the_field(kwargs: dict, error: type, fragment: str) -> None:
     with pytest.raises(error, match=fragment):
         Normalisation(**kwargs)
+
+
+def test_append_steps_is_the_run_length_code_of_the_expanded_steps() -> None:
+    rng = np.random.default_rng(7)
+    settings = [(1.0, 0.1), (1.0, 0.2), (0.5, 0.1), (0.0, 0.1)]
+    history: list[TrainingSegment] = []
+    expanded: list[tuple[float, float]] = []
+    for _ in range(300):
+        sigma, q = settings[int(rng.integers(len(settings)))]
+        steps = int(rng.integers(1, 4))
+        append_steps(history, sigma, q, steps)
+        expanded += [(sigma, q)] * steps
+    # naive expansion of the history: the same steps, in order
+    assert [(s.noise_multiplier, s.sample_rate) for s in history for _ in range(s.steps)] == expanded
+    # maximal runs: no two neighbouring segments share a setting, none is empty
+    assert all(
+        (a.noise_multiplier, a.sample_rate) != (b.noise_multiplier, b.sample_rate)
+        for a, b in itertools.pairwise(history)
+    )
+    assert all(s.steps >= 1 for s in history)
+    assert DPSGDRun.from_history(history).num_steps == len(expanded)
+
+
+def test_a_segment_unpacks_as_the_opacus_triple() -> None:
+    sigma, q, steps = TrainingSegment(1.5, 0.25, 3)
+    assert (sigma, q, steps) == (1.5, 0.25, 3)

@@ -45,7 +45,7 @@ def test_whole_epochs_are_the_gaussian_closed_form(scheme, epochs, sigma) -> Non
     mu = epochs / (sigma * math.sqrt(steps))  # E / (sigma sqrt(T))
     model = SamplingHeuristic(_run(steps, scheme, sigma))
     for delta in (1e-3, 1e-6):
-        assert model.epsilon(delta) == pytest.approx(gaussian_epsilon(delta, mu=mu), rel=1e-9)
+        assert model.epsilon(delta) == pytest.approx(gaussian_epsilon(mu=mu, delta=delta), rel=1e-9)
 
 
 # -- brute-force enumeration -----------------------------------------------------------------------
@@ -142,7 +142,7 @@ def test_deterministic_takes_the_worst_position() -> None:
     weights = np.array([1.0, 3.0, 0.5, 1.0, 2.5, 0.5, 1.0])  # K = 3: sums 3.0, 5.5, 1.0
     s = math.sqrt(float(np.sum(weights**2)))
     model = SamplingHeuristic(_run(7, DeterministicBatches(9, 3), 1.0, weights))
-    assert model.epsilon(1e-5) == pytest.approx(gaussian_epsilon(1e-5, mu=5.5 / s), rel=1e-12)
+    assert model.epsilon(1e-5) == pytest.approx(gaussian_epsilon(mu=5.5 / s, delta=1e-5), rel=1e-12)
 
 
 # -- Monte Carlo: cosine schedule and momentum 0.9 -------------------------------------------------
@@ -210,7 +210,7 @@ def test_robust_is_the_max_over_suffixes() -> None:
     each = [SamplingHeuristic(run.suffix(t)).epsilon(1e-5) for t in range(1, 26)]
     assert robust == max(each)
     det = _run(25, DeterministicBatches(100, 10), 1.0)
-    assert RobustSamplingHeuristic(det).epsilon(1e-5) == pytest.approx(gaussian_epsilon(1e-5, mu=1.0))
+    assert RobustSamplingHeuristic(det).epsilon(1e-5) == pytest.approx(gaussian_epsilon(mu=1.0, delta=1e-5))
 
 
 def test_robust_rejects_weights() -> None:

@@ -18,7 +18,7 @@ from opacus_lastiterate.callbacks.sinks import CsvSink, JsonlSink, MlflowSink, T
 def _record(step: int, final: bool = False, **values: float) -> EpsilonRecord:
     base = dict(
         step=step, delta=1e-5, heuristic_epsilon=1.0 + step, robust_heuristic_epsilon=None,
-        standard_rdp_epsilon=2.0 + step, standard_epsilon=None, corrected_epsilon=None,
+        opacus_rdp_epsilon=2.0 + step, standard_epsilon=None, corrected_epsilon=None,
         lr=0.1, noise_multiplier=1.0, sample_rate=0.01, final=final,
     )  # fmt: skip
     base.update(values)

@@ -218,7 +218,7 @@ def assert_same_log(resumed: list[dict[str, Any]], reference: list[dict[str, Any
         (r["step"], r["final"]) for r in reference
     ]
     for got, want in zip(resumed, reference, strict=True):
-        for key in ("lr", "noise_multiplier", "sample_rate", "standard_rdp_epsilon", "delta"):
+        for key in ("lr", "noise_multiplier", "sample_rate", "opacus_rdp_epsilon", "delta"):
             assert got[key] == want[key], (got["step"], key)
         for key in ("heuristic_epsilon", "robust_heuristic_epsilon", "standard_epsilon"):
             assert (got[key] is None) == (want[key] is None), (got["step"], key)

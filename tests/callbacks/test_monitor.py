@@ -71,10 +71,10 @@ def test_records_equal_the_accountant_at_every_step() -> None:
     # the RDP bound equals Opacus's RDP accountant; the PLD value is the tight one below it
     rdp = RDPAccountant()
     rdp.history = [(1.0, 1 / 8, 8)]
-    assert records[-1].standard_rdp_epsilon == pytest.approx(rdp.get_epsilon(DELTA), rel=1e-9)
+    assert records[-1].opacus_rdp_epsilon == pytest.approx(rdp.get_epsilon(DELTA), rel=1e-9)
     pld = StandardComposition([(1.0, 1 / 8, 8)]).epsilon(DELTA)
     assert records[7].standard_epsilon == pytest.approx(pld, rel=1e-12)
-    assert pld < records[-1].standard_rdp_epsilon
+    assert pld < records[-1].opacus_rdp_epsilon
     final = monitor.finish()
     assert final is not None and final.final and final.step == 8
     assert final.robust_heuristic_epsilon is not None and final.standard_epsilon is not None
@@ -252,7 +252,7 @@ def test_other_accountants_give_standard_only() -> None:
     PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt, flush_every=1)
     train(model, opt, loader, 3)
     assert records[-1].heuristic_epsilon is None
-    assert records[-1].standard_rdp_epsilon == pytest.approx(engine.get_epsilon(DELTA), rel=1e-9)
+    assert records[-1].opacus_rdp_epsilon == pytest.approx(engine.get_epsilon(DELTA), rel=1e-9)
 
 
 # -- budget guard ------------------------------------------------------------------------------
@@ -265,7 +265,7 @@ def _epsilons(steps: int) -> list[float]:
     return values
 
 
-@pytest.mark.parametrize("metric", ["heuristic_epsilon", "standard_rdp_epsilon"])
+@pytest.mark.parametrize("metric", ["heuristic_epsilon", "opacus_rdp_epsilon"])
 def test_budget_raises_exactly_before_the_first_step_over_the_limit(metric: str) -> None:
     engine, model, opt, loader = make_dp()
     probe = PrivacyMonitor(engine, delta=DELTA, optimizer=opt, sinks=[], flush_every=1)
@@ -287,7 +287,7 @@ def test_budget_raises_exactly_before_the_first_step_over_the_limit(metric: str)
     assert monitor.last_record is not None and monitor.last_record.step == 4
     assert getattr(monitor.last_record, metric) == pytest.approx(limit, rel=1e-12)
     assert _rdp_of(monitor).epsilon(DELTA) == pytest.approx(
-        monitor.last_record.standard_rdp_epsilon
+        monitor.last_record.opacus_rdp_epsilon
     )
 
 
@@ -301,7 +301,7 @@ def _long_run_values(steps: int, metric: str) -> list[float]:
     return values
 
 
-@pytest.mark.parametrize("metric", ["heuristic_epsilon", "standard_rdp_epsilon"])
+@pytest.mark.parametrize("metric", ["heuristic_epsilon", "opacus_rdp_epsilon"])
 def test_budget_guard_is_exact_while_skipping_most_evaluations(
     metric: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -612,8 +612,8 @@ def test_fields_are_the_record_fields(tmp_path) -> None:
     assert rows[-1][FIELDS.index("final")] == "True"
     for row, rec in zip(rows[1:], per_step, strict=True):
         assert dict(zip(FIELDS, row, strict=True))["step"] == str(rec.step)
-        assert float(dict(zip(FIELDS, row, strict=True))["standard_rdp_epsilon"]) == pytest.approx(
-            rec.standard_rdp_epsilon, rel=1e-12
+        assert float(dict(zip(FIELDS, row, strict=True))["opacus_rdp_epsilon"]) == pytest.approx(
+            rec.opacus_rdp_epsilon, rel=1e-12
         )
 
 

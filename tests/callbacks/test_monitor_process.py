@@ -174,7 +174,7 @@ def test_child_warnings_are_reissued_and_process_mode_rejects_a_budget() -> None
         records, monitor, *_ = _run("process", 3, sigma=0.0, flush_every=None)
         monitor._drain()
         monitor.flush()
-    assert [r.step for r in records] == [1, 2, 3] and math.isinf(records[-1].standard_rdp_epsilon)
+    assert [r.step for r in records] == [1, 2, 3] and math.isinf(records[-1].opacus_rdp_epsilon)
     zero_noise = [
         str(w.message) for w in caught if str(w.message).startswith("LastIterateAccountant:")
     ]

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 def record(step: int, **kw: object) -> EpsilonRecord:
     values: dict[str, object] = dict(
         step=step, delta=1e-5, heuristic_epsilon=0.1 * step, robust_heuristic_epsilon=None,
-        standard_rdp_epsilon=0.2 * step, standard_epsilon=None, corrected_epsilon=None,
+        opacus_rdp_epsilon=0.2 * step, standard_epsilon=None, corrected_epsilon=None,
         lr=0.5, noise_multiplier=1.0, sample_rate=0.125,
     )
     values.update(kw)
@@ -45,11 +45,11 @@ def record(step: int, **kw: object) -> EpsilonRecord:
 def test_jsonl_round_trip_with_null_and_infinity(tmp_path: Path) -> None:
     sink = JsonlSink(tmp_path / "sub" / "log.jsonl")
     sink(record(1))
-    sink(record(2, standard_rdp_epsilon=math.inf, final=True))
+    sink(record(2, opacus_rdp_epsilon=math.inf, final=True))
     sink.close()
     rows = [json.loads(line) for line in (tmp_path / "sub" / "log.jsonl").read_text().splitlines()]
     assert [list(r) for r in rows] == [list(FIELDS)] * 2
-    assert rows[0]["robust_heuristic_epsilon"] is None and rows[1]["standard_rdp_epsilon"] == math.inf
+    assert rows[0]["robust_heuristic_epsilon"] is None and rows[1]["opacus_rdp_epsilon"] == math.inf
     assert rows[1]["final"] is True
 
 
@@ -189,7 +189,7 @@ def test_tensorboard_wandb_mlflow_through_stand_ins() -> None:
     writer, run, client = _Recorder(), _Recorder(), _Recorder()
     sinks = [TensorBoardSink(writer), WandbSink(run), MlflowSink(client)]
     for sink in sinks:
-        sink(record(4, standard_rdp_epsilon=math.inf))
+        sink(record(4, opacus_rdp_epsilon=math.inf))
     assert ("privacy/heuristic_epsilon", pytest.approx(0.4), 4) in writer.calls
     assert not any(c[0] == "privacy/robust_heuristic_epsilon" for c in writer.calls)
     data, commit = run.calls[0]
@@ -232,3 +232,19 @@ def test_tensorboard_sink_writes_event_files(tmp_path: Path) -> None:
         got = [(e.step, e.value) for e in events.Scalars(tag)]
         want = [(step, float(np.float32(value))) for step, value in expected[tag]]
         assert got == want, tag
+
+
+def test_a_line_torn_by_a_crash_is_cut_off_when_the_sink_reopens(tmp_path: Path) -> None:
+    from opacus_lastiterate.exceptions import TruncatedRecordWarning
+
+    path = tmp_path / "log.jsonl"
+    sink = JsonlSink(path)
+    sink(record(1))
+    sink.close()
+    with path.open("a") as f:
+        f.write('{"step": 2, "heur')  # a machine crash mid-line
+    with pytest.warns(TruncatedRecordWarning, match="partial last line"):
+        sink = JsonlSink(path)
+    sink(record(2))
+    sink.close()
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]

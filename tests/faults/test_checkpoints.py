@@ -110,7 +110,7 @@ def test_a_zeroed_rdp_vector_cannot_under_report() -> None:
     reference.history = [(1.0, 1 / 8, 40)]
     assert restored.state_dict()["rdp"] == pytest.approx(state["rdp"], rel=1e-12)
     assert restored.last_record is not None
-    assert restored.last_record.standard_rdp_epsilon == pytest.approx(
+    assert restored.last_record.opacus_rdp_epsilon == pytest.approx(
         reference.get_epsilon(DELTA), rel=1e-9
     )
 

@@ -62,7 +62,7 @@ def test_resume_the_opacus_way_after_building_the_monitor(tmp_path: Path, accoun
     the 200-step values fires at the first step over it. (Opacus's own accountants have no
     revision token: their step count tells; GaussianAccountant replaces its history list at
     every step, which is no change.)"""
-    metric = "heuristic_epsilon" if accountant == "last_iterate" else "standard_rdp_epsilon"
+    metric = "heuristic_epsilon" if accountant == "last_iterate" else "opacus_rdp_epsilon"
     path = _checkpoint_after(100, tmp_path, accountant)
     engine, model, opt, loader = make_dp(accountant=accountant)
     records: list[EpsilonRecord] = []
@@ -76,7 +76,7 @@ def test_resume_the_opacus_way_after_building_the_monitor(tmp_path: Path, accoun
     assert steps_of(engine.accountant) == 200
     assert [r.step for r in records] == list(range(101, 201))
     last = records[-1]
-    assert last.standard_rdp_epsilon == pytest.approx(_rdp_epsilon(200), rel=1e-9)
+    assert last.opacus_rdp_epsilon == pytest.approx(_rdp_epsilon(200), rel=1e-9)
     truth = _truth(metric, 200)
     assert getattr(last, metric) == pytest.approx(truth, rel=REL)
 
@@ -134,7 +134,7 @@ def test_a_change_of_the_accountant_mid_run_is_followed_with_a_warning(
     last = after[-1]
     assert acc.num_steps == start + 10 == last.step
     assert corrected.history == acc.history  # the accountant it feeds follows too
-    assert last.standard_rdp_epsilon == pytest.approx(_rdp_epsilon(start + 10), rel=1e-9)
+    assert last.opacus_rdp_epsilon == pytest.approx(_rdp_epsilon(start + 10), rel=1e-9)
     truth = QuadratureHeuristic(start + 10, Q, SIGMA).epsilon(DELTA)
     assert last.heuristic_epsilon == pytest.approx(truth, rel=REL)
     logged = [json.loads(line)["step"] for line in log.read_text().splitlines()]
@@ -181,7 +181,7 @@ def test_two_optimizers_on_one_accountant_are_detected_at_the_step() -> None:
         final = monitor.finish()
         assert final is not None and final.step == 20 == engine.accountant.num_steps
         assert final.heuristic_epsilon == pytest.approx(truth, rel=REL)
-        assert final.standard_rdp_epsilon == pytest.approx(_rdp_epsilon(20), rel=1e-9)
+        assert final.opacus_rdp_epsilon == pytest.approx(_rdp_epsilon(20), rel=1e-9)
 
 
 def test_an_optimizer_of_another_engine_is_refused_at_construction() -> None:

@@ -44,8 +44,6 @@ from opacus_lastiterate.analysis.audit.clopper_pearson import (
 )
 from opacus_lastiterate.analysis.audit.error_counts import ErrorCurve, error_counts_at, error_curve
 from opacus_lastiterate.analysis.audit.gaussian_dp import (
-    gaussian_dp_delta,
-    gaussian_dp_epsilon,
     gaussian_dp_estimate_from_counts,
     gaussian_dp_mu_from_error_rates,
 )
@@ -146,8 +144,6 @@ __all__ = [
     "epsilon_from_error_rates",
     "error_counts_at",
     "error_curve",
-    "gaussian_dp_delta",
-    "gaussian_dp_epsilon",
     "gaussian_dp_estimate_from_counts",
     "gaussian_dp_mu_from_error_rates",
     "one_run_epsilon_bound",

@@ -11,7 +11,7 @@ The true epsilon of the pairs used by ``scripts/audit_coverage_study.py``
 (``docs/input_audit_protocols.md``, "Coverage"):
 
 - Gaussian pair N(0, 1) vs N(mu, 1): mu-GDP exactly, epsilon(delta) from
-  :func:`~opacus_lastiterate.analysis.audit.gaussian_dp_epsilon`;
+  :func:`~opacus_lastiterate.analysis.baselines.gaussian_mechanism.gaussian_epsilon`;
 - randomised response with p = e^e0 / (1 + e^e0) (in-scores Bernoulli(p), out-scores
   Bernoulli(1 - p)): epsilon(delta) = log((p - delta) / (1 - p)) (:func:`rr_true_epsilon`).
 """

@@ -9,6 +9,7 @@ mu-GDP (Dong, Roth, Su 2019, arXiv:1905.02383) means every test has FNR >= Phi(P
 
     delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)
 
+(:func:`~opacus_lastiterate.analysis.baselines.gaussian_mechanism.gaussian_epsilon`)
 is an ESTIMATE of the mechanism's epsilon: it is a bound only when the true trade-off curve
 is Gaussian (e.g. full-batch DP-GD); for other curves it can exceed the truth (a pure eps = 1
 Laplace mechanism audits at about 4; ``docs/auditing.md``, "Gaussian-DP estimates"). Results are
@@ -17,27 +18,22 @@ labelled ``kind="estimate"``.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.optimize import brentq
 from scipy.stats import norm
 
 from opacus_lastiterate.analysis._validation import (
     check_delta,
-    check_epsilon,
     check_in_interval,
     check_int,
 )
 from opacus_lastiterate.analysis.audit._rates import check_rates
 from opacus_lastiterate.analysis.audit.clopper_pearson import upper_at_significance
 from opacus_lastiterate.analysis.audit.result import AuditResult, MultiRunCounts
+from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
 
 __all__ = [
     "GDP_ESTIMATE_NOTE",
-    "gaussian_dp_delta",
-    "gaussian_dp_epsilon",
     "gaussian_dp_estimate_from_counts",
     "gaussian_dp_mu_from_error_rates",
 ]
@@ -68,58 +64,6 @@ def gaussian_dp_mu_from_error_rates(
     return float(mu) if (a_scalar and b_scalar) else mu
 
 
-def _log_delta(mu: float, eps: float) -> float:
-    """log delta(eps) for mu-GDP, in the log domain: log(Phi(x) - e^eps Phi(y))."""
-    log_a = float(norm.logcdf(-eps / mu + mu / 2))
-    log_b = float(norm.logcdf(-eps / mu - mu / 2))
-    ratio = eps + log_b - log_a
-    if ratio >= 0.0:  # rounding at huge eps; delta is 0 there
-        return -math.inf
-    return log_a + math.log1p(-math.exp(ratio))
-
-
-def _check_mu(mu: object) -> float:
-    return check_in_interval("mu", mu, 0.0, math.inf, low_open=False, high_open=False)
-
-
-def gaussian_dp_delta(mu: float, epsilon: float) -> float:
-    """``delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)`` for mu-GDP (Cor. 2.13)."""
-    m = _check_mu(mu)
-    e = check_epsilon(epsilon)
-    if m == 0.0:
-        return 0.0
-    if math.isinf(m):
-        return 1.0
-    return math.exp(_log_delta(m, e))
-
-
-def gdp_epsilon(mu: float, delta: float) -> float:
-    """Unchecked inverse of :func:`gaussian_dp_delta` in epsilon (package-internal)."""
-    if mu == 0.0:
-        return 0.0
-    if math.isinf(mu):
-        return math.inf
-    target = math.log(delta)
-    if _log_delta(mu, 0.0) <= target:
-        return 0.0
-    hi = max(1.0, mu * mu)
-    while _log_delta(mu, hi) > target:
-        hi *= 2.0
-    root = brentq(lambda e: _log_delta(mu, e) - target, 0.0, hi, xtol=1e-12, rtol=1e-15)
-    # delta(eps) decreases in eps: step back until delta(root) >= target (never past the root).
-    while root > 0.0 and _log_delta(mu, root) < target:
-        root = max(0.0, root - 1e-10 * max(1.0, root))
-    return float(root)
-
-
-def gaussian_dp_epsilon(mu: float, delta: float) -> float:
-    """The smallest eps with ``gaussian_dp_delta(mu, eps) <= delta`` (root of Cor. 2.13).
-
-    Equals ``dp_accounting.get_epsilon_gaussian(1 / mu, delta)``.
-    """
-    return gdp_epsilon(_check_mu(mu), check_delta(delta))
-
-
 def gaussian_dp_estimate_from_counts(
     false_positives: int,
     num_out: int,
@@ -144,7 +88,7 @@ def gaussian_dp_estimate_from_counts(
     b = upper_at_significance(np.array([counts.false_negatives]), n_in, half)
     mu = float(gdp_mu(a, b)[0])
     return AuditResult(
-        epsilon=gdp_epsilon(mu, d),
+        epsilon=gaussian_epsilon(mu=mu, delta=d),
         delta=d,
         confidence=c,
         method="gaussian-dp",

@@ -39,9 +39,9 @@ from scipy.special import ndtr, ndtri
 
 from opacus_lastiterate.analysis._bisection import monotone_boundary
 from opacus_lastiterate.analysis._validation import check_delta, check_in_interval
-from opacus_lastiterate.analysis.audit.gaussian_dp import gdp_epsilon
 from opacus_lastiterate.analysis.audit.one_run import _check_counts, warn_one_run
 from opacus_lastiterate.analysis.audit.result import AuditResult, result_kind
+from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
 
 __all__ = ["FDP_FAMILIES", "TradeOffFamily", "one_run_fdp_bound", "one_run_fdp_rejects"]
 
@@ -151,7 +151,7 @@ def fdp_result(
     valid = bool(kw.get("statistically_valid", True))
     if family == "gaussian":
         return AuditResult(
-            epsilon=gdp_epsilon(value, delta),
+            epsilon=gaussian_epsilon(mu=value, delta=delta),
             delta=delta,
             confidence=confidence,
             method="one-run-fdp (gaussian)",

@@ -32,7 +32,7 @@ from opacus_lastiterate.analysis._validation import check_delta, check_in_interv
 from opacus_lastiterate.analysis.audit._arrays import check_scores
 from opacus_lastiterate.analysis.audit.clopper_pearson import upper_at_significance
 from opacus_lastiterate.analysis.audit.error_counts import counts_at
-from opacus_lastiterate.analysis.audit.gaussian_dp import GDP_ESTIMATE_NOTE, gdp_epsilon, gdp_mu
+from opacus_lastiterate.analysis.audit.gaussian_dp import GDP_ESTIMATE_NOTE, gdp_mu
 from opacus_lastiterate.analysis.audit.result import AuditResult, MultiRunCounts
 from opacus_lastiterate.analysis.audit.score_audit import ScoreAudit
 from opacus_lastiterate.analysis.audit.threshold_strategies import (
@@ -40,6 +40,7 @@ from opacus_lastiterate.analysis.audit.threshold_strategies import (
     Bonferroni,
     ThresholdStrategy,
 )
+from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
 
 __all__ = [
     "PUBLISHED_LABEL",
@@ -91,7 +92,7 @@ def published_gdp_epsilon(
     for j in np.argsort(-mu, kind="stable"):
         if mu[j] <= 0.0:
             break
-        e = gdp_epsilon(float(mu[j]), d)
+        e = gaussian_epsilon(mu=float(mu[j]), delta=d)
         if e <= PUBLISHED_ROOT_BRACKET:
             eps_best, i = e, int(j)
             break

@@ -49,7 +49,7 @@ from opacus_lastiterate.analysis.audit._selection import (
     Statistic,
 )
 from opacus_lastiterate.analysis.audit.error_counts import ErrorCurve, counts_at
-from opacus_lastiterate.analysis.audit.gaussian_dp import GDP_ESTIMATE_NOTE, gdp_epsilon, gdp_mu
+from opacus_lastiterate.analysis.audit.gaussian_dp import GDP_ESTIMATE_NOTE, gdp_mu
 from opacus_lastiterate.analysis.audit.one_run import warn_one_run
 from opacus_lastiterate.analysis.audit.one_run_fdp import TradeOffFamily, check_family, fdp_result
 from opacus_lastiterate.analysis.audit.pure_dp import pure_epsilon
@@ -58,6 +58,7 @@ from opacus_lastiterate.analysis.audit.threshold_strategies import (
     DEFAULT_THRESHOLD_STRATEGY,
     ThresholdStrategy,
 )
+from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
 
 __all__ = ["ScoreAudit"]
 
@@ -211,7 +212,7 @@ class ScoreAudit:
         s, sel, fields = self._select(threshold_strategy, RateStatistic(gdp_mu), c)
         valid = s.statistically_valid
         return AuditResult(
-            epsilon=gdp_epsilon(sel.value, d),
+            epsilon=gaussian_epsilon(mu=sel.value, delta=d),
             delta=d,
             confidence=c,
             method="gaussian-dp",

@@ -10,7 +10,9 @@
   ``"standard_rdp"``): the same mechanism composed with dp_accounting's ``RdpAccountant`` at
   its default orders and converted to (epsilon, delta) by its conversion (Canonne, Kamath,
   Steinke, arXiv 2004.00010, Proposition 12). An upper bound, looser than the PLD one; it
-  has no discretisation.
+  has no discretisation. The privacy monitor's ``opacus_rdp_epsilon`` is another number:
+  Opacus's RDP accountant (its orders, and its evaluation of fractional orders, which
+  dp_accounting bounds from above), so this one can be larger.
 * Full-batch DP-GD with the same expected step and noise variance: q = 1 and noise
   multiplier sigma / q for each step, i.e. mu-GDP with mu^2 = sum_t (q_t / sigma_t)^2,
   in closed form.
@@ -253,11 +255,11 @@ class FullBatchGaussian(PrivacyModel):
 
     def _epsilon(self, delta: float) -> float:
         """epsilon of mu-GDP at ``delta``."""
-        return 0.0 if self.mu == 0.0 else gaussian_epsilon(delta, mu=self.mu)
+        return gaussian_epsilon(mu=self.mu, delta=delta)
 
     def _delta(self, epsilon: float) -> float:
         """delta(epsilon) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)."""
-        return 0.0 if self.mu == 0.0 else gaussian_delta(epsilon, mu=self.mu)
+        return gaussian_delta(mu=self.mu, epsilon=epsilon)
 
     def beta(self, alpha: float) -> float:
         """Trade-off curve of mu-GDP: Phi(Phi^{-1}(1 - alpha) - mu)."""

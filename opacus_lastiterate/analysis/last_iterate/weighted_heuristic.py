@@ -68,7 +68,7 @@ from opacus_lastiterate.analysis.last_iterate.heuristic_pair import (
     segments_delta,
     segments_epsilon,
 )
-from opacus_lastiterate.analysis.run import DPSGDRun
+from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment, append_steps
 from opacus_lastiterate.exceptions import WeightedAccuracyWarning
 
 __all__ = [
@@ -336,17 +336,6 @@ def _predicted_points(u: np.ndarray, q: np.ndarray, resolution: int) -> float:
 # -- public API ------------------------------------------------------------------------------
 
 
-def _history(q: np.ndarray, sigma: np.ndarray) -> list[tuple[float, float, int]]:
-    """Run-length encoded (sigma_t, q_t, 1) steps."""
-    out: list[tuple[float, float, int]] = []
-    for s, r in zip(sigma.tolist(), q.tolist(), strict=True):
-        if out and out[-1][0] == s and out[-1][1] == r:
-            out[-1] = (s, r, out[-1][2] + 1)
-        else:
-            out.append((s, r, 1))
-    return out
-
-
 def _solve(
     quantity: str,
     argument: float,
@@ -396,7 +385,12 @@ def solve_trusted(
         # Constant weights: shifts rounded up to the largest weight (exact when all are equal),
         # noise of step t scaled by u_t, i.e. the constant-rate history path (what
         # LastIterateHeuristic computes for that run: the same validation, the same pair).
-        segments = DPSGDRun.from_history(_history(q, sigma * u)).segments
+        scaled = sigma * u
+        ends = np.flatnonzero((scaled[1:] != scaled[:-1]) | (q[1:] != q[:-1])) + 1
+        history: list[TrainingSegment] = []
+        for a, b in zip([0, *ends.tolist()], [*ends.tolist(), w.size], strict=True):
+            append_steps(history, float(scaled[a]), float(q[a]), b - a)  # runs of equal steps
+        segments = DPSGDRun.from_history(history).segments
         if quantity == "epsilon":
             value = segments_epsilon(segments, check_delta(argument))
         else:

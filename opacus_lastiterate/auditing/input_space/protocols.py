@@ -40,11 +40,8 @@ import numpy as np
 import torch
 
 from opacus_lastiterate.analysis._validation import check_int, check_positive
-from opacus_lastiterate.analysis.audit import (
-    ScoreAudit,
-    gaussian_dp_epsilon,
-    statistics_side_by_side,
-)
+from opacus_lastiterate.analysis.audit import ScoreAudit, statistics_side_by_side
+from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
 from opacus_lastiterate.auditing.input_space.adversarial_samples import (
     ALL_CRAFTING_OBJECTIVES,
     craft_adversarial_sample,
@@ -75,7 +72,7 @@ def full_batch_noise_multiplier(epsilon: float, delta: float, steps: int) -> flo
     lo, hi = 1e-3, 50.0
     for _ in range(200):  # bisection on mu: epsilon(mu) increases with mu
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if gaussian_dp_epsilon(mid, delta) < e else (lo, mid)
+        lo, hi = (mid, hi) if gaussian_epsilon(mu=mid, delta=delta) < e else (lo, mid)
     return math.sqrt(t) / hi
 
 

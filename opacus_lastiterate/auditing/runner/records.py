@@ -2,9 +2,9 @@
 "Many-run audits of real training").
 
 A header ``{"type": "header", "format", "config_hash", "config"}`` is written atomically
-(temporary file, fsync, rename), then one ``{"type": "run", "index", "seed",
+(temporary file, fsync, link), then one ``{"type": "run", "index", "seed",
 "include_canary", "score"}`` line per finished run, appended with a single write and
-``fsync`` under an exclusive lock. A last line without its newline (a kill mid-write) is
+``fsync`` under an exclusive lock (the package's crash-safe appending writer). A last line without its newline (a kill mid-write) is
 dropped with a :class:`TruncatedRecordWarning` and cut off; any other damaged line is an
 error. The configuration hash identifies the training and scoring functions (names, dataclass
 fields, partial arguments, or a digest of code, closure values and attributes), the master
@@ -17,7 +17,6 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from opacus_lastiterate._append_file import AppendFile, create_exclusive
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._validation import check_int, check_real
 from opacus_lastiterate.analysis.audit import ScoreAudit
@@ -165,8 +165,8 @@ def _parse_record(line: bytes, path: Path, lineno: int) -> RunRecord:
     return rec
 
 
-def _read(path: Path) -> tuple[RunRecords, int]:
-    """Parse a record file; return the records and the byte length of its complete lines."""
+def _read(path: Path) -> RunRecords:
+    """Parse a record file (a partial last line is ignored and flagged)."""
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1  # complete lines end with a newline; the rest is partial
     partial = end < len(data)
@@ -183,7 +183,7 @@ def _read(path: Path) -> tuple[RunRecords, int]:
                 f"`path` {str(path)!r}: run {rec.index} is recorded twice with different values."
             )
     records = tuple(seen[i] for i in sorted(seen))
-    return RunRecords(records, config, digest, dropped_partial_line=partial), end
+    return RunRecords(records, config, digest, dropped_partial_line=partial)
 
 
 def read_records(path: str | os.PathLike[str]) -> RunRecords:
@@ -191,7 +191,7 @@ def read_records(path: str | os.PathLike[str]) -> RunRecords:
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"`path` must be an existing audit record file, got {str(p)!r}.")
-    records, _ = _read(p)
+    records = _read(p)
     if records.dropped_partial_line:
         warn(
             f"{p}: ignored a partial last line (a run interrupted while writing).",
@@ -200,37 +200,23 @@ def read_records(path: str | os.PathLike[str]) -> RunRecords:
     return records
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - e.g. Windows cannot open directories
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 class _RecordFile:
-    """Append-only, fsynced, locked record file."""
+    """The record file of a running audit: locked, each line fsynced (module docs)."""
 
     def __init__(self, path: Path, config: dict[str, Any], digest: str) -> None:
         self.path = path
         self.existing: tuple[RunRecord, ...] = ()
         if not path.exists():
-            self._create(config, digest)
-        self.fd = os.open(path, os.O_RDWR | os.O_APPEND)
+            header = {
+                "type": "header",
+                "format": RECORD_FORMAT,
+                "config_hash": digest,
+                "config": config,
+            }
+            create_exclusive(path, (canonical_json(header) + "\n").encode())
+        self.file = AppendFile(path, fsync_every=1, lock=True, repair=False)
         try:
-            self._lock()
-            records, end = _read(path)
+            records = _read(path)
             if records.config_hash != digest:
                 raise ValueError(
                     f"`path` {str(path)!r} was written by an audit with another configuration "
@@ -244,56 +230,14 @@ class _RecordFile:
                     "that run will be trained again.",
                     TruncatedRecordWarning,
                 )
-                os.ftruncate(self.fd, end)
-                os.fsync(self.fd)
+                self.file.drop_partial_line()
             self.existing = records.records
         except BaseException:
-            os.close(self.fd)
+            self.file.close()
             raise
 
-    def _create(self, config: dict[str, Any], digest: str) -> None:
-        header = {
-            "type": "header",
-            "format": RECORD_FORMAT,
-            "config_hash": digest,
-            "config": config,
-        }
-        directory = self.path.parent
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=directory)
-        try:
-            _write_all(fd, (canonical_json(header) + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            # link (not replace): never clobbers a file another runner created meanwhile
-            os.link(tmp, self.path)
-        except FileExistsError:
-            pass
-        except OSError:  # pragma: no cover - filesystems without hard links
-            if not self.path.exists():
-                os.replace(tmp, self.path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        _fsync_dir(directory)
-
-    def _lock(self) -> None:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows: no advisory lock
-            return
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            raise RuntimeError(
-                f"`path` {str(self.path)!r} is in use by another running audit."
-            ) from exc
-
     def append(self, record: RunRecord) -> None:
-        _write_all(self.fd, (record.to_json() + "\n").encode())
-        os.fsync(self.fd)
+        self.file.add(record.to_json() + "\n")
 
     def close(self) -> None:
-        os.close(self.fd)  # also releases the lock
+        self.file.close()  # also releases the lock

@@ -21,11 +21,11 @@ from opacus_lastiterate.analysis.audit import (
     Bonferroni,
     NonRandomizedInclusionWarning,
     ScoreAudit,
-    gaussian_dp_epsilon,
     one_run_epsilon_bound,
     one_run_fdp_bound,
     one_run_fdp_rejects,
 )
+from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
 
 VECTORS = json.loads(
     (Path(__file__).parent / "data" / "jax_privacy_one_run_vectors.json").read_text()
@@ -51,7 +51,7 @@ def test_counts_match_jax_privacy(case) -> None:
     )
     assert res.epsilon == pytest.approx(case["epsilon_one_run_fdp"], rel=REL)
     assert res.kind == "estimate" and res.mu is not None
-    assert res.epsilon == pytest.approx(gaussian_dp_epsilon(res.mu, case["delta"]), rel=1e-12)
+    assert res.epsilon == pytest.approx(gaussian_epsilon(mu=res.mu, delta=case["delta"]), rel=1e-12)
 
 
 @pytest.mark.parametrize("row", VECTORS["score_vectors"], ids=lambda r: f"shift{r['shift']}")
@@ -138,7 +138,7 @@ def slack_count(reps: int, rate: float, tail: float = 1e-3) -> int:
 
 
 def gaussian_true_epsilon(mu: float, delta: float) -> float:
-    return gaussian_dp_epsilon(mu, delta)
+    return gaussian_epsilon(mu=mu, delta=delta)
 
 
 @pytest.mark.slow

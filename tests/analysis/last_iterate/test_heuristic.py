@@ -84,7 +84,7 @@ def test_paper_values(T, expected):
 def test_full_sampling_is_the_gaussian_mechanism(T, sigma, delta):
     """q = 1: K = T exactly, so the pair is N(T, s^2) vs N(0, s^2), mu = sqrt(T) / sigma."""
     ours = heuristic_epsilon(delta, steps=T, sample_rate=1.0, noise_multiplier=sigma)
-    closed = gaussian_epsilon(delta, mu=math.sqrt(T) / sigma)
+    closed = gaussian_epsilon(mu=math.sqrt(T) / sigma, delta=delta)
     assert ours == pytest.approx(closed, rel=1e-9, abs=1e-12)
 
 

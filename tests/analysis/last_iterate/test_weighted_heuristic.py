@@ -227,7 +227,7 @@ def test_momentum_full_batch_is_the_gaussian_mechanism_and_lowers_epsilon():
     assert not np.allclose(w, w[0])
     mu = w.sum() / (sigma * math.sqrt(np.sum(w * w)))
     r = weighted_heuristic_epsilon_result(delta, weights=w, sample_rates=1.0, noise_multipliers=sigma)
-    closed = gaussian_epsilon(delta, mu=mu)
+    closed = gaussian_epsilon(mu=mu, delta=delta)
     assert closed <= r.epsilon <= closed * (1 + r.relative_accuracy) + 1e-12
     assert r.epsilon < heuristic_epsilon(delta, steps=T, sample_rate=1.0, noise_multiplier=sigma)
 

@@ -20,7 +20,7 @@ def _gaussian_losses(mu: float, trials: int, seed: int) -> tuple[np.ndarray, np.
 def test_bands_cover_the_truth() -> None:
     mu = 1.0
     eps = np.array([0.0, 0.5, 1.0, 2.0])
-    truth = np.array([gaussian_delta(e, mu=mu) for e in eps])
+    truth = np.array([gaussian_delta(mu=mu, epsilon=e) for e in eps])
     up, low = _gaussian_losses(mu, 200_000, 0)
     band = threshold_delta(up, low, eps, confidence=0.999)
     assert np.all(band.lower <= truth) and np.all(truth <= band.upper)

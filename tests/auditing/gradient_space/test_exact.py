@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from scipy.special import ndtr
 
-from opacus_lastiterate.analysis.audit import ScoreAudit, gaussian_dp_epsilon
+from opacus_lastiterate.analysis.audit import ScoreAudit
+from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
 from opacus_lastiterate.auditing import (
     DPSGDArithmetic,
     MaliciousDataset,
@@ -32,7 +33,7 @@ def test_first_step_is_the_gaussian_closed_form() -> None:
         res = worst_case_landscape_epsilons(
             WorstCaseLandscape(2), noise_multiplier=sigma, steps=1, delta=1e-5, grid_step=0.02
         )
-        assert res.epsilons[0] == pytest.approx(gaussian_dp_epsilon(1 / sigma, 1e-5), abs=1e-4)
+        assert res.epsilons[0] == pytest.approx(gaussian_epsilon(mu=1 / sigma, delta=1e-5), abs=1e-4)
 
 
 def test_amplification_shape_and_stated_error() -> None:

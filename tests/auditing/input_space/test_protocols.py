@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy import stats
 
-from opacus_lastiterate.analysis.audit import gaussian_dp_epsilon
+from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
 from opacus_lastiterate.auditing import run_input_audit
 from opacus_lastiterate.auditing.input_space.adversarial_samples import published_objective
 from opacus_lastiterate.auditing.input_space.protocols import (
@@ -21,7 +21,7 @@ from opacus_lastiterate.auditing.input_space.protocols import (
 
 def test_noise_multiplier_gives_the_target_epsilon() -> None:
     sigma = full_batch_noise_multiplier(10.0, 1e-5, 100)
-    assert gaussian_dp_epsilon(math.sqrt(100) / sigma, 1e-5) == pytest.approx(10.0, rel=1e-6)
+    assert gaussian_epsilon(mu=math.sqrt(100) / sigma, delta=1e-5) == pytest.approx(10.0, rel=1e-6)
 
 
 def test_presets_follow_the_code() -> None:

@@ -52,7 +52,7 @@ def check_records(records: list[dict], q: float, sigma: float, *, corrected: boo
         assert r["robust_heuristic_epsilon"] == pytest.approx(robust, rel=1e-6)
         pld = _pld(t, q, sigma)
         assert r["standard_epsilon"] == pytest.approx(pld, rel=1e-9)
-        assert r["standard_rdp_epsilon"] == pytest.approx(_rdp(t, q, sigma), rel=1e-9)
+        assert r["opacus_rdp_epsilon"] == pytest.approx(_rdp(t, q, sigma), rel=1e-9)
         if corrected:
             assert r["corrected_epsilon"] == pytest.approx(pld, rel=1e-9)
 

@@ -425,7 +425,7 @@ def test_a_script_without_the_main_guard_is_told_so(tmp_path: Path, guarded: boo
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("RuntimeError: the worker processes stopped while importing")
     assert str(script) in last and 'if __name__ == "__main__":' in last
-    assert "in use by another running audit" not in proc.stderr
+    assert "is in use by another process" not in proc.stderr
     assert "AuditRunner.run() was called while this worker process was importing" in proc.stderr
     assert len(read_records(tmp_path / "runs.jsonl")) == 0
 
