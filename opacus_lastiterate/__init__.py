@@ -21,7 +21,7 @@ Importing this package is light: it loads neither torch, opacus nor the mathemat
   builds each of its numbers (``privacy_model``), the batch schemes and the balls-in-bins
   sampler, the privacy monitor with its budget, sinks and in-training audit, the audit
   statistics (``ScoreAudit``) and the package's warning base class; everything else is
-  imported from its subpackage (``docs/api.md``). They resolve on first access (PEP 562
+  imported from its subpackage (``docs/api/index.md``). They resolve on first access (PEP 562
   module ``__getattr__``): ``opacus_lastiterate.LastIterateAccountant`` imports the
   accountants (and so torch and Opacus) only then, the analysis names only the mathematics.
   ``__init__.pyi`` gives type checkers the same names.
