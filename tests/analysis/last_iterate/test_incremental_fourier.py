@@ -164,9 +164,8 @@ def test_engine_answers_every_step_from_the_kept_function():
             r = eng.epsilon(1e-5)
     ref = _scratch(lrs, np.full(n, 0.045), np.full(n, 2.0), n, 0.9, 0.0, False, 1e-5)
     _check((r.value, r.lower_bound, 0), ref)
-    char = eng._characteristic
-    assert char is not None and char.n == n and char.rebuilds <= 3
-    assert eng._state is None  # no grid engine
+    state = eng.characteristic_state()
+    assert state is not None and state["n"] == n and state["rebuilds"] <= 3
 
 
 def test_another_delta_is_answered_from_scratch():
