@@ -16,7 +16,7 @@ query patterns, each over the last ``n`` steps before T:
 * ``load-cold``: the same with an accountant never queried before its state was saved (its
   first query anywhere takes in every step at once).
 
-Routes: ``from scratch`` (``fourier_solve`` at each query), ``kept``
+Routes: ``from scratch`` (a new ``IncrementalCharacteristic`` at each query), ``kept``
 (``LastIterateAccountant.get_epsilon``: the characteristic function kept step by step), and
 Opacus's ``RDPAccountant`` and ``PRVAccountant`` ``get_epsilon`` at the same (sigma, q, T).
 Each line prints the median and the largest query of the kept route and the ratio of the two.
@@ -48,12 +48,11 @@ from pathlib import Path
 import numpy as np
 
 from opacus_lastiterate.accountants import LastIterateAccountant
+from opacus_lastiterate.analysis.last_iterate.incremental_fourier import IncrementalCharacteristic
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
     SGDSettings,
     cosine_schedule,
-    sgd_weights,
 )
-from opacus_lastiterate.analysis.last_iterate.weighted_fourier import fourier_solve
 
 Q, SIGMA, DELTA, ACC, MOMENTUM, LR = 64 / 1437, 2.0, 1e-5, 1e-3, 0.9, 0.5
 SIGMA_AT = {100_000: 6.0}
@@ -113,9 +112,9 @@ def _accountant_route(lrs: np.ndarray, pattern: str, n: int) -> list[float]:
 def _from_scratch(lrs: np.ndarray, n: int) -> list[float]:
     times = []
     for t in range(lrs.size - min(n, 5) + 1, lrs.size + 1):  # each query is independent
-        w = sgd_weights(lrs[:t], momentum=MOMENTUM)
+        eta, sigma, q = lrs[:t].tolist(), [_sigma(lrs.size)] * t, [Q] * t
         t0 = time.perf_counter()
-        fourier_solve(DELTA, w, np.full(t, Q), np.full(t, _sigma(lrs.size)), ACC)
+        IncrementalCharacteristic(MOMENTUM, 0.0, False).solve(DELTA, eta, sigma, q, ACC)
         times.append(time.perf_counter() - t0)
     return times
 

@@ -6,19 +6,18 @@ The weighted pair after T steps (:mod:`.weighted_heuristic`) is
     s_T^2 = sum_t w_t(T)^2 sigma_t^2,
 
 where w_t(T) is the weight of step t's noisy gradient in the model after T steps.
-:class:`IncrementalWeightedHeuristic` follows a growing run and answers epsilon queries by the
-first of three routes that certifies its answer (``docs/last_iterate.md``, "Weighted heuristic
-without a grid"):
+:class:`IncrementalWeightedHeuristic` follows a growing run and answers epsilon queries by one
+of two routes (``docs/last_iterate.md``, "Weighted heuristic without a grid"):
 
 1. the characteristic function kept step by step
    (:class:`~.incremental_fourier.IncrementalCharacteristic`: old steps frozen with a certified
-   remainder; nothing per step, no O(T) work per query);
-2. the characteristic function from scratch (:func:`~.weighted_fourier.fourier_solve`, O(T M))
-   when the kept one declines (a delta its grid does not fit, a worn grid);
-3. the weight grid from scratch (:func:`~.weighted_heuristic.solve_trusted`) when both decline:
+   remainder; nothing per step, no O(T) work per query). Where the kept one declines a query (a
+   delta its frequency grid does not fit, a worn grid), a new one built for the query answers
+   it from scratch (O(T M));
+2. the weight grid from scratch (:func:`~.weighted_heuristic.solve_trusted`) where both decline:
    a sample rate within ``Q_NEAR_HALF`` of 1/2, or an epsilon so large that the rounding charge
    times e^eps exceeds the accuracy (about 14 at delta = 1e-5, 8 at 1e-8, under momentum and a
-   cosine schedule).
+   cosine schedule), and outside the first route's scope.
 
 Each query is routed afresh: a decline at one delta or one step does not move later queries off
 the kept route.
@@ -31,7 +30,7 @@ a_1 = 1 and a_t = 1 - d for t > 1 (a_t = 1 when beta = 0),
     heavy ball:  w_t(T) = a_t R_t(T),        nesterov:  w_t(T) = eta_t + beta a_t R_t(T).
 
 Other traces (weight decay, varying momentum or dampening, beta = 1, a step without noise) are
-answered by the weight grid from scratch. Every route returns an upper bound with a certified
+answered by the weight grid from scratch. Both routes return an upper bound with a certified
 lower bound within ``accuracy`` relative.
 """
 
@@ -43,11 +42,7 @@ from typing import Any
 import numpy as np
 
 from opacus_lastiterate.analysis.last_iterate.incremental_fourier import IncrementalCharacteristic
-from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
-    HeavyBallRecursion,
-    sgd_weights,
-)
-from opacus_lastiterate.analysis.last_iterate.weighted_fourier import fourier_solve
+from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
     WeightedHeuristicResult,
     solve_trusted,
@@ -85,7 +80,7 @@ class IncrementalWeightedHeuristic:
 
     @property
     def supported(self) -> bool:
-        """Whether the Fourier routes apply (module docstring, "Scope")."""
+        """Whether the characteristic-function route applies (module docstring)."""
         return self._supported
 
     def append(
@@ -191,30 +186,27 @@ class IncrementalWeightedHeuristic:
         return self._grid_solve(delta)
 
     def _fourier_solve(self, delta: float) -> WeightedHeuristicResult | None:
-        """Routes 1 and 2 (module docstring), or None when both decline."""
+        """Route 1 (module docstring): the kept characteristic function, else one built for
+        this query; None when both decline."""
         assert self._settings is not None
-        char = self._characteristic
+        char, new = self._characteristic, self._characteristic is None
         if char is None:
             char = self._characteristic = IncrementalCharacteristic(*self._settings)
         got = char.solve(delta, self._eta, self._sigma, self._q, self.accuracy)
-        if got is not None:
-            upper, lower, terms = got
-            rel = (upper - lower) / upper if upper > 0 else 0.0
-            return WeightedHeuristicResult(
-                upper, lower, rel, self.accuracy, False, 0, terms, 0.0, self.num_steps,
-                "epsilon", delta,
-            )  # fmt: skip
-        rec = HeavyBallRecursion(*self._settings)
-        eta = np.asarray(self._eta)
-        w = rec.weights(0, rec.discounted_rates(eta), eta)
-        keep = w > 0
-        return fourier_solve(
-            delta, w[keep], np.asarray(self._q)[keep], np.asarray(self._sigma)[keep],
-            self.accuracy,
-        )
+        if got is None and not new:  # a new one, built for this query alone
+            fresh = IncrementalCharacteristic(*self._settings)
+            got = fresh.solve(delta, self._eta, self._sigma, self._q, self.accuracy)
+        if got is None:
+            return None
+        upper, lower, terms = got
+        rel = (upper - lower) / upper if upper > 0 else 0.0
+        return WeightedHeuristicResult(
+            upper, lower, rel, self.accuracy, False, 0, terms, 0.0, self.num_steps,
+            "epsilon", delta,
+        )  # fmt: skip
 
     def _grid_solve(self, delta: float) -> WeightedHeuristicResult:
-        """Route 3: the weight grid from scratch, for any trace."""
+        """Route 2: the weight grid from scratch, for any trace."""
         m, d, nest, wd = (np.asarray(v) for v in zip(*self._opt, strict=True))
         w = sgd_weights(
             np.asarray(self._eta), momentum=m, dampening=d, nesterov=bool(np.any(nest)),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,7 +25,6 @@ from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
     sgd_weights,
     step_schedule,
 )
-from opacus_lastiterate.analysis.last_iterate.weighted_fourier import fourier_solve
 
 ACC = 1e-3
 
@@ -38,9 +38,13 @@ CASES = {
 
 
 def _scratch(lrs, q, sigma, t, beta, damp, nest, delta):
-    w = sgd_weights(lrs[:t], momentum=beta, dampening=damp, nesterov=nest)
-    keep = w > 0
-    return fourier_solve(delta, w[keep], np.asarray(q[:t])[keep], np.asarray(sigma[:t])[keep], ACC)
+    """The bracket of a new instance asked once, at step t (from scratch: every step frozen at
+    its weight then)."""
+    got = IncrementalCharacteristic(beta, damp, nest).solve(
+        delta, [float(x) for x in lrs[:t]], [float(x) for x in sigma[:t]],
+        [float(x) for x in q[:t]], ACC,
+    )  # fmt: skip
+    return None if got is None else SimpleNamespace(value=got[0], lower_bound=got[1])
 
 
 def _run(name, n, queried, q=None, sigma=None, delta=1e-5):

@@ -4,11 +4,11 @@ The routes (``docs/last_iterate.md``, "Weighted heuristic without a grid"; the e
 :class:`IncrementalWeightedHeuristic` asks them in this order):
 
 * ``kept``: the characteristic function kept step by step (``IncrementalCharacteristic``),
-  asked after every step of the run;
-* ``fourier``: the characteristic function from scratch (``fourier_solve``);
+  asked after every step of the run (its first query builds it from scratch, as the engine's
+  fallback does where the kept one declines);
 * ``grid``: the weight grid from scratch (``weighted_heuristic_epsilon_result`` and
-  ``weighted_heuristic_delta_result``), the fallback for every case the Fourier routes
-  decline (a sample rate within 0.01 of 1/2, weight decay, a large epsilon);
+  ``weighted_heuristic_delta_result``), the fallback for every case the characteristic
+  function declines (a sample rate within 0.01 of 1/2, weight decay, a large epsilon);
 * ``engine``: the dispatch itself, on the same cases.
 
 The reference, written here from the definition and sharing no code with the package: the
@@ -46,7 +46,6 @@ from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
     IncrementalWeightedHeuristic,
 )
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import cosine_schedule, sgd_weights
-from opacus_lastiterate.analysis.last_iterate.weighted_fourier import fourier_solve
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
     weighted_heuristic_delta_result,
     weighted_heuristic_epsilon_result,
@@ -88,9 +87,13 @@ class Pair:
     def _where(self, level: float) -> float:
         """The y with L(y) = level (L increases from log_p0 to infinity)."""
         lo, hi = -1.0, 1.0
-        while self.log_ratio(lo) >= level:
+        for _ in range(60):
+            if self.log_ratio(lo) < level:
+                break
             lo *= 2.0
-        while self.log_ratio(hi) <= level:
+        for _ in range(60):
+            if self.log_ratio(hi) > level:
+                break
             hi *= 2.0
         return optimize.brentq(lambda y: self.log_ratio(y) - level, lo, hi, xtol=1e-14, rtol=1e-15)
 
@@ -125,9 +128,9 @@ class Pair:
 
 def enumerated(w: np.ndarray, q: np.ndarray, sigma: np.ndarray) -> Pair:
     """The exact pair, the weighted sum enumerated over its 2^T inclusion patterns."""
-    bits = np.array(list(itertools.product((0.0, 1.0), repeat=w.size)))
-    with np.errstate(divide="ignore"):
-        log_p = bits @ np.log(q) + (1.0 - bits) @ np.log1p(-q)
+    bits = np.array(list(itertools.product((False, True), repeat=w.size)))
+    with np.errstate(divide="ignore"):  # q = 1: patterns of probability 0
+        log_p = np.where(bits, np.log(q), np.log1p(-q)).sum(axis=1)
     return Pair(bits @ w, log_p, math.sqrt(float(np.sum((sigma * w) ** 2))))
 
 
@@ -159,6 +162,8 @@ CASES = {
     "dampening": (cosine_schedule(0.1, T), np.full(T, 0.1), np.full(T, 1.2), (0.8, 0.3, False)),
     "varying-q-sigma": (cosine_schedule(0.1, T), RNG.uniform(0.01, 0.4, T), RNG.uniform(0.6, 1.5, T),
                         (0.5, 0.0, False)),
+    "large-q": (RNG.uniform(0.02, 0.2, T), RNG.choice([0.8, 0.95, 1.0], T), RNG.uniform(2.0, 4.0, T),
+                (0.9, 0.0, False)),
 }  # fmt: skip
 NEAR_HALF = {
     "q-half": (cosine_schedule(0.1, 10), np.full(10, 0.5), np.full(10, 2.0), (0.9, 0.0, False)),
@@ -187,6 +192,12 @@ def check_epsilon(upper: float, lower: float, pair: Pair, delta: float, exact: f
 # -- the routes ------------------------------------------------------------------------------
 
 
+# the kept route declines these after its first query (its frequency grid, placed with a
+# Chernoff bound that charges the growth of steps frozen at sample rates near 1, no longer
+# fits): the engine answers them with a new instance per query (test_engine_after_every_step)
+KEPT_DECLINES = {"large-q"}
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_kept_route_after_every_step(name: str) -> None:
     lrs, q, sigma, opt = CASES[name]
@@ -194,21 +205,12 @@ def test_kept_route_after_every_step(name: str) -> None:
         char = IncrementalCharacteristic(*opt)
         for t in range(1, T + 1):
             got = char.solve(delta, lrs[:t].tolist(), sigma[:t].tolist(), q[:t].tolist(), ACC)
+            if name in KEPT_DECLINES and t > 1:
+                continue
             if t in (1, 2, 5, T):
                 assert got is not None, (t, delta)
                 pair = enumerated(weights(lrs[:t], opt), q[:t], sigma[:t])
                 check_epsilon(got[0], got[1], pair, delta, pair.epsilon(delta))
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_fourier_from_scratch(name: str) -> None:
-    lrs, q, sigma, opt = CASES[name]
-    w = weights(lrs, opt)
-    pair = enumerated(w, q, sigma)
-    for delta in DELTAS:
-        got = fourier_solve(delta, w, q, sigma, ACC)
-        assert got is not None
-        check_epsilon(got.epsilon, got.lower_bound, pair, delta, pair.epsilon(delta))
 
 
 @pytest.mark.parametrize("name", sorted(CASES) + sorted(NEAR_HALF))
@@ -229,7 +231,7 @@ def test_grid_from_scratch_epsilon_and_delta(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(NEAR_HALF))
-def test_fourier_routes_decline_near_half_and_the_engine_answers_on_the_grid(name: str) -> None:
+def test_kept_route_declines_near_half_and_the_engine_answers_on_the_grid(name: str) -> None:
     lrs, q, sigma, opt = NEAR_HALF[name]
     w = weights(lrs, opt)
     pair = enumerated(w, q, sigma)
@@ -237,7 +239,6 @@ def test_fourier_routes_decline_near_half_and_the_engine_answers_on_the_grid(nam
     for t in range(lrs.size):
         engine.append(float(sigma[t]), float(q[t]), float(lrs[t]), *opt)
     for delta in DELTAS:
-        assert fourier_solve(delta, w, q, sigma, ACC) is None
         assert IncrementalCharacteristic(*opt).solve(
             delta, lrs.tolist(), sigma.tolist(), q.tolist(), ACC
         ) is None
@@ -269,7 +270,7 @@ def test_engine_after_every_step(name: str) -> None:
 
 def test_longer_run_against_the_lattice_bracket() -> None:
     """200 steps of momentum 0.9 and a cosine schedule (the kept route freezes old steps):
-    every route's bracket against the lattice reference, whose rounding up and down brackets
+    both routes' brackets against the lattice reference, whose rounding up and down brackets
     the exact value ([low, high], about 3e-3 wide at h = max w / 1024)."""
     n, delta = 200, 1e-5
     lrs = cosine_schedule(0.1, n)
@@ -283,13 +284,10 @@ def test_longer_run_against_the_lattice_bracket() -> None:
     for t in range(1, n + 1):
         kept = char.solve(delta, lrs[:t].tolist(), sigma[:t].tolist(), q[:t].tolist(), ACC)
     assert kept is not None and char.frozen >= n // 4  # old steps frozen (80 of 200)
-    fourier = fourier_solve(delta, w, q, sigma, ACC)
-    assert fourier is not None
     grid = weighted_heuristic_epsilon_result(
         delta, weights=w, sample_rates=q, noise_multipliers=sigma, accuracy=ACC
     )
-    for upper, lower in ((kept[0], kept[1]), (fourier.epsilon, fourier.lower_bound),
-                         (grid.epsilon, grid.lower_bound)):  # fmt: skip
+    for upper, lower in ((kept[0], kept[1]), (grid.epsilon, grid.lower_bound)):
         assert lower <= high * (1 + REF) and upper >= low * (1 - REF)
         assert upper <= high / (1 - ACC)
         assert upper - lower <= ACC * upper
