@@ -94,12 +94,22 @@ class IncrementalWeightedHeuristic:
         weight_decay: float = 0.0,
     ) -> None:
         """Record one step: (sigma, q) and the SGD settings it used (torch semantics)."""
-        self.extend(
-            np.array([noise_multiplier], dtype=float), np.array([sample_rate], dtype=float),
-            np.array([lr], dtype=float), np.array([momentum], dtype=float),
-            np.array([dampening], dtype=float), np.array([nesterov], dtype=bool),
-            np.array([weight_decay], dtype=float),
-        )  # fmt: skip
+        beta = float(momentum)
+        settings = (beta, float(dampening) if beta > 0 else 0.0, bool(nesterov) and beta > 0)
+        if self._settings is None:
+            self._settings = settings
+        if (
+            weight_decay != 0.0
+            or settings != self._settings
+            or not beta < 1.0
+            or not noise_multiplier > 0.0
+        ):
+            self._supported = False
+            self._characteristic = None
+        self._eta.append(float(lr))
+        self._sigma.append(float(noise_multiplier))
+        self._q.append(float(sample_rate))
+        self._opt.append((beta, float(dampening), bool(nesterov), float(weight_decay)))
 
     def extend(
         self,
