@@ -3,7 +3,7 @@ per-query time of each route and of Opacus's accountants, and the monitor's over
 
 Per-query seconds (``time.perf_counter``; a step's append is counted with its query) at
 T = 10^3, 10^4, 10^5, sigma 2 (6 at T = 10^5: epsilon about 9.5 as at 10^4, inside the
-grid-free route), q 0.045 (the examples' digits rate), delta 1e-5, accuracy 1e-3, for these
+Fourier routes), q 0.045 (the examples' digits rate), delta 1e-5, accuracy 1e-3, for these
 query patterns, each over the last ``n`` steps before T:
 
 * ``all``: a query after each step of the whole run (the median and the largest of all T:
@@ -16,11 +16,10 @@ query patterns, each over the last ``n`` steps before T:
 * ``load-cold``: the same with an accountant never queried before its state was saved (its
   first query anywhere takes in every step at once).
 
-Routes: ``grid-free`` (``fourier_solve`` from scratch at each query), ``grid``
-(``IncrementalWeightedHeuristic(fourier=False)``, skipped where it would take minutes),
-``new`` (``LastIterateAccountant.get_epsilon``: the route the accountant uses), and
+Routes: ``from scratch`` (a new ``IncrementalCharacteristic`` at each query), ``kept``
+(``LastIterateAccountant.get_epsilon``: the characteristic function kept step by step), and
 Opacus's ``RDPAccountant`` and ``PRVAccountant`` ``get_epsilon`` at the same (sigma, q, T).
-Each line prints the median and the largest query and the ratios to the new route's median.
+Each line prints the median and the largest query of the kept route and the ratio of the two.
 
 Then ``engine.get_epsilon`` after each step of a real Opacus training of a small MLP, after
 1,500 unqueried steps, against the training step (median, first and largest query, each a
@@ -49,20 +48,16 @@ from pathlib import Path
 import numpy as np
 
 from opacus_lastiterate.accountants import LastIterateAccountant
-from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
-    IncrementalWeightedHeuristic,
-)
+from opacus_lastiterate.analysis.last_iterate.incremental_fourier import IncrementalCharacteristic
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
     SGDSettings,
     cosine_schedule,
-    sgd_weights,
 )
-from opacus_lastiterate.analysis.last_iterate.weighted_fourier import fourier_solve
 
 Q, SIGMA, DELTA, ACC, MOMENTUM, LR = 64 / 1437, 2.0, 1e-5, 1e-3, 0.9, 0.5
 SIGMA_AT = {100_000: 6.0}
 """Noise multiplier per T where it is not SIGMA: at T = 10^5 and sigma 2 epsilon is about 20,
-where the grid-free route declines (and the grid route answers: minutes per pattern); sigma 6
+where the Fourier routes decline (and the weight grid answers from scratch); sigma 6
 keeps epsilon about 9.5, as at T = 10^4 and sigma 2."""
 GAP = 1_500
 PATTERNS = ("all", "every", "every10", "gap", "load", "load-cold")
@@ -114,25 +109,12 @@ def _accountant_route(lrs: np.ndarray, pattern: str, n: int) -> list[float]:
     return times
 
 
-def _grid_route(lrs: np.ndarray, pattern: str, n: int) -> list[float]:
-    eng = IncrementalWeightedHeuristic(ACC, fourier=False)
-    total, times = lrs.size, []
-    for t in range(1, total + 1):
-        t0 = time.perf_counter()
-        eng.append(_sigma(total), Q, float(lrs[t - 1]), MOMENTUM)
-        if _queried("every" if pattern.startswith("load") else pattern, t, total, n):
-            eng.epsilon(DELTA)
-            if t > total - (10 * n if pattern == "every10" else n):
-                times.append(time.perf_counter() - t0)
-    return times
-
-
-def _grid_free(lrs: np.ndarray, n: int) -> list[float]:
+def _from_scratch(lrs: np.ndarray, n: int) -> list[float]:
     times = []
     for t in range(lrs.size - min(n, 5) + 1, lrs.size + 1):  # each query is independent
-        w = sgd_weights(lrs[:t], momentum=MOMENTUM)
+        eta, sigma, q = lrs[:t].tolist(), [_sigma(lrs.size)] * t, [Q] * t
         t0 = time.perf_counter()
-        fourier_solve(DELTA, w, np.full(t, Q), np.full(t, _sigma(lrs.size)), ACC)
+        IncrementalCharacteristic(MOMENTUM, 0.0, False).solve(DELTA, eta, sigma, q, ACC)
         times.append(time.perf_counter() - t0)
     return times
 
@@ -157,28 +139,23 @@ def _ms(x: float) -> str:
     return f"{1e3 * x:8.3f}"
 
 
-def query_table(steps: list[int], n: int, grid_limit: int, repeats: int = 1) -> None:
+def query_table(steps: list[int], n: int, repeats: int = 1) -> None:
     print(f"per-query ms (median / max; each query the least of {repeats} runs of its pattern: "
           "the computation is deterministic, a shared machine only adds time), "
           f"momentum {MOMENTUM} + cosine, sigma {SIGMA} "
           f"(T = 10^5: {SIGMA_AT[100_000]}), "
           f"q {Q:.4f}, delta {DELTA}, accuracy {ACC}; last {n} queried steps (all: every step)")  # fmt: skip
-    print(f"{'T':>7} {'pattern':>8} | {'new med':>8} {'new max':>8} | {'grid med':>8} "
-          f"{'grid max':>8} | {'free med':>8} | {'RDP':>8} {'PRV':>8} | max/med")  # fmt: skip
+    print(f"{'T':>7} {'pattern':>8} | {'kept med':>8} {'kept max':>8} | {'scratch':>8} | "
+          f"{'RDP':>8} {'PRV':>8} | max/med")  # fmt: skip
     for total in steps:
         lrs = cosine_schedule(LR, total)
         rdp, prv = _opacus(total)
-        free = statistics.median(_grid_free(lrs, n))
+        scratch = statistics.median(_from_scratch(lrs, n))
         for pattern in PATTERNS:
             new = [min(t) for t in zip(*(_accountant_route(lrs, pattern, n)
                                          for _ in range(repeats)))]  # fmt: skip
             med = statistics.median(new)
-            if total <= grid_limit and pattern not in ("all", "every10", "load-cold"):
-                grid = _grid_route(lrs, pattern, n)
-                g = f"{_ms(statistics.median(grid))} {_ms(max(grid))}"
-            else:
-                g = f"{'skipped':>8} {'':>8}"
-            print(f"{total:>7} {pattern:>8} | {_ms(med)} {_ms(max(new))} | {g} | {_ms(free)} | "
+            print(f"{total:>7} {pattern:>8} | {_ms(med)} {_ms(max(new))} | {_ms(scratch)} | "
                   f"{_ms(rdp)} {_ms(prv)} | {max(new) / med:6.1f}")  # fmt: skip
         sys.stdout.flush()
 
@@ -331,8 +308,6 @@ def main() -> int:
     parser.add_argument("--steps", type=int, nargs="+", default=None)
     parser.add_argument("--no-monitor", action="store_true")
     parser.add_argument("--no-queries", action="store_true", help="the monitor's overhead only")
-    parser.add_argument("--grid-limit", type=int, default=None,
-                        help="largest T for the grid route (default 2,000 quick, 10,000 full)")
     parser.add_argument("--monitor-steps", type=int, default=None,
                         help="steps of each monitored run (default 300, 100 quick)")
     parser.add_argument("--step-ms", type=float, nargs="+", default=[2.0, 20.0],
@@ -343,8 +318,7 @@ def main() -> int:
     steps = args.steps or ([1_000, 10_000] if args.quick else [1_000, 10_000, 100_000])
     n = 10 if args.quick else 30
     if not args.no_queries:
-        limit = args.grid_limit if args.grid_limit is not None else (2_000 if args.quick else 10_000)
-        query_table(steps, n, grid_limit=limit, repeats=args.repeats)
+        query_table(steps, n, repeats=args.repeats)
     if not args.no_queries:
         engine_table(GAP, n, 2 if args.quick else 5)
     if not args.no_monitor:

@@ -38,8 +38,6 @@ MOVED_TO_SLOW: dict[str, str] = {
         "50 s",
     "tests/callbacks/test_monitor_process.py::test_momentum_and_cosine_schedule_records_equal_inline":
         "41 s",
-    "tests/analysis/last_iterate/test_incremental_weighted.py::test_late_rate_jump_rebuilds":
-        "73 s",
     "tests/accountants/test_normalisation_accountants.py::test_feasgm_curve_composes_segments_exactly":
         "50 s",
     "tests/callbacks/test_sinks.py::test_a_killed_writer_leaves_whole_lines": "60 s",

@@ -16,7 +16,6 @@ keeps Opacus's bookkeeping.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,7 +43,6 @@ from opacus_lastiterate.analysis.last_iterate.heuristic import (
 )
 from opacus_lastiterate.analysis.last_iterate.incremental import IncrementalHeuristic
 from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
-    FINE_POINTS,
     IncrementalWeightedHeuristic,
 )
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings, sgd_weights
@@ -98,23 +96,14 @@ class LastIterateAccountant(RunAccountant):
 
     _MECHANISM = MECHANISM
 
-    def __init__(
-        self, *, weight_accuracy: float = 1e-3, weighted_grid_points: float = FINE_POINTS
-    ) -> None:
+    def __init__(self, *, weight_accuracy: float = 1e-3) -> None:
         """Create an accountant with an empty history (Opacus's registry calls ``cls()``).
 
         Args:
             weight_accuracy: requested relative accuracy of the schedule/momentum-weighted
                 epsilon, in (0, 1) (:attr:`weight_accuracy`).
-            weighted_grid_points: fine-grid points of the weighted heuristic's grid route
-                (:data:`~opacus_lastiterate.analysis.last_iterate.incremental_weighted.FINE_POINTS`
-                by default; ``SPARSE_FINE_POINTS`` halves the work per step and still gives an
-                upper bound within ``weight_accuracy``), >= 1.
         """
         accuracy = check_in_interval("weight_accuracy", weight_accuracy, 0.0, 1.0)
-        grid = check_in_interval(
-            "weighted_grid_points", weighted_grid_points, 1.0, math.inf, low_open=False
-        )
         self._engine = IncrementalHeuristic()
         self._calibration_warned = False
         self._trace: list[TraceEntry] = []
@@ -128,7 +117,6 @@ class LastIterateAccountant(RunAccountant):
         self._monotonicity = MonotonicityWatch()
         self.weight_accuracy = accuracy
         """Requested relative accuracy of the schedule/momentum-weighted epsilon."""
-        self._weighted_fine_points = grid  # the weighted engine's grid (see there)
         self._last_settings: SGDSettings | None = None  # last_settings, built when asked
         super().__init__()
 
@@ -247,9 +235,8 @@ class LastIterateAccountant(RunAccountant):
             engine is None
             or engine.num_steps != self._steps()
             or engine.accuracy != self.weight_accuracy
-            or engine.fine_points != self._weighted_fine_points
         ):
-            engine = IncrementalWeightedHeuristic(self.weight_accuracy, self._weighted_fine_points)
+            engine = IncrementalWeightedHeuristic(self.weight_accuracy)
             sigma, q = self.run.per_step()
             if self._trace:
                 first = self._trace[0]
@@ -381,10 +368,11 @@ class LastIterateAccountant(RunAccountant):
         """The schedule/momentum-weighted heuristic with its achieved accuracy (cached for
         the current number of steps). Requires recorded optimizer settings.
 
-        Answered incrementally by :class:`~opacus_lastiterate.analysis.last_iterate.incremental_weighted.
-        IncrementalWeightedHeuristic` (SGD without weight decay at one momentum, dampening and
-        nesterov setting); other traces are solved from scratch. Either way ``value`` is an
-        upper bound with a certified lower bound within :attr:`weight_accuracy` relative."""
+        Answered by :class:`~opacus_lastiterate.analysis.last_iterate.incremental_weighted.
+        IncrementalWeightedHeuristic`: the characteristic function kept step by step (SGD
+        without weight decay at one momentum, dampening and nesterov setting), else from
+        scratch. Either way ``value`` is an upper bound with a certified lower bound within
+        :attr:`weight_accuracy` relative."""
         d = check_delta(delta)
         if not self._weights_in_use():
             raise ValueError(

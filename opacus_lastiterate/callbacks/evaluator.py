@@ -35,10 +35,6 @@ from opacus_lastiterate.accountants import (
     steps_of,
 )
 from opacus_lastiterate.accountants.base import trim_history
-from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
-    FINE_POINTS,
-    SPARSE_FINE_POINTS,
-)
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
 from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment, append_steps, as_segments
@@ -54,7 +50,6 @@ __all__ = [
     "QueuedStep",
     "corrected_accountant_of",
     "evaluated_state",
-    "weighted_grid_points",
 ]
 
 QueuedStep = tuple[int, float, float, float | None, SGDSettings | None]
@@ -62,20 +57,6 @@ QueuedStep = tuple[int, float, float, float | None, SGDSettings | None]
 
 MIN_RUN = 4
 """Queued steps of one constant-rate setting replayed together (fewer: one by one)."""
-
-_SPARSE_CADENCE = 50  # weighted_every from which the replica's weighted grid is coarser
-
-
-def weighted_grid_points(cadences: Cadences) -> float:
-    """The replica's weighted-engine grid: coarser when the weighted heuristic is asked for
-    every 50 steps or less often (``SPARSE_FINE_POINTS``: half the work per step; each
-    logged value is still an upper bound within ``weight_accuracy``)."""
-    every = cadences.weighted_every
-    if every == "auto":  # every step that fits in the overhead budget
-        return FINE_POINTS
-    if every is None or every == "doubling" or every >= _SPARSE_CADENCE:  # type: ignore[operator]
-        return SPARSE_FINE_POINTS
-    return FINE_POINTS
 
 
 def evaluated_state(
@@ -180,10 +161,7 @@ class InlineEvaluator:
         self.overhead = overhead
         self.replica: LastIterateAccountant | None = None
         if isinstance(accountant, LastIterateAccountant):
-            replica = LastIterateAccountant(
-                weight_accuracy=accountant.weight_accuracy,
-                weighted_grid_points=weighted_grid_points(cadences),
-            )
+            replica = LastIterateAccountant(weight_accuracy=accountant.weight_accuracy)
             replica.load_state_dict(accountant.state_dict())
             replica.take_back(dropped)
             self.replica = replica

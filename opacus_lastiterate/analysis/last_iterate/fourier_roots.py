@@ -1,9 +1,8 @@
 """Both epsilons of the grid-free weighted heuristic from one scan, the roots refined together.
 
-:mod:`.weighted_fourier` reads each epsilon at a root in x of a gap function (the stationary
-point of a hockey-stick divergence), found by a scan of x and a scalar root find per root: four
-of them (two directions, the upper and the lower bound), each about 13 calls of numpy on one
-point. Here the brackets of the scan are refined together: a safeguarded Newton step on every
+Each epsilon is read at a root in x of a gap function (the stationary point of a hockey-stick
+divergence, :mod:`.weighted_fourier`): four of them (two directions, the upper and the lower
+bound). The brackets of a scan of x are refined together: a safeguarded Newton step on every
 bracket at once (the slope of each gap function is known in closed form from p~ and dp~/dx),
 pushed across the root by the size of its last step so that both ends of every bracket
 tighten, until the brackets are narrower than ``XTOL`` x s or the epsilons at their two ends
@@ -124,8 +123,7 @@ class _Gaps:
 
 
 def _bracket(values: np.ndarray, decreasing: bool) -> int | None:
-    """The index i of the scan's single sign change between i and i + 1 (as
-    :func:`.weighted_fourier._root`), or None."""
+    """The index i of the scan's single sign change between i and i + 1, or None."""
     ok = np.isfinite(values)
     left = values > 0 if decreasing else values < 0
     idx = np.nonzero(ok[:-1] & ok[1:] & left[:-1] & ~left[1:])[0]

@@ -5,9 +5,9 @@ up to date step by step (no O(T) work per query).
 
     phi(theta) = exp(-s^2 theta^2 / 2) prod_t f_t(theta),  f_t = 1 - q_t + q_t e^{i w_t(T) theta},
 
-rebuilt at each query from all T weights: O(T M). Here (heavy-ball or nesterov SGD without
-weight decay, one momentum beta, dampening d; ``optimizer_weights``) the weight of step t after
-T steps is w_t(T) = a_t R_t(T) (nesterov: eta_t + beta a_t R_t(T)) with
+which costs O(T M) from all T weights (what a new instance does at its first query). Here
+(heavy-ball or nesterov SGD without weight decay, one momentum beta, dampening d;
+``optimizer_weights``) the weight of step t after T steps is w_t(T) = a_t R_t(T) (nesterov: eta_t + beta a_t R_t(T)) with
 R_t(T) = sum_{s=t..T} eta_s beta^(s-t). Appending step T + 1 adds eta_{T+1} beta^(T+1-t) to
 R_t: every weight still grows, but an old step's growth is geometrically small.
 

@@ -1,5 +1,5 @@
 """The per-step factors of the characteristic function of the weighted heuristic's X = K + Z
-(:mod:`.weighted_fourier` from scratch, :mod:`.incremental_fourier` kept step by step):
+(:mod:`.incremental_fourier`, the inversion of :mod:`.weighted_fourier`):
 f_t(theta) = 1 - q_t + q_t e^{i w_t theta}, their logarithms at the frequencies
 (k + 1/2) Delta, and the constants of their rounding charge and of the freezing remainder.
 

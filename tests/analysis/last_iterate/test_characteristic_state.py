@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+from types import SimpleNamespace
 from typing import ClassVar
 
 import numpy as np
@@ -22,9 +23,7 @@ from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
 )
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
     cosine_schedule,
-    sgd_weights,
 )
-from opacus_lastiterate.analysis.last_iterate.weighted_fourier import fourier_solve
 
 ACC, DELTA, Q, SIGMA = 1e-3, 1e-5, 0.045, 2.0
 SETTINGS = (0.9, 0.0, False)
@@ -32,6 +31,14 @@ SETTINGS = (0.9, 0.0, False)
 
 def _lists(n: int) -> tuple[list[float], list[float], list[float]]:
     return cosine_schedule(0.5, n).tolist(), [SIGMA] * n, [Q] * n
+
+
+def _scratch(eta: list, sigma: list, q: list) -> SimpleNamespace:
+    """The bracket of a new instance asked once (from scratch: every step frozen at its
+    weight then)."""
+    got = IncrementalCharacteristic(*SETTINGS).solve(DELTA, eta, sigma, q, ACC)
+    assert got is not None
+    return SimpleNamespace(value=got[0], lower_bound=got[1])
 
 
 def _grown(n: int, every: int = 7) -> tuple[IncrementalCharacteristic, tuple[list, list, list]]:
@@ -72,8 +79,7 @@ def test_restored_state_after_more_steps_answers_the_longer_run() -> None:
     restored = IncrementalCharacteristic.from_state(state, eta2, sigma2, q2, SETTINGS)
     assert restored is not None
     got = restored.solve(DELTA, eta2, sigma2, q2, ACC)
-    w = sgd_weights(np.asarray(eta2), momentum=SETTINGS[0])
-    scratch = fourier_solve(DELTA, w, np.asarray(q2), np.asarray(sigma2), ACC)
+    scratch = _scratch(eta2, sigma2, q2)
     assert got is not None
     upper, lower, _ = got
     assert lower <= scratch.value and scratch.lower_bound <= upper
@@ -153,8 +159,7 @@ def test_new_grids_bracket_the_scratch_value() -> None:
         got = char.solve(DELTA, eta[:t], sigma[:t], q[:t], ACC)
         if (char.rebuilds + char.switches > grids and char.frozen > 0) or after:
             assert got is not None
-            w = sgd_weights(np.asarray(eta[:t]), momentum=SETTINGS[0])
-            scratch = fourier_solve(DELTA, w, np.asarray(q[:t]), np.asarray(sigma[:t]), ACC)
+            scratch = _scratch(eta[:t], sigma[:t], q[:t])
             assert got[1] <= scratch.value and scratch.lower_bound <= got[0]
             checked += 1
             after = 3 if char.rebuilds + char.switches > grids else after - 1
@@ -187,8 +192,7 @@ def test_a_grid_that_no_longer_certifies_is_replaced_once() -> None:
     got = char.solve(DELTA, eta, sigma, q, ACC)
     assert got is not None and char.grid is not worn
     assert char.rebuilds + char.switches == grids + 1
-    w = sgd_weights(np.asarray(eta), momentum=SETTINGS[0])
-    scratch = fourier_solve(DELTA, w, np.asarray(q), np.asarray(sigma), ACC)
+    scratch = _scratch(eta, sigma, q)
     assert got[1] <= scratch.value and scratch.lower_bound <= got[0]
     # every grid fails from now on: one more try, then (while the grid fits) none until the
     # run doubles; without that, a new O(T M) grid at every query

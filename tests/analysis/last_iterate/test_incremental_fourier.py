@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,7 +25,6 @@ from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
     sgd_weights,
     step_schedule,
 )
-from opacus_lastiterate.analysis.last_iterate.weighted_fourier import fourier_solve
 
 ACC = 1e-3
 
@@ -38,9 +38,13 @@ CASES = {
 
 
 def _scratch(lrs, q, sigma, t, beta, damp, nest, delta):
-    w = sgd_weights(lrs[:t], momentum=beta, dampening=damp, nesterov=nest)
-    keep = w > 0
-    return fourier_solve(delta, w[keep], np.asarray(q[:t])[keep], np.asarray(sigma[:t])[keep], ACC)
+    """The bracket of a new instance asked once, at step t (from scratch: every step frozen at
+    its weight then)."""
+    got = IncrementalCharacteristic(beta, damp, nest).solve(
+        delta, [float(x) for x in lrs[:t]], [float(x) for x in sigma[:t]],
+        [float(x) for x in q[:t]], ACC,
+    )  # fmt: skip
+    return None if got is None else SimpleNamespace(value=got[0], lower_bound=got[1])
 
 
 def _run(name, n, queried, q=None, sigma=None, delta=1e-5):
@@ -164,9 +168,8 @@ def test_engine_answers_every_step_from_the_kept_function():
             r = eng.epsilon(1e-5)
     ref = _scratch(lrs, np.full(n, 0.045), np.full(n, 2.0), n, 0.9, 0.0, False, 1e-5)
     _check((r.value, r.lower_bound, 0), ref)
-    char = eng._characteristic
-    assert char is not None and char.n == n and char.rebuilds <= 3
-    assert eng._state is None  # no grid engine
+    state = eng.characteristic_state()
+    assert state is not None and state["n"] == n and state["rebuilds"] <= 3
 
 
 def test_another_delta_is_answered_from_scratch():

@@ -71,23 +71,18 @@ def test_log_factors_magnitude_bound_covers_each_factor() -> None:
     assert np.all(np.abs(im) - re >= np.hypot(re, im))
 
 
-def test_both_fourier_routes_decline_sample_rates_near_one_half() -> None:
-    """A run with a step within Q_NEAR_HALF of q = 1/2 is declined by the from-scratch and the
-    kept route (the grid route answers it), one just outside is answered."""
+def test_the_fourier_route_declines_sample_rates_near_one_half() -> None:
+    """A run with a step within Q_NEAR_HALF of q = 1/2 is declined by the characteristic
+    function (the weight grid answers it), one just outside is answered."""
     from opacus_lastiterate.analysis.last_iterate.incremental_fourier import (
         IncrementalCharacteristic,
     )
-    from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
-    from opacus_lastiterate.analysis.last_iterate.weighted_fourier import fourier_solve
 
     lrs = list(np.linspace(0.5, 0.05, 200))
-    w = sgd_weights(np.asarray(lrs), momentum=0.9)
     for q_odd, answered in ((0.5 - 0.9 * Q_NEAR_HALF, False), (0.5 - 1.5 * Q_NEAR_HALF, True)):
         q = [0.05] * 200
         q[120] = q_odd
         sigma = [4.0] * 200
-        got = fourier_solve(1e-5, w, np.asarray(q), np.asarray(sigma), 1e-3)
-        assert (got is not None) == answered
         char = IncrementalCharacteristic(0.9, 0.0, False)
         kept = char.solve(1e-5, lrs, sigma, q, 1e-3)
         assert (kept is not None) == answered
