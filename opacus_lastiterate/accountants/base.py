@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import contextvars
 import copy
+import functools
 import inspect
 import math
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from opacus.accountants import IAccountant
 
@@ -61,6 +63,7 @@ __all__ = [
     "revision_of",
     "sampling_of_new_accountants",
     "steps_of",
+    "synchronized",
     "take_back_steps",
     "trim_history",
 ]
@@ -134,6 +137,22 @@ def validate_history(history: object, name: str = "history") -> tuple[TrainingSe
     return segments
 
 
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def synchronized(method: _Method) -> _Method:
+    """``method`` run under its accountant's lock (:attr:`RunAccountant._lock`), so that a
+    query from another thread sees the accountant between two recorded steps, never during
+    one."""
+
+    @functools.wraps(method)
+    def locked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked  # type: ignore[return-value]
+
+
 class RunAccountant(IAccountant):
     """Opacus accountant bookkeeping shared by this package's accountants (module docs)."""
 
@@ -150,7 +169,17 @@ class RunAccountant(IAccountant):
         self._sampling_declared = False
         self._sampling_checked_rate: float | None = None
         self._revision = object()
+        self._lock = threading.RLock()
         # IAccountant.__init__ would assign ``self.history = []``; nothing to validate here.
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]  # a lock is neither copied nor pickled: each copy has its own
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     # -- history ------------------------------------------------------------------------------
 
@@ -160,6 +189,7 @@ class RunAccountant(IAccountant):
         return [(s.noise_multiplier, s.sample_rate, s.steps) for s in self._segments]
 
     @history.setter
+    @synchronized
     def history(self, value: History) -> None:
         # Opacus's get_noise_multiplier writes ``accountant.history = [(sigma, q, steps)]``.
         segments = validate_history(value)
@@ -202,6 +232,7 @@ class RunAccountant(IAccountant):
         return len(self._segments)
 
     @property
+    @synchronized
     def run(self) -> DPSGDRun:
         """The recorded history as a :class:`DPSGDRun` (built once per change)."""
         if self._run is None:
@@ -221,6 +252,7 @@ class RunAccountant(IAccountant):
         """Whether :attr:`sampling` was declared by the user (detection then leaves it)."""
         return self._sampling_declared
 
+    @synchronized
     def declare_sampling(self, scheme: SamplingScheme | None) -> None:
         """Declare how the batches are drawn (for users who know better than detection, or
         who feed the accountant by hand); it is kept when ``make_private`` detects another.
@@ -239,6 +271,7 @@ class RunAccountant(IAccountant):
         self._set_sampling(checked)
         self._sampling_declared = True
 
+    @synchronized
     def observe_sampling(self, scheme: SamplingScheme | None) -> None:
         """Take the scheme detected from the training loader (:mod:`.engine_sampling`),
         unless one was declared. A scheme that does not match the recorded rates is not taken
@@ -294,6 +327,7 @@ class RunAccountant(IAccountant):
         last = self._segments[-1]
         return last.noise_multiplier, last.sample_rate
 
+    @synchronized
     def take_back(self, steps: int = 1) -> None:
         """Remove the last ``steps`` recorded steps (and what the accountant recorded with
         them), as if they had not been taken; the accountant is then as a fresh one that
@@ -321,6 +355,7 @@ class RunAccountant(IAccountant):
         state["history"] = trim_history(state["history"], steps)
         return state
 
+    @synchronized
     def with_history(self, history: History) -> RunAccountant:
         """A copy of this accountant (its configuration and the warnings it has given
         included) whose history is ``history``, as if it had recorded those steps; what an
@@ -343,6 +378,7 @@ class RunAccountant(IAccountant):
 
     # -- steps ----------------------------------------------------------------------------------
 
+    @synchronized
     def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
         """Record one step; extend the last segment if (sigma, q) are unchanged.
 
@@ -376,6 +412,7 @@ class RunAccountant(IAccountant):
         self._num_steps += steps
         self._run = None
 
+    @synchronized
     def record_step(
         self, noise_multiplier: float, sample_rate: float, *, optimizer: Any = None
     ) -> None:
@@ -406,8 +443,9 @@ class RunAccountant(IAccountant):
             rate = check_sample_rate(
                 q * optim.accumulated_iterations, "sample_rate * accumulated_iterations"
             )
-            self._observe(optim)
-            self._record(sigma, rate)
+            with self._lock:
+                self._observe(optim)
+                self._record(sigma, rate)
 
         return hook_fn
 
@@ -435,6 +473,7 @@ class RunAccountant(IAccountant):
 
     # -- state ----------------------------------------------------------------------------------
 
+    @synchronized
     def state_dict(self, destination: Any = None) -> Any:
         """Opacus-compatible state ``{"history": [...], "mechanism": name, ...}``."""
         if destination is None:
@@ -482,6 +521,7 @@ class RunAccountant(IAccountant):
             raise TypeError(f"`state_dict['sampling_declared']` must be a bool, got {declared!r}.")
         return segments, sampling, self._check_extra_state(state_dict)
 
+    @synchronized
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load a state from :meth:`state_dict`, after validating all of it.
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from opacus_lastiterate._warn import warn
-from opacus_lastiterate.accountants.base import RunAccountant, check_step_noise
+from opacus_lastiterate.accountants.base import RunAccountant, check_step_noise, synchronized
 from opacus_lastiterate.accountants.monotonicity import MonotonicityWatch
 from opacus_lastiterate.accountants.optimizer_trace import (
     TraceEntry,
@@ -285,6 +285,7 @@ class LastIterateAccountant(RunAccountant):
         same_rate = not self._trace or self._trace[-1][0] == settings.lr
         return settings.momentum == 0.0 and settings.weight_decay == 0.0 and same_rate
 
+    @synchronized
     def replay_step(
         self, noise_multiplier: float, sample_rate: float, settings: SGDSettings | None
     ) -> None:
@@ -311,6 +312,7 @@ class LastIterateAccountant(RunAccountant):
         elif not self._trace_disabled:
             self._append_settings(settings.as_tuple(), steps)
 
+    @synchronized
     def replay_steps(
         self,
         noise_multiplier: float,
@@ -364,6 +366,7 @@ class LastIterateAccountant(RunAccountant):
             state["optimizer_trace"] = trim_trace(trace, steps)
         return state
 
+    @synchronized
     def weighted_result(self, delta: float) -> WeightedHeuristicResult:
         """The schedule/momentum-weighted heuristic with its achieved accuracy (cached for
         the current number of steps). Requires recorded optimizer settings.
@@ -472,6 +475,7 @@ class LastIterateAccountant(RunAccountant):
         run = DPSGDRun._trusted(self.run.segments, weights, sampling=self.sampling)
         return SamplingHeuristic(run, accuracy=self.weight_accuracy)
 
+    @synchronized
     def get_epsilon(
         self, delta: float, *, robust: bool = False, check_monotone: bool = True
     ) -> float:
@@ -525,6 +529,7 @@ class LastIterateAccountant(RunAccountant):
             self._monotonicity.after_query(d, eps, self._segments, self._num_steps, self._engine)
         return float(eps)
 
+    @synchronized
     def get_delta(self, epsilon: float) -> float:
         """Heuristic delta(epsilon) of the final model.
 

@@ -28,7 +28,7 @@ from typing import Any
 from opacus.optimizers import DPOptimizer
 
 from opacus_lastiterate._warn import warn
-from opacus_lastiterate.accountants.base import RunAccountant
+from opacus_lastiterate.accountants.base import RunAccountant, synchronized
 from opacus_lastiterate.accountants.opacus_sgm import opacus_rdp_delta, opacus_sgm_epsilon
 from opacus_lastiterate.accountants.public_divisor import (
     public_divisor_of,
@@ -360,6 +360,7 @@ class FEASGMAccountant(_NormalisationAccountant):
                 "constant, set it with use_public_divisor(optimizer, expected_batch_size=...).",
             )
 
+    @synchronized
     def get_epsilon(self, delta: float) -> float:
         """Corrected epsilon (``docs/normalisation.md``, "FEASGM / EASGM with a
         data-dependent divisor"): the ``standard`` SGM epsilon of the history if the verdict
@@ -396,6 +397,7 @@ class FEASGMAccountant(_NormalisationAccountant):
             self._standard = (run, privacy_model("standard", run))
         return self._standard[1]
 
+    @synchronized
     def get_delta(self, epsilon: float) -> float:
         """Corrected delta(epsilon), from the same ``standard`` accountant as
         :meth:`get_epsilon`, so that the two are one (epsilon, delta) curve: the SGM delta
@@ -567,6 +569,7 @@ class ASGMAccountant(_NormalisationAccountant):
             self._model = (base, n, ASGM(run, value_discretization_interval=DEFAULT_INTERVAL))
         return self._model[2]
 
+    @synchronized
     def get_epsilon(self, delta: float) -> float:
         """ASGM epsilon of the recorded steps (an upper bound; inf when the all-sampled mass
         exceeds delta, or when a step had no noise).
@@ -585,6 +588,7 @@ class ASGMAccountant(_NormalisationAccountant):
             return 0.0
         return self.model().epsilon(d)
 
+    @synchronized
     def get_delta(self, epsilon: float) -> float:
         """ASGM delta(epsilon) of the recorded steps (an upper bound)."""
         e = check_epsilon(epsilon)
