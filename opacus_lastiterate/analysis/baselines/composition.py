@@ -7,10 +7,11 @@
   segment's one-step PLD built by ``subsampled_gaussian_pld``. The result is an upper bound
   on the exact value.
 * Standard composition through Renyi DP (:class:`RDPComposition`, registry name
-  ``"standard_rdp"``): the same mechanism composed with dp_accounting's ``RdpAccountant`` at
-  its default orders and converted to (epsilon, delta) by its conversion (Canonne, Kamath,
-  Steinke, arXiv 2004.00010, Proposition 12). An upper bound, looser than the PLD one; it
-  has no discretisation.
+  ``"standard_rdp"``): the same mechanism composed as dp_accounting's ``RdpAccountant``
+  composes it at its default orders (the one-step RDP of each distinct (q, sigma) computed
+  once, vectorised: :mod:`.subsampled_gaussian_rdp`) and converted to (epsilon, delta) by
+  dp_accounting's conversion (Canonne, Kamath, Steinke, arXiv 2004.00010, Proposition 12).
+  An upper bound, looser than the PLD one; it has no discretisation.
 * Full-batch DP-GD with the same expected step and noise variance: q = 1 and noise
   multiplier sigma / q for each step, i.e. mu-GDP with mu^2 = sum_t (q_t / sigma_t)^2,
   in closed form.
@@ -173,9 +174,10 @@ class StandardComposition(PrivacyModel):
 
 class RDPComposition(PrivacyModel):
     """Every intermediate model released, through Renyi DP: the Poisson-subsampled Gaussian
-    mechanism composed over the run with dp_accounting's ``RdpAccountant`` (add/remove
-    neighbours) and converted with its ``get_epsilon``/``get_delta`` (an upper bound, looser
-    than :class:`StandardComposition`; exact arithmetic, no discretisation). Per-step weights
+    mechanism composed over the run as dp_accounting's ``RdpAccountant`` composes it
+    (add/remove neighbours; each distinct (q, sigma) evaluated once, vectorised over orders)
+    and converted with dp_accounting's ``compute_epsilon``/``compute_delta`` (an upper bound,
+    looser than :class:`StandardComposition`; no discretisation). Per-step weights
     do not matter (each step is released).
 
     Args:
@@ -189,36 +191,44 @@ class RDPComposition(PrivacyModel):
     def __init__(self, run: RunLike, *, orders: Sequence[float] | None = None) -> None:
         self.run = poisson_run(run, model="RDPComposition", name="standard_rdp")
         self.orders = None if orders is None else _check_orders(orders)
-        self._accountant = None
+        self._rdp: tuple[list[float], list[float]] | None = None
 
-    def _composed(self):  # -> dp_accounting RdpAccountant (built once)
-        if self._accountant is None:
-            from dp_accounting import dp_event
-            from dp_accounting.rdp import RdpAccountant
+    def _composed(self) -> tuple[list[float], list[float]]:
+        """(orders, RDP vector) of the run: what dp_accounting's ``RdpAccountant`` composes
+        for the run's ``PoissonSampledDpEvent(q, GaussianDpEvent(sigma))`` events, with the
+        one-step RDP of each distinct (q, sigma) computed once, vectorised over orders
+        (:func:`~.subsampled_gaussian_rdp.composed_rdp`, the same series)."""
+        if self._rdp is None:
+            from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
 
-            accountant = RdpAccountant(orders=None if self.orders is None else list(self.orders))
-            for s in self.run.segments:
-                if s.steps > 0:
-                    event = dp_event.PoissonSampledDpEvent(
-                        s.sample_rate, dp_event.GaussianDpEvent(s.noise_multiplier)
-                    )
-                    accountant.compose(event, s.steps)
-            self._accountant = accountant
-        return self._accountant
+            from opacus_lastiterate.analysis.baselines.subsampled_gaussian_rdp import (
+                composed_rdp,
+            )
+
+            orders = list(DEFAULT_RDP_ORDERS if self.orders is None else self.orders)
+            rdp = composed_rdp(self.run.as_history(), orders, series="dp_accounting")
+            self._rdp = (orders, rdp.tolist())
+        return self._rdp
 
     def _epsilon(self, delta: float) -> float:
-        accountant = self._composed()
-        # dp_accounting's get_delta bounds delta by sqrt(1 - exp(-r)) at every epsilon (the KL
-        # bound of each order); its get_epsilon answers 0 only strictly above that value, so
-        # at the value itself (what get_delta returns) it would give a positive epsilon.
-        # Answer 0 there too: epsilon(delta(e)) <= e, and the bound is valid at epsilon = 0.
-        kl = [math.exp(0.5 * math.log1p(-math.exp(-r))) for r in accountant.rdp if r > 0]
+        from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+        orders, rdp = self._composed()
+        # dp_accounting's compute_delta bounds delta by sqrt(1 - exp(-r)) at every epsilon
+        # (the KL bound of each order); its compute_epsilon answers 0 only strictly above
+        # that value, so at the value itself (what compute_delta returns) it would give a
+        # positive epsilon. Answer 0 there too: epsilon(delta(e)) <= e, and the bound is
+        # valid at epsilon = 0.
+        kl = [math.exp(0.5 * math.log1p(-math.exp(-r))) for r in rdp if r > 0]
         if kl and delta >= min(kl):
             return 0.0
-        return float(accountant.get_epsilon(delta))
+        return float(compute_epsilon(orders, rdp, delta)[0])
 
     def _delta(self, epsilon: float) -> float:
-        return min(1.0, float(self._composed().get_delta(epsilon)))
+        from dp_accounting.rdp.rdp_privacy_accountant import compute_delta
+
+        orders, rdp = self._composed()
+        return min(1.0, float(compute_delta(orders, rdp, epsilon)[0]))
 
     def __repr__(self) -> str:
         return f"RDPComposition(steps={self.run.num_steps})"
