@@ -12,7 +12,8 @@ kept point, right tail to infinity): the operations of dp_accounting's ``DensePL
 ``self_compose`` and ``compose``, on arrays. Every step keeps the PLD pessimistic, so the
 result is an upper bound on the exact composition (it differs from dp_accounting's own
 composition only by one skipped truncation per one-step segment, which makes it tighter by
-at most ``tail_mass_truncation`` in delta).
+at most ``tail_mass_truncation`` in delta per such segment). :class:`PLDComposer` keeps the
+running PMFs, so that a growing run adds one convolution per new segment.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from opacus_lastiterate.analysis.baselines.subsampled_gaussian_pld import (
     subsampled_gaussian_pmfs,
 )
 
-__all__ = ["TAIL_MASS_TRUNCATION", "compose_subsampled_gaussian"]
+__all__ = ["TAIL_MASS_TRUNCATION", "PLDComposer", "compose_subsampled_gaussian"]
 
 TAIL_MASS_TRUNCATION = 1e-15
 """dp_accounting's default ``tail_mass_truncation`` of ``compose`` and ``self_compose``."""
@@ -44,23 +45,43 @@ def compose_subsampled_gaussian(
 ) -> PrivacyLossDistribution:
     """The pessimistic PLD of the run ``[(sigma > 0, q, steps), ...]`` (module docstring),
     as a dp_accounting ``PrivacyLossDistribution``."""
-    d = value_discretization_interval
-    remove = LossPmf(0, np.ones(1), 0.0)
-    add = remove
-    symmetric = True
+    composer = PLDComposer(value_discretization_interval, tail_mass_truncation)
     for sigma, q, steps in history:
+        composer.add(sigma, q, steps)
+    return composer.pld()
+
+
+class PLDComposer:
+    """The composition of :func:`compose_subsampled_gaussian`, added to one segment at a
+    time: a growing run costs one one-step build and one convolution per new segment, not a
+    recomputation (trusted inputs: sigma > 0, q in (0, 1], steps >= 0)."""
+
+    def __init__(
+        self, value_discretization_interval: float,
+        tail_mass_truncation: float = TAIL_MASS_TRUNCATION,
+    ) -> None:
+        self.interval = value_discretization_interval
+        self.tail = tail_mass_truncation
+        self._remove = self._add = LossPmf(0, np.ones(1), 0.0)
+        self._symmetric = True
+
+    def add(self, noise_multiplier: float, sample_rate: float, steps: int = 1) -> None:
+        """Compose ``steps`` more steps at (sigma, q)."""
         if steps <= 0:
-            continue
-        one_remove, one_add = subsampled_gaussian_pmfs(sigma, q, d)
-        symmetric = symmetric and q == 1.0
-        remove = _compose(remove, _self_compose(one_remove, steps, tail_mass_truncation),
-                          tail_mass_truncation)
-        add = _compose(add, _self_compose(one_add, steps, tail_mass_truncation),
-                       tail_mass_truncation)
-    pmf_remove = _dense(remove, d)
-    if symmetric:
-        return PrivacyLossDistribution(pmf_remove)
-    return PrivacyLossDistribution(pmf_remove, _dense(add, d))
+            return
+        one_remove, one_add = subsampled_gaussian_pmfs(noise_multiplier, sample_rate, self.interval)
+        self._symmetric = self._symmetric and sample_rate == 1.0
+        self._remove = _compose(
+            self._remove, _self_compose(one_remove, steps, self.tail), self.tail
+        )
+        self._add = _compose(self._add, _self_compose(one_add, steps, self.tail), self.tail)
+
+    def pld(self) -> PrivacyLossDistribution:
+        """The PLD of the steps added so far (dp_accounting's identity PLD before any)."""
+        remove = _dense(self._remove, self.interval)
+        if self._symmetric:
+            return PrivacyLossDistribution(remove)
+        return PrivacyLossDistribution(remove, _dense(self._add, self.interval))
 
 
 def _dense(pmf: LossPmf, interval: float) -> pld_pmf.DensePLDPmf:

@@ -16,7 +16,10 @@ from dp_accounting.pld import privacy_loss_distribution as pld
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
 from opacus_lastiterate.analysis.baselines.composition import StandardComposition
-from opacus_lastiterate.analysis.baselines.pld_composition import compose_subsampled_gaussian
+from opacus_lastiterate.analysis.baselines.pld_composition import (
+    PLDComposer,
+    compose_subsampled_gaussian,
+)
 from opacus_lastiterate.analysis.baselines.subsampled_gaussian_pld import (
     subsampled_gaussian_pmfs,
 )
@@ -82,3 +85,15 @@ def test_standard_composition_is_an_upper_bound_of_a_finer_optimistic_estimate()
     for delta in (1e-5, 1e-8):
         exact_below = lower.get_epsilon_for_delta(delta)
         assert exact_below <= ours.epsilon(delta) <= exact_below * 1.01
+
+
+def test_composer_added_to_segment_by_segment_equals_the_whole_run():
+    history = HISTORIES[1]
+    composer = PLDComposer(1e-3)
+    for k, (sigma, q, steps) in enumerate(history):
+        composer.add(sigma, q, steps)
+        whole = compose_subsampled_gaussian(history[: k + 1], 1e-3)
+        np.testing.assert_array_equal(
+            composer.pld().get_delta_for_epsilon(EPSILONS), whole.get_delta_for_epsilon(EPSILONS)
+        )
+    assert PLDComposer(1e-3).pld().get_epsilon_for_delta(1e-5) == 0.0
