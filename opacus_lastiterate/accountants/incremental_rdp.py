@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from opacus_lastiterate.analysis.baselines.subsampled_gaussian_rdp import poisson_gaussian_rdp
+
 __all__ = ["IncrementalRDP"]
 
 
@@ -27,19 +29,11 @@ __all__ = ["IncrementalRDP"]
 def _per_step_rdp(
     noise_multiplier: float, sample_rate: float, orders: tuple[float, ...]
 ) -> np.ndarray:
-    """RDP of one step at ``orders`` (read-only; shared by every monitor in the process:
-    Opacus's ``compute_rdp`` costs about 65 ms per (sigma, q) for its default orders)."""
-    if noise_multiplier == 0.0:
-        vec = np.full(len(orders), np.inf)
-    else:
-        from opacus.accountants.analysis.rdp import compute_rdp
-
-        vec = np.asarray(
-            compute_rdp(
-                q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=list(orders)
-            ),
-            dtype=float,
-        )
+    """RDP of one step at ``orders`` (read-only; shared by every monitor in the process):
+    Opacus's ``compute_rdp`` series, evaluated vectorised over orders
+    (:func:`~opacus_lastiterate.analysis.baselines.subsampled_gaussian_rdp.poisson_gaussian_rdp`,
+    ``series="opacus"``)."""
+    vec = poisson_gaussian_rdp([sample_rate], [noise_multiplier], orders, series="opacus")[0]
     vec.setflags(write=False)
     return vec
 
@@ -47,8 +41,9 @@ def _per_step_rdp(
 class IncrementalRDP:
     """Standard composition by RDP: one vector over orders, added to once per step.
 
-    The per-step RDP of the Poisson-subsampled Gaussian (Opacus's ``compute_rdp``, the
-    Mironov et al. bound) is cached per distinct (sigma, q). The conversion to epsilon is
+    The per-step RDP of the Poisson-subsampled Gaussian (the series of Opacus's
+    ``compute_rdp``, the Mironov et al. bound, vectorised over orders) is cached per
+    distinct (sigma, q). The conversion to epsilon is
     the formula of Opacus's ``get_privacy_spent`` (min over orders), evaluated for many
     vectors at once with the same floating-point operations. An upper bound on the standard
     epsilon, looser than the PLD value.

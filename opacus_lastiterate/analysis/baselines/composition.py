@@ -7,12 +7,14 @@
   segment's one-step PLD built by ``subsampled_gaussian_pld``. The result is an upper bound
   on the exact value.
 * Standard composition through Renyi DP (:class:`RDPComposition`, registry name
-  ``"standard_rdp"``): the same mechanism composed with dp_accounting's ``RdpAccountant`` at
-  its default orders and converted to (epsilon, delta) by its conversion (Canonne, Kamath,
-  Steinke, arXiv 2004.00010, Proposition 12). An upper bound, looser than the PLD one; it
-  has no discretisation. The privacy monitor's ``opacus_rdp_epsilon`` is another number:
-  Opacus's RDP accountant (its orders, and its evaluation of fractional orders, which
-  dp_accounting bounds from above), so this one can be larger.
+  ``"standard_rdp"``): the same mechanism composed as dp_accounting's ``RdpAccountant``
+  composes it at its default orders (the one-step RDP of each distinct (q, sigma) computed
+  once, vectorised: :mod:`.subsampled_gaussian_rdp`) and converted to (epsilon, delta) by
+  dp_accounting's conversion (Canonne, Kamath, Steinke, arXiv 2004.00010, Proposition 12).
+  An upper bound, looser than the PLD one; it has no discretisation. The privacy monitor's
+  ``opacus_rdp_epsilon`` is another number: Opacus's RDP accountant (its orders, and its
+  evaluation of fractional orders, which dp_accounting bounds from above), so this one can
+  be larger.
 * Full-batch DP-GD with the same expected step and noise variance: q = 1 and noise
   multiplier sigma / q for each step, i.e. mu-GDP with mu^2 = sum_t (q_t / sigma_t)^2,
   in closed form.
@@ -145,22 +147,16 @@ class StandardComposition(PrivacyModel):
         self._pld = None
 
     def _composed(self):  # -> dp_accounting PrivacyLossDistribution (built once)
-        """What dp_accounting's ``PLDAccountant`` composes for the run's events, with each
-        segment's one-step PLD built by :func:`subsampled_gaussian_pld` (the same PLD, about
-        eight times faster to build)."""
+        """What dp_accounting's ``PLDAccountant`` composes for the run's events, on arrays
+        (:func:`~.pld_composition.compose_subsampled_gaussian`: each segment's one-step PLD
+        as :func:`subsampled_gaussian_pld` builds it, self-composed and composed with
+        dp_accounting's truncations, the one after a single step skipped)."""
         if self._pld is None:
-            from dp_accounting.pld.privacy_loss_distribution import identity
-
-            from opacus_lastiterate.analysis.baselines.subsampled_gaussian_pld import (
-                subsampled_gaussian_pld,
+            from opacus_lastiterate.analysis.baselines.pld_composition import (
+                compose_subsampled_gaussian,
             )
 
-            pld = identity(value_discretization_interval=self.interval)
-            for s in self.run.segments:
-                if s.steps > 0:
-                    one = subsampled_gaussian_pld(s.noise_multiplier, s.sample_rate, self.interval)
-                    pld = pld.compose(one.self_compose(s.steps))
-            self._pld = pld
+            self._pld = compose_subsampled_gaussian(self.run.as_history(), self.interval)
         return self._pld
 
     def _epsilon(self, delta: float) -> float:
@@ -175,9 +171,10 @@ class StandardComposition(PrivacyModel):
 
 class RDPComposition(PrivacyModel):
     """Every intermediate model released, through Renyi DP: the Poisson-subsampled Gaussian
-    mechanism composed over the run with dp_accounting's ``RdpAccountant`` (add/remove
-    neighbours) and converted with its ``get_epsilon``/``get_delta`` (an upper bound, looser
-    than :class:`StandardComposition`; exact arithmetic, no discretisation). Per-step weights
+    mechanism composed over the run as dp_accounting's ``RdpAccountant`` composes it
+    (add/remove neighbours; each distinct (q, sigma) evaluated once, vectorised over orders)
+    and converted with dp_accounting's ``compute_epsilon``/``compute_delta`` (an upper bound,
+    looser than :class:`StandardComposition`; no discretisation). Per-step weights
     do not matter (each step is released).
 
     Args:
@@ -191,36 +188,44 @@ class RDPComposition(PrivacyModel):
     def __init__(self, run: RunLike, *, orders: Sequence[float] | None = None) -> None:
         self.run = poisson_run(run, model="RDPComposition", name="standard_rdp")
         self.orders = None if orders is None else _check_orders(orders)
-        self._accountant = None
+        self._rdp: tuple[list[float], list[float]] | None = None
 
-    def _composed(self):  # -> dp_accounting RdpAccountant (built once)
-        if self._accountant is None:
-            from dp_accounting import dp_event
-            from dp_accounting.rdp import RdpAccountant
+    def _composed(self) -> tuple[list[float], list[float]]:
+        """(orders, RDP vector) of the run: what dp_accounting's ``RdpAccountant`` composes
+        for the run's ``PoissonSampledDpEvent(q, GaussianDpEvent(sigma))`` events, with the
+        one-step RDP of each distinct (q, sigma) computed once, vectorised over orders
+        (:func:`~.subsampled_gaussian_rdp.composed_rdp`, the same series)."""
+        if self._rdp is None:
+            from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
 
-            accountant = RdpAccountant(orders=None if self.orders is None else list(self.orders))
-            for s in self.run.segments:
-                if s.steps > 0:
-                    event = dp_event.PoissonSampledDpEvent(
-                        s.sample_rate, dp_event.GaussianDpEvent(s.noise_multiplier)
-                    )
-                    accountant.compose(event, s.steps)
-            self._accountant = accountant
-        return self._accountant
+            from opacus_lastiterate.analysis.baselines.subsampled_gaussian_rdp import (
+                composed_rdp,
+            )
+
+            orders = list(DEFAULT_RDP_ORDERS if self.orders is None else self.orders)
+            rdp = composed_rdp(self.run.as_history(), orders, series="dp_accounting")
+            self._rdp = (orders, rdp.tolist())
+        return self._rdp
 
     def _epsilon(self, delta: float) -> float:
-        accountant = self._composed()
-        # dp_accounting's get_delta bounds delta by sqrt(1 - exp(-r)) at every epsilon (the KL
-        # bound of each order); its get_epsilon answers 0 only strictly above that value, so
-        # at the value itself (what get_delta returns) it would give a positive epsilon.
-        # Answer 0 there too: epsilon(delta(e)) <= e, and the bound is valid at epsilon = 0.
-        kl = [math.exp(0.5 * math.log1p(-math.exp(-r))) for r in accountant.rdp if r > 0]
+        from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+        orders, rdp = self._composed()
+        # dp_accounting's compute_delta bounds delta by sqrt(1 - exp(-r)) at every epsilon
+        # (the KL bound of each order); its compute_epsilon answers 0 only strictly above
+        # that value, so at the value itself (what compute_delta returns) it would give a
+        # positive epsilon. Answer 0 there too: epsilon(delta(e)) <= e, and the bound is
+        # valid at epsilon = 0.
+        kl = [math.exp(0.5 * math.log1p(-math.exp(-r))) for r in rdp if r > 0]
         if kl and delta >= min(kl):
             return 0.0
-        return float(accountant.get_epsilon(delta))
+        return float(compute_epsilon(orders, rdp, delta)[0])
 
     def _delta(self, epsilon: float) -> float:
-        return min(1.0, float(self._composed().get_delta(epsilon)))
+        from dp_accounting.rdp.rdp_privacy_accountant import compute_delta
+
+        orders, rdp = self._composed()
+        return min(1.0, float(compute_delta(orders, rdp, epsilon)[0]))
 
     def __repr__(self) -> str:
         return f"RDPComposition(steps={self.run.num_steps})"

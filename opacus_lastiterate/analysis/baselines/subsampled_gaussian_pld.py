@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from dp_accounting.pld import pld_pmf, privacy_loss_mechanism
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from numpy.typing import NDArray
+from scipy import special
 
-__all__ = ["subsampled_gaussian_pld"]
+__all__ = ["LossPmf", "subsampled_gaussian_pld", "subsampled_gaussian_pmfs"]
 
 _ADD = privacy_loss_mechanism.AdjacencyType.ADD
 _REMOVE = privacy_loss_mechanism.AdjacencyType.REMOVE
@@ -43,22 +45,68 @@ def subsampled_gaussian_pld(
 
     Cached: a dp_accounting PLD is never modified by ``compose``/``self_compose``."""
     def pmf(adjacency: privacy_loss_mechanism.AdjacencyType) -> pld_pmf.PLDPmf:
-        loss = privacy_loss_mechanism.GaussianPrivacyLoss(
-            noise_multiplier, sampling_prob=sample_rate, adjacency_type=adjacency
+        low, deltas = _grid_deltas(
+            noise_multiplier, sample_rate, value_discretization_interval, adjacency
         )
-        bounds = loss.connect_dots_bounds()
-        low = math.floor(bounds.epsilon_lower / value_discretization_interval)
-        high = math.ceil(bounds.epsilon_upper / value_discretization_interval)
-        epsilons = np.arange(low, high + 1) * value_discretization_interval
-        deltas = _hockey_stick(loss, epsilons, noise_multiplier, sample_rate, adjacency)
         return pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(
-            value_discretization_interval, low, high, deltas
+            value_discretization_interval, low, low + deltas.size - 1, deltas
         )
 
     remove = pmf(_REMOVE)
     if sample_rate == 1.0:
         return PrivacyLossDistribution(remove)
     return PrivacyLossDistribution(remove, pmf(_ADD))
+
+
+@dataclass(frozen=True)
+class LossPmf:
+    """A discretised privacy-loss distribution as arrays: mass ``probs[i]`` at loss
+    ``(lower + i) * interval`` and ``infinity_mass`` at +inf (what a dp_accounting
+    ``DensePLDPmf`` holds)."""
+
+    lower: int
+    probs: NDArray[np.float64]
+    infinity_mass: float
+
+
+def subsampled_gaussian_pmfs(
+    noise_multiplier: float, sample_rate: float, value_discretization_interval: float
+) -> tuple[LossPmf, LossPmf]:
+    """The (remove, add) PMFs of :func:`subsampled_gaussian_pld`, as arrays: the same grid,
+    deltas and pessimistic connect-the-dots masses (the formula of dp_accounting's
+    ``create_pmf_pessimistic_connect_dots_fixed_gap``, without its dictionary round trip).
+    With ``q = 1`` both are the remove PMF (dp_accounting's symmetric PLD)."""
+    d = value_discretization_interval
+
+    def pmf(adjacency: privacy_loss_mechanism.AdjacencyType) -> LossPmf:
+        low, deltas = _grid_deltas(noise_multiplier, sample_rate, d, adjacency)
+        if deltas.size == 1:
+            return LossPmf(low, np.array([1.0 - deltas[0]]), float(deltas[0]))
+        deltas = np.minimum.accumulate(deltas)
+        diffs = np.diff(deltas)
+        probs = np.zeros_like(deltas)
+        probs[0] = 1 - deltas[0] + diffs[0] / math.expm1(d)
+        probs[1:-1] = (diffs[1:] - diffs[:-1] * math.exp(d)) / math.expm1(d)
+        probs[-1] = diffs[-1] / math.expm1(-d)
+        return LossPmf(low, np.maximum(0.0, probs), float(deltas[-1]))
+
+    remove = pmf(_REMOVE)
+    return remove, (remove if sample_rate == 1.0 else pmf(_ADD))
+
+
+def _grid_deltas(
+    sigma: float, q: float, interval: float, adjacency: privacy_loss_mechanism.AdjacencyType
+) -> tuple[int, NDArray[np.float64]]:
+    """(lowest grid index, delta at each grid point) of one direction: dp_accounting's
+    connect-the-dots grid for the mechanism."""
+    loss = privacy_loss_mechanism.GaussianPrivacyLoss(
+        sigma, sampling_prob=q, adjacency_type=adjacency
+    )
+    bounds = loss.connect_dots_bounds()
+    low = math.floor(bounds.epsilon_lower / interval)
+    high = math.ceil(bounds.epsilon_upper / interval)
+    epsilons = np.arange(low, high + 1) * interval
+    return low, _hockey_stick(loss, epsilons, sigma, q, adjacency)
 
 
 def _hockey_stick(
@@ -95,5 +143,33 @@ def _hockey_stick(
     if adjacency is _ADD:
         cutoff = cutoff + 1.0
     eps = epsilons[inside]
-    deltas[inside] = loss.mu_upper_cdf(cutoff) - np.exp(eps + loss.mu_lower_log_cdf(cutoff))
+    deltas[inside] = _upper_cdf(cutoff, sigma, q, adjacency) - np.exp(
+        eps + _lower_log_cdf(cutoff, sigma, q, adjacency)
+    )
     return np.clip(deltas, 0.0, 1.0)
+
+
+def _upper_cdf(x: NDArray[np.float64], sigma: float, q: float,
+               adjacency: privacy_loss_mechanism.AdjacencyType) -> NDArray[np.float64]:
+    """``GaussianPrivacyLoss.mu_upper_cdf`` (sensitivity 1) with the operations of
+    ``scipy.stats.norm(scale=sigma).cdf`` (``ndtr`` of x / sigma), without its per-call
+    argument handling."""
+    if adjacency is _ADD:
+        return special.ndtr(x / sigma)
+    if q == 1.0:
+        return special.ndtr((x + 1) / sigma)
+    return (1 - q) * special.ndtr(x / sigma) + q * special.ndtr((x + 1) / sigma)
+
+
+def _lower_log_cdf(x: NDArray[np.float64], sigma: float, q: float,
+                   adjacency: privacy_loss_mechanism.AdjacencyType) -> NDArray[np.float64]:
+    """``GaussianPrivacyLoss.mu_lower_log_cdf`` (sensitivity 1) with the operations of
+    ``scipy.stats.norm(scale=sigma).logcdf`` (``log_ndtr`` of x / sigma)."""
+    if adjacency is _REMOVE:
+        return special.log_ndtr(x / sigma)
+    if q == 1.0:
+        return special.log_ndtr((x - 1) / sigma)
+    return np.logaddexp(
+        np.log1p(-q) + special.log_ndtr(x / sigma),
+        np.log(q) + special.log_ndtr((x - 1) / sigma),
+    )

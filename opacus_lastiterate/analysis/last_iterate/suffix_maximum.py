@@ -11,10 +11,9 @@ max_{1 <= t <= T} eps_t, the value a regulariser that zeroes the model would exp
 some eps_t and an upper bound ``epsilon`` on every eps_t, with
 ``epsilon <= attained * (1 + rtol)``. The upper bound is proved, not searched for.
 
-The bound. Fix a segment j and let t = L + k run over 1 <= k <= T_j, where L counts the
-steps of the segments after j. For k1 <= k <= k2,
+The bound. For lo < t < hi (anywhere in the run, across segment boundaries),
 
-    eps_k <= eps of the pair (C_{k2} + N(0, s_{k1}^2), N(0, s_{k1}^2)).          (*)
+    eps_t <= eps of the pair (C_{hi-1} + N(0, s_{lo+1}^2), N(0, s_{lo+1}^2)).        (*)
 
 Proof, for both directions of the hockey-stick divergence H_g (g = e^eps >= 0):
 
@@ -29,18 +28,22 @@ Proof, for both directions of the hockey-stick divergence H_g (g = e^eps >= 0):
    P_X(A) <= P_X'(A) and P_X(B) >= P_X'(B), which gives
    H_g(P_X || Q) = P_X(A) - g Q(A) <= P_X'(A) - g Q(A) <= H_g(P_X' || Q) and likewise
    H_g(Q || P_X) = Q(B) - g P_X(B) <= Q(B) - g P_X'(B) <= H_g(Q || P_X').
-   Apply it with X = C_k (the later count plus Binomial(k, q_j)) and X' = C_{k2} (the same
-   plus Binomial(k2, q_j)): adding Bernoulli draws only moves the count up.
+   Apply it with X = C_t and X' = C_{hi-1}, which is C_t plus the independent Bernoulli
+   draws of the hi - 1 - t older steps (at their own rates): adding draws only moves the
+   count up.
 
-Since every delta_k(eps) <= delta^(*)(eps), every eps_k(delta) <= eps^(*)(delta). The bound
+Since every delta_t(eps) <= delta^(*)(eps), every eps_t(delta) <= eps^(*)(delta). The bound
 pair is a :class:`ShiftedGaussianMixture` like the exact ones, evaluated by the same
 engine, and bounds over sub-intervals are never larger (the same two steps), so a child
-interval may keep its parent's bound until it is needed. Relative to eps_k the slack of (*)
-is of order (k2 - k1) / k1, so coarse intervals certify wherever eps_t is well below the
+interval may keep its parent's bound until it is needed. Relative to eps_t the slack of (*)
+is of order (hi - lo) / lo, so coarse intervals certify wherever eps_t is well below the
 maximum and only the neighbourhood of the maximiser is refined.
 
-The search (branch and bound). Per segment, eps_t is evaluated at k = 1, at a geometric grid
-of ratio 8 and at k = T_j. The gaps between evaluated points wait in a max-heap keyed by an
+The search (branch and bound). With at most 64 non-empty segments, eps_t is evaluated per
+segment j (t = L + k, L the steps of the later segments) at k = 1, at a geometric grid of
+ratio 8 and at k = T_j; with more (noise or rate changing every step), at t = 1, a geometric
+grid of ratio 8 and t = T over the whole run, so that the work grows with the number of
+evaluations the maximum needs, not with the number of segments. The gaps between evaluated points wait in a max-heap keyed by an
 upper bound on their interior: their own bound (*) or one inherited from the gap they were
 split from. The top gap gets its own bound if it has none yet and is accepted if that bound
 is at most ``attained * (1 + rtol)``; otherwise it is split at its midpoint, which is
@@ -48,8 +51,15 @@ evaluated. Interiors of one or two steps are evaluated outright. The search stop
 top key is certified; ``epsilon`` is the maximum of ``attained``, the accepted bounds and
 that key.
 
-Numerics. The float variance of a bound pair is never above that of a pair it bounds (the
-same positive terms summed in the same order, one of them smaller). Every bound is padded by
+Cost. The run is held as arrays over its segments (newest first) with running sums of
+steps per rate and of the variance, so that a bound costs O(log n) to set up and an exact
+eps_t O(n) array work for its variance (summed oldest first, as the heuristic sums it, so
+that eps_t is the heuristic of that suffix to the last bit); the solve of the pair dominates.
+
+Numerics. The variance of a bound pair is the running sum from the newest step scaled by
+1 - 3 (n + 1) 2^-53 (n segments): every float sum of the same non-negative terms, in any
+order, lies within that factor of the real sum, so the bound's variance is never above the
+float variance of a pair it bounds. Every bound is padded by
 1e-12 relative plus 1e-14 absolute for the root finder of the engine, and the acceptance
 target is ``attained * (1 + rtol) + 2e-14``. The proof bounds the exact eps_t of the
 untruncated pairs; the engine's eps_t exceed those only through the truncated count tails
@@ -62,14 +72,15 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections import defaultdict
-from collections.abc import Generator, Sequence
+from collections.abc import Generator
 from dataclasses import dataclass
+
+import numpy as np
 
 from opacus_lastiterate.analysis._validation import check_delta, check_in_interval
 from opacus_lastiterate.analysis.last_iterate.canary_count import poisson_binomial_count
 from opacus_lastiterate.analysis.last_iterate.heuristic_pair import count_pair
-from opacus_lastiterate.analysis.run import TrainingSegment, suffix, total_steps
+from opacus_lastiterate.analysis.run import TrainingSegment, total_steps
 
 __all__ = [
     "SuffixMaximum",
@@ -81,6 +92,8 @@ _REL_PAD = 1e-12  # safety margin on every bound for the root finder of the engi
 _ABS_PAD = 1e-14  # and absolute (eps near 0); the acceptance target allows 2 * _ABS_PAD
 _GRID_RATIO = 8  # initial grid per segment: k = 1, 8, 64, ..., T_j
 _EXHAUSTIVE_INTERIOR = 2  # interiors of at most this many steps are evaluated outright
+_PER_SEGMENT_GRIDS = 64  # up to this many non-empty segments, one initial grid per segment
+_RATE_TABLE_MAX = 16  # up to this many distinct rates, running steps per rate are tabled
 
 
 @dataclass(frozen=True)
@@ -98,47 +111,91 @@ class SuffixMaximum:
     evaluations: int
 
 
-def _pair_epsilon(
-    counted: Sequence[TrainingSegment], noise: Sequence[TrainingSegment], delta: float
-) -> float:
-    """Epsilon of the pair with the count of ``counted`` and the noise variance of ``noise``:
-    the construction (and floating-point order) of :func:`.heuristic_pair.segments_pair` when
-    they agree.
+def _count_epsilon(parts: list[tuple[int, float]], variance: float, delta: float) -> float:
+    """Epsilon of the pair with the count of ``parts`` [(steps, q), ...] (by increasing q)
+    and noise ``variance``: the construction of :func:`.heuristic_pair.segments_pair`.
     No steps: 0 (P == Q); steps without noise: inf (the count is seen exactly)."""
-    steps_by_rate: dict[float, int] = defaultdict(int)
-    for seg in counted:
-        steps_by_rate[seg.sample_rate] += seg.steps
-    variance = 0.0
-    for seg in noise:
-        variance += seg.steps * seg.noise_multiplier**2
     if variance == 0.0:
-        return math.inf if any(n > 0 for n in steps_by_rate.values()) else 0.0
-    count = poisson_binomial_count([(n, q) for q, n in sorted(steps_by_rate.items())])
-    return count_pair(count, variance).epsilon(delta)
+        return math.inf if any(n > 0 for n, _ in parts) else 0.0
+    return count_pair(poisson_binomial_count(parts), variance).epsilon(delta)
 
 
 class _Search:
-    """Exact eps_t (cached) and the bound (*) on the interior of an interval (lo, hi)."""
+    """Exact eps_t (cached) and the bound (*) on the interior of an interval (lo, hi).
+
+    The run is held as arrays over its non-empty segments, newest first, so that the pair of
+    any suffix costs O(log n) to locate and O(n) array work (not Python objects) to build:
+    steps, sigma^2 and the index of the sample rate of each segment, and the running sums of
+    steps and of the variance from the newest step back."""
 
     def __init__(self, segments: tuple[TrainingSegment, ...], delta: float) -> None:
-        self._segments = segments
+        kept = [seg for seg in reversed(segments) if seg.steps > 0]
         self._delta = delta
+        self._steps = np.array([seg.steps for seg in kept], dtype=np.int64)
+        # sigma**2 in Python floats, as segments_pair computes it.
+        self._sig2 = np.array([seg.noise_multiplier**2 for seg in kept], dtype=float)
+        rates = np.array([seg.sample_rate for seg in kept], dtype=float)
+        self._rates, self._rate_index = np.unique(rates, return_inverse=True)
+        # Few rates: the running steps per rate from the newest segment back (rows: rates).
+        self._steps_per_rate = None
+        if self._rates.size <= _RATE_TABLE_MAX:
+            table = np.zeros((self._rates.size, len(kept)), dtype=np.int64)
+            table[self._rate_index, np.arange(len(kept))] = self._steps
+            self._steps_per_rate = np.cumsum(table, axis=1)
+        self._ends = np.cumsum(self._steps)  # steps of the newest j + 1 segments
+        self._terms = self._steps * self._sig2  # steps * sigma^2, newest first
+        self._variance_from_end = np.cumsum(self._terms)
+        # Every float sum of n >= 1 non-negative terms lies within (n - 1) u of the real sum
+        # (u = 2^-53); scaling the bound's variance by (1 - 3 (n + 1) u) keeps it below the
+        # float variance of every pair it bounds, whatever the order of summation.
+        self._variance_pad = 1.0 - 3.0 * (len(kept) + 1) * 2.0**-53
         self.values: dict[int, float] = {}
         self.best = (-math.inf, 0)  # (largest eps_t, its t); ties go to the larger t
 
+    def _locate(self, t: int) -> tuple[int, int]:
+        """(j, k): the last t steps are the newest j segments and k >= 1 steps of segment j."""
+        j = int(np.searchsorted(self._ends, t, side="left"))
+        return j, t - (int(self._ends[j - 1]) if j else 0)
+
+    def _parts(self, t: int) -> list[tuple[int, float]]:
+        """Steps per sample rate of the last t steps, [(steps, q), ...] by increasing q."""
+        j, k = self._locate(t)
+        if self._steps_per_rate is None:
+            counts = np.bincount(
+                self._rate_index[:j], weights=self._steps[:j], minlength=self._rates.size
+            ).astype(np.int64)
+        elif j:
+            counts = self._steps_per_rate[:, j - 1].copy()
+        else:
+            counts = np.zeros(self._rates.size, dtype=np.int64)
+        counts[self._rate_index[j]] += k
+        return [(int(n), float(q)) for n, q in zip(counts, self._rates, strict=True) if n > 0]
+
+    def _variance(self, t: int) -> float:
+        """The noise variance of the last t steps summed oldest first, the floating-point
+        order of :func:`.heuristic_pair.segments_pair`."""
+        j, k = self._locate(t)
+        first = k * float(self._sig2[j])
+        if j == 0:
+            return first
+        return float(np.cumsum(np.concatenate(([first], self._terms[j - 1 :: -1])))[-1])
+
+    def _variance_lower(self, t: int) -> float:
+        """A float at most the variance of the last t' >= t steps in any order of summation."""
+        j, k = self._locate(t)
+        before = float(self._variance_from_end[j - 1]) if j else 0.0
+        return (before + k * float(self._sig2[j])) * self._variance_pad
+
     def exact(self, t: int) -> None:
         if t not in self.values:
-            part = suffix(self._segments, t)
-            value = _pair_epsilon(part, part, self._delta)
+            value = _count_epsilon(self._parts(t), self._variance(t), self._delta)
             self.values[t] = value
             self.best = max(self.best, (value, t))
 
     def bound(self, lo: int, hi: int) -> float:
-        """Upper bound on eps_t for lo < t < hi (one segment): count of hi - 1 steps, noise
-        of lo + 1 steps; the float variance is monotone in t, so this stays sound."""
-        eps = _pair_epsilon(
-            suffix(self._segments, hi - 1), suffix(self._segments, lo + 1), self._delta
-        )
+        """Upper bound on eps_t for lo < t < hi: count of hi - 1 steps, noise of lo + 1 steps
+        (rounded down, so that the float variance stays below that of every t bounded)."""
+        eps = _count_epsilon(self._parts(hi - 1), self._variance_lower(lo + 1), self._delta)
         if not eps > 0.0:
             return 0.0
         return eps + eps * _REL_PAD + _ABS_PAD if math.isfinite(eps) else math.inf
@@ -191,18 +248,24 @@ def suffix_maximum_search(
         return SuffixMaximum(0.0, 0.0, 0, 0)
     search = _Search(segments, delta)
 
-    # Gaps (lo, hi) between evaluated points of one segment's range with a non-empty interior.
+    # Gaps (lo, hi) between evaluated points with a non-empty interior: within each
+    # segment's range for a few segments; over the whole range 1..T for many (the bound
+    # holds across segment boundaries).
+    if sum(1 for seg in segments if seg.steps > 0) <= _PER_SEGMENT_GRIDS:
+        grids = []
+        later = 0
+        for seg in reversed(segments):
+            if seg.steps > 0:
+                grids.append(_segment_grid(later, seg.steps))
+                later += seg.steps
+    else:
+        grids = [_segment_grid(0, n)]
     gaps: list[tuple[int, int]] = []
-    later = 0
-    for seg in reversed(segments):
-        if seg.steps == 0:
-            continue
-        grid = _segment_grid(later, seg.steps)
+    for grid in grids:
         for t in grid:
             search.exact(t)
             yield
         gaps += [(a, b) for a, b in itertools.pairwise(grid) if b - a > 1]
-        later += seg.steps
 
     # Max-heap of (-key, lo, hi, exact?): key is the interval's own bound when exact, else a
     # bound inherited from an enclosing interval (never smaller than its own).

@@ -188,3 +188,66 @@ def test_bad_arguments(kwargs, pattern):
     args = dict(delta=1e-6) | kwargs
     with pytest.raises(ValueError, match=pattern):
         certified_suffix_maximum((TrainingSegment(1.0, 0.1, 5),), **args)  # type: ignore[arg-type]
+
+
+# -- many segments (noise or rate changing every step) ---------------------------------------
+
+
+def _changing(rng: random.Random, n: int) -> tuple[tuple[TrainingSegment, ...], float]:
+    """n segments of 1-3 steps: sigma drifting in [0.5, 3] with jumps, q from a few rates."""
+    sigma, out = 1.0, []
+    rates = [0.01, 0.03, 0.2, 1.0]
+    for _ in range(n):
+        sigma = min(3.0, max(0.5, sigma * math.exp(rng.gauss(0.0, 0.08))))
+        if rng.random() < 0.03:
+            sigma = rng.uniform(0.5, 3.0)
+        out.append(TrainingSegment(sigma, rng.choice(rates[: rng.randint(1, 4)]), rng.randint(1, 3)))
+    return tuple(out), 10 ** rng.uniform(-8, -3)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_many_segments_match_brute_force(seed):
+    """More segments than the per-segment grids: one grid over the run, gaps across segment
+    boundaries."""
+    segments, delta = _changing(random.Random(300 + seed), 120)
+    assert len(segments) > suffix_maximum._PER_SEGMENT_GRIDS
+    _check_against_brute(segments, delta)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_few_segments_with_one_grid_over_the_run_match_brute_force(monkeypatch, seed):
+    monkeypatch.setattr(suffix_maximum, "_PER_SEGMENT_GRIDS", 0)
+    _check_against_brute(*_history(random.Random(400 + seed), 300))
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_many_rates_without_the_rate_table_match_brute_force(monkeypatch, seed):
+    monkeypatch.setattr(suffix_maximum, "_RATE_TABLE_MAX", 0)
+    segments, delta = _changing(random.Random(500 + seed), 90)
+    _check_against_brute(segments, delta)
+
+
+def test_bound_across_segment_boundaries_dominates_every_interior_value():
+    rng = random.Random(7)
+    segments, delta = _changing(rng, 80)
+    values = _brute(segments, delta)
+    search = suffix_maximum._Search(segments, delta)
+    for _ in range(30):
+        lo = rng.randint(0, len(values) - 3)
+        hi = rng.randint(lo + 2, len(values))
+        assert search.bound(lo, hi) >= max(values[lo : hi - 1])
+
+
+def test_noise_changing_every_step_is_not_a_scan():
+    """20,000 one-step segments, sigma_t = 0.99999^t: far fewer evaluations than steps, and
+    the bound is at least eps_t at every sampled t (each computed from scratch)."""
+    segments = tuple(TrainingSegment(0.99999**t, 0.01, 1) for t in range(20_000))
+    delta = 1e-5
+    r = certified_suffix_maximum(segments, delta)
+    assert r.evaluations < 300
+    sample = random.Random(1).sample(range(1, 20_001), 25)
+    near = range(max(1, r.argmax_steps - 5), min(20_000, r.argmax_steps + 5) + 1)
+    for t in [*sample, *near, 1, 20_000]:
+        assert _epsilon(suffix(segments, t), delta) <= r.epsilon
+    assert r.attained == _epsilon(suffix(segments, r.argmax_steps), delta)
+    assert r.epsilon <= r.attained * (1 + RTOL) + 1e-12

@@ -1,0 +1,134 @@
+"""Noise changing every step: the time of each privacy value, ours against a reference route.
+
+The run is ``DPSGDRun.from_history([(sigma_t, q, 1) for t in range(T)])`` (one segment per
+step, as Opacus's ``ExponentialNoise`` scheduler records it) with sigma_t = 0.999^t for
+T = 300 and 2,000, and sigma_t = 0.99999^t for T = 100,000 (heuristic and robust only: the
+noise stays above 0.36), q = 0.01, delta = 1e-5. Values and reference routes:
+
+* ``standard_rdp``: :class:`RDPComposition` against dp_accounting's ``RdpAccountant``
+  composing one ``PoissonSampledDpEvent`` per segment;
+* ``standard``: :class:`StandardComposition` (PLD, interval 1e-4) against dp_accounting's
+  ``PLDAccountant`` composing the same events;
+* ``robust_heuristic``: :class:`RobustLastIterateHeuristic` against the brute-force maximum
+  of the heuristic over every suffix;
+* ``heuristic``: :class:`LastIterateHeuristic` (no reference: it is one pair for any T).
+
+A reference is run where ``T <= --reference-max-<value>`` (defaults: about a minute or two
+each on one core), else reported as skipped. The standard value itself is computed up to
+``--standard-max`` (1,000): as sigma_t falls to 0.135 at T = 2,000 the one-step PLD grid
+grows from 57,000 points (sigma = 1) to 950,000, and the composition with it. Prints seconds per value, the ratio
+reference / ours and the relative difference of the two values.
+
+    python benchmarks/bench_changing_noise.py [--sizes 300 2000] [--robust-sizes 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import dp_accounting
+from dp_accounting.rdp import RdpAccountant
+
+from opacus_lastiterate.analysis.baselines.composition import RDPComposition, StandardComposition
+from opacus_lastiterate.analysis.last_iterate.heuristic import (
+    LastIterateHeuristic,
+    RobustLastIterateHeuristic,
+)
+from opacus_lastiterate.analysis.run import DPSGDRun
+
+Q, DELTA, INTERVAL = 0.01, 1e-5, 1e-4
+REFERENCE_MAX = {"standard_rdp": 2000, "standard": 300, "robust_heuristic": 300}
+STANDARD_MAX = 1000  # beyond, sigma_t = 0.999^t falls below 0.37 and one-step PLD grids pass 250k points
+
+
+def history(steps: int) -> list[tuple[float, float, int]]:
+    decay = 0.999 if steps <= 10_000 else 0.99999
+    return [(decay**t, Q, 1) for t in range(steps)]
+
+
+def events(h: list[tuple[float, float, int]]):
+    for sigma, q, n in h:
+        yield dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), n
+
+
+def ref_rdp(h) -> float:
+    acc = RdpAccountant()
+    for event, n in events(h):
+        acc.compose(event, n)
+    return acc.get_epsilon(DELTA)
+
+
+def ref_pld(h) -> float:
+    acc = dp_accounting.pld.PLDAccountant(
+        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=INTERVAL
+    )
+    for event, n in events(h):
+        acc.compose(event, n)
+    return acc.get_epsilon(DELTA)
+
+
+def ref_robust(h) -> float:
+    return max(LastIterateHeuristic(h[len(h) - t :]).epsilon(DELTA) for t in range(1, len(h) + 1))
+
+
+def timed(fn: Callable[[], float]) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    value = fn()
+    return time.perf_counter() - t0, value
+
+
+def row(name: str, steps: int, ours: Callable[[], float], ref: Callable[[], float] | None,
+        limit: int) -> None:
+    t_ours, v_ours = timed(ours)
+    if ref is None:
+        tail = f"{'(none)':>12} {'':>8} {'':>10}"
+    elif steps > limit:
+        tail = f"{'skipped':>12} {'':>8} {'':>10}"
+    else:
+        t_ref, v_ref = timed(ref)
+        tail = f"{t_ref:>12.3f} {t_ref / t_ours:>8.1f} {abs(v_ours / v_ref - 1):>10.1e}"
+    print(f"{name:<17} {steps:>7} {v_ours:>10.5f} {t_ours:>10.3f} {tail}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[300, 2000])
+    parser.add_argument("--robust-sizes", type=int, nargs="*", default=[100_000])
+    parser.add_argument("--standard-max", type=int, default=STANDARD_MAX,
+                        help="largest T at which the standard (PLD) value is computed at all")
+    for name, limit in REFERENCE_MAX.items():
+        parser.add_argument(f"--reference-max-{name.replace('_', '-')}", type=int, default=limit)
+    args = parser.parse_args()
+    limits = {n: getattr(args, f"reference_max_{n}") for n in REFERENCE_MAX}
+    warm = DPSGDRun.from_history([(1.0, Q, 1), (0.9, Q, 1)])  # imports and tables, untimed
+    for model in (LastIterateHeuristic, RobustLastIterateHeuristic, RDPComposition,
+                  StandardComposition):
+        model(warm).epsilon(DELTA)
+    print(f"q {Q}, delta {DELTA:g}, PLD interval {INTERVAL:g}; seconds per value")
+    print(f"{'value':<17} {'T':>7} {'epsilon':>10} {'ours s':>10} {'reference s':>12} "
+          f"{'ratio':>8} {'rel. diff':>10}")
+    for steps in args.sizes:
+        h = history(steps)
+        run = DPSGDRun.from_history(h)
+        row("heuristic", steps, lambda: LastIterateHeuristic(run).epsilon(DELTA), None, 0)
+        row("robust_heuristic", steps, lambda: RobustLastIterateHeuristic(run).epsilon(DELTA),
+            lambda: ref_robust(h), limits["robust_heuristic"])
+        row("standard_rdp", steps, lambda: RDPComposition(run).epsilon(DELTA),
+            lambda: ref_rdp(h), limits["standard_rdp"])
+        if steps <= args.standard_max:
+            row("standard", steps, lambda: StandardComposition(run).epsilon(DELTA),
+                lambda: ref_pld(h), limits["standard"])
+        else:
+            print(f"{'standard':<17} {steps:>7} skipped (--standard-max {args.standard_max})")
+    for steps in args.robust_sizes:
+        h = history(steps)
+        run = DPSGDRun.from_history(h)
+        row("heuristic", steps, lambda: LastIterateHeuristic(run).epsilon(DELTA), None, 0)
+        row("robust_heuristic", steps, lambda: RobustLastIterateHeuristic(run).epsilon(DELTA),
+            lambda: ref_robust(h), limits["robust_heuristic"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Composition of Poisson-subsampled Gaussian steps as PLD arrays: what dp_accounting's PLD
+composition computes for a run, without its per-call overheads (``docs/last_iterate.md``,
+"Baselines").
+
+For each segment (sigma, q, T), oldest first, the one-step (remove, add) PMFs of
+:func:`~.subsampled_gaussian_pld.subsampled_gaussian_pmfs` are self-composed T times with
+dp_accounting's ``self_convolve`` (Chernoff-bounded window, tail mass
+``tail_mass_truncation`` added to the mass at infinity; skipped for T = 1) and composed
+into the running PMF by FFT convolution, whose tails of mass up to
+``tail_mass_truncation / 2`` each are truncated pessimistically (left tail onto the first
+kept point, right tail to infinity): the operations of dp_accounting's ``DensePLDPmf``
+``self_compose`` and ``compose``, on arrays. Every step keeps the PLD pessimistic, so the
+result is an upper bound on the exact composition (it differs from dp_accounting's own
+composition only by one skipped truncation per one-step segment, which makes it tighter by
+at most ``tail_mass_truncation`` in delta per such segment). :class:`PLDComposer` keeps the
+running PMFs, so that a growing run adds one convolution per new segment.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+from dp_accounting.pld import common, pld_pmf
+from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+from numpy.typing import NDArray
+from scipy import signal
+
+from opacus_lastiterate.analysis.baselines.subsampled_gaussian_pld import (
+    LossPmf,
+    subsampled_gaussian_pmfs,
+)
+
+__all__ = ["TAIL_MASS_TRUNCATION", "PLDComposer", "compose_subsampled_gaussian"]
+
+TAIL_MASS_TRUNCATION = 1e-15
+"""dp_accounting's default ``tail_mass_truncation`` of ``compose`` and ``self_compose``."""
+
+
+def compose_subsampled_gaussian(
+    history: Iterable[tuple[float, float, int]],
+    value_discretization_interval: float,
+    tail_mass_truncation: float = TAIL_MASS_TRUNCATION,
+) -> PrivacyLossDistribution:
+    """The pessimistic PLD of the run ``[(sigma > 0, q, steps), ...]`` (module docstring),
+    as a dp_accounting ``PrivacyLossDistribution``."""
+    composer = PLDComposer(value_discretization_interval, tail_mass_truncation)
+    for sigma, q, steps in history:
+        composer.add(sigma, q, steps)
+    return composer.pld()
+
+
+class PLDComposer:
+    """The composition of :func:`compose_subsampled_gaussian`, added to one segment at a
+    time: a growing run costs one one-step build and one convolution per new segment, not a
+    recomputation (trusted inputs: sigma > 0, q in (0, 1], steps >= 0)."""
+
+    def __init__(
+        self, value_discretization_interval: float,
+        tail_mass_truncation: float = TAIL_MASS_TRUNCATION,
+    ) -> None:
+        self.interval = value_discretization_interval
+        self.tail = tail_mass_truncation
+        self._remove = self._add = LossPmf(0, np.ones(1), 0.0)
+        self._symmetric = True
+
+    def add(self, noise_multiplier: float, sample_rate: float, steps: int = 1) -> None:
+        """Compose ``steps`` more steps at (sigma, q)."""
+        if steps <= 0:
+            return
+        one_remove, one_add = subsampled_gaussian_pmfs(noise_multiplier, sample_rate, self.interval)
+        self._symmetric = self._symmetric and sample_rate == 1.0
+        self._remove = _compose(
+            self._remove, _self_compose(one_remove, steps, self.tail), self.tail
+        )
+        self._add = _compose(self._add, _self_compose(one_add, steps, self.tail), self.tail)
+
+    def pld(self) -> PrivacyLossDistribution:
+        """The PLD of the steps added so far (dp_accounting's identity PLD before any)."""
+        remove = _dense(self._remove, self.interval)
+        if self._symmetric:
+            return PrivacyLossDistribution(remove)
+        return PrivacyLossDistribution(remove, _dense(self._add, self.interval))
+
+
+def _dense(pmf: LossPmf, interval: float) -> pld_pmf.DensePLDPmf:
+    return pld_pmf.DensePLDPmf(interval, pmf.lower, pmf.probs, pmf.infinity_mass, True)
+
+
+def _self_compose(pmf: LossPmf, times: int, tail: float) -> LossPmf:
+    """``DensePLDPmf.self_compose(times, tail)`` on arrays; ``pmf`` itself for one step."""
+    if times == 1:
+        return pmf
+    low, probs = common.self_convolve(pmf.probs, times, tail)
+    infinity = tail - math.expm1(times * math.log1p(-pmf.infinity_mass))
+    return LossPmf(pmf.lower * times + low, np.asarray(probs, dtype=float), infinity)
+
+
+def _compose(a: LossPmf, b: LossPmf, tail: float) -> LossPmf:
+    """``DensePLDPmf.compose(other, tail)`` on arrays: FFT convolution, then pessimistic
+    truncation of each tail of mass at most ``tail / 2``."""
+    if a.probs.size == 1 and a.lower == 0 and a.infinity_mass == 0.0 and a.probs[0] == 1.0:
+        probs = b.probs.copy()  # the identity: convolving with [1] changes nothing
+    else:
+        probs = signal.fftconvolve(a.probs, b.probs)
+    infinity = a.infinity_mass + b.infinity_mass - a.infinity_mass * b.infinity_mass
+    offset, probs, right = _truncate_tails(probs, tail)
+    return LossPmf(a.lower + b.lower + offset, probs, infinity + right)
+
+
+def _truncate_tails(probs: NDArray[np.float64], tail: float) -> tuple[int, NDArray[np.float64], float]:
+    """The longest prefix and suffix of mass at most ``tail / 2`` each (running sums in
+    dp_accounting's order), the left one added to the first kept point, the right one
+    returned (it goes to infinity)."""
+    if tail == 0:
+        return 0, probs, 0.0
+    half = tail / 2
+    left = _first_above(np.cumsum(probs), half)
+    right = probs.size - _first_above(np.cumsum(probs[::-1]), half)
+    right = max(right, left + 1)
+    left_mass = float(np.sum(probs[:left]))
+    right_mass = float(np.sum(probs[right:]))
+    kept = probs[left:right].copy()
+    kept[0] += left_mass
+    return left, kept, right_mass
+
+
+def _first_above(running: NDArray[np.float64], threshold: float) -> int:
+    """The first index whose running sum exceeds ``threshold`` (the length if none)."""
+    above = running > threshold
+    return int(np.argmax(above)) if above.any() else running.size
+
