@@ -248,6 +248,6 @@ def test_noise_changing_every_step_is_not_a_scan():
     sample = random.Random(1).sample(range(1, 20_001), 25)
     near = range(max(1, r.argmax_steps - 5), min(20_000, r.argmax_steps + 5) + 1)
     for t in [*sample, *near, 1, 20_000]:
-        assert _epsilon(suffix(segments, t), delta) <= r.epsilon
-    assert r.attained == _epsilon(suffix(segments, r.argmax_steps), delta)
+        assert segments_epsilon(suffix(segments, t), delta) <= r.epsilon
+    assert r.attained == segments_epsilon(suffix(segments, r.argmax_steps), delta)
     assert r.epsilon <= r.attained * (1 + RTOL) + 1e-12
