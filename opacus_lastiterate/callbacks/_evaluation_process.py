@@ -463,8 +463,11 @@ class ProcessEvaluator:
             if answer is not None:
                 return answer
             reason = worker.stalled()
+            now = time.monotonic()
+            if worker.starting:  # bounded by START_WITHIN; answers are counted from then on
+                self._waiting_since = now
             allowed = ANSWER_WITHIN + ANSWER_SLACK * max(self._longest, self._per_step * steps)
-            waited = time.monotonic() - self._waiting_since
+            waited = now - self._waiting_since
             if reason is None and waited > allowed:
                 reason = f"it answered no request for {waited:.0f} s (allowed: {allowed:.0f} s)"
             if reason is not None:

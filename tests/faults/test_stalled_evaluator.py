@@ -84,14 +84,19 @@ def _stall(monitor: PrivacyMonitor) -> Any:
     return process
 
 
-def _same(records: list[EpsilonRecord], expected: list[EpsilonRecord]) -> None:
-    """Each step once, in order; every field equal, the heuristic at 1e-12 relative."""
+def _same(
+    records: list[EpsilonRecord], expected: list[EpsilonRecord], cold_after: int | None = None
+) -> None:
+    """Each step once, in order; every field equal, the heuristic at 1e-12 relative (after
+    step ``cold_after``: at 1e-8)."""
     assert [(r.step, r.final) for r in records] == [(r.step, r.final) for r in expected]
     for got, want in zip(records, expected, strict=True):
         if want.heuristic_epsilon is None:
             assert got.heuristic_epsilon is None, got.step
         else:
-            assert got.heuristic_epsilon == pytest.approx(want.heuristic_epsilon, rel=1e-12)
+            cold = cold_after is not None and got.step > cold_after
+            rel = 1e-8 if cold else 1e-12
+            assert got.heuristic_epsilon == pytest.approx(want.heuristic_epsilon, rel=rel)
         assert dataclasses.replace(got, heuristic_epsilon=None) == dataclasses.replace(
             want, heuristic_epsilon=None
         )
@@ -130,26 +135,22 @@ def test_a_stalled_process_near_the_end_does_not_hang_finish() -> None:
     assert monitor.pending == 0
 
 
-def test_state_dict_of_a_stalled_process_returns_and_the_run_completes(monkeypatch) -> None:
-    """``evaluation="auto"`` with 20 ms steps (a fake clock) and two cores: the weighted
-    heuristic moves to a process after a second of training; the process is stopped, and a
-    checkpoint is taken at once."""
-    import opacus_lastiterate.callbacks.cadence as cadence
-
-    monkeypatch.setattr("opacus_lastiterate.callbacks.placement.usable_cores", lambda: 2)
-    now = [0.0]
-    monkeypatch.setattr(cadence, "clock", lambda: now[0] + time.perf_counter())
-    kw = dict(momentum=0.9, robust_every=None, standard_every=None, flush_every=100)
-    steps, at = 120, []
+def test_state_dict_while_stalled_returns_and_the_run_completes() -> None:
+    kw = dict(robust_every=3, standard_every=4, flush_every=5)
     states: dict[str, Any] = {}
+
+    def checkpoint(step: int, monitor: PrivacyMonitor) -> None:
+        if step == 17:
+            states["inline"] = monitor.state_dict()
+
+    expected, inline = _monitored("inline", 30, after=checkpoint, **kw)
+    inline.finish()
     stalled: list[Any] = []
 
     def stall_and_checkpoint(step: int, monitor: PrivacyMonitor) -> None:
-        now[0] += 0.02
-        if not at and getattr(monitor._evaluator, "worker", None) is not None:
+        if step == 1:
             assert monitor.wait_ready(120)
-            at.append(step + 25)  # some batches sent and answered by then
-        if at and step == at[0]:
+        if step == 17:  # steps up to 15 sent, 16-17 queued
             stalled.append(_stall(monitor))
             states["process"], seconds = _within(
                 STATED_BOUND + MARGIN, monitor.state_dict, stalled[0]
@@ -158,20 +159,81 @@ def test_state_dict_of_a_stalled_process_returns_and_the_run_completes(monkeypat
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        records, monitor = _monitored("auto", steps, after=stall_and_checkpoint, **kw)
+        records, monitor = _monitored("process", 30, after=stall_and_checkpoint, **kw)
         final = monitor.finish()
-    assert at and at[0] < steps and final is not None and final.step == steps
+    assert final is not None and final.step == 30
     messages = _stall_warnings(caught)
     assert len(messages) == 1 and "no sign of life" in messages[0]
     assert stalled[0].poll() is not None
-
-    def checkpoint(step: int, monitor: PrivacyMonitor) -> None:
-        if step == at[0]:
-            states["inline"] = monitor.state_dict()
-
-    expected, inline = _monitored("inline", steps, after=checkpoint, weighted_every=1, **kw)
-    inline.finish()
+    assert states["process"] == states["inline"]
+    assert states["process"]["last_record"]["step"] == 17  # every record up to it
     _same(records, expected)
-    got, want = dict(states["process"]), dict(states["inline"])
-    assert got.pop("last_record")["step"] == want.pop("last_record")["step"] == at[0]
-    assert got == want
+
+
+def test_auto_stall_mid_run_falls_back_during_training(monkeypatch) -> None:
+    """``evaluation="auto"`` with 20 ms steps (a fake clock) and two cores: the weighted
+    heuristic moves to a process after a second of training. The process is stopped, and a
+    later step takes longer than the stall bound: the next hand-over on the training thread
+    finds it silent and falls back, before ``finish()``."""
+    import opacus_lastiterate.callbacks.cadence as cadence
+
+    monkeypatch.setattr("opacus_lastiterate.callbacks.placement.usable_cores", lambda: 2)
+    now = [0.0]
+    monkeypatch.setattr(cadence, "clock", lambda: now[0] + time.perf_counter())
+    kw = dict(momentum=0.9, robust_every=None, standard_every=None, flush_every=100)
+    steps, at, answered = 120, [], []
+    stalled: list[Any] = []
+    warned_at: list[int] = []
+
+    def stall(step: int, monitor: PrivacyMonitor) -> None:
+        now[0] += 0.02
+        evaluator = monitor._evaluator
+        if not at and getattr(evaluator, "worker", None) is not None:
+            assert monitor.wait_ready(120)
+            at.append(step + 25)  # some batches sent and answered by then
+        if at and step == at[0]:
+            stalled.append(_stall(monitor))
+            answered.append(evaluator.evaluated - evaluator.in_flight)
+        if at and step == at[0] + 1:
+            time.sleep(STATED_BOUND + 1.0)  # a slow step: the process is silent that long
+        if _stall_warnings(caught) and not warned_at:
+            warned_at.append(step)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records, monitor = _monitored("auto", steps, after=stall, **kw)
+        final, _ = _within(MARGIN, monitor.finish, stalled[0])
+    assert at and at[0] < steps and final is not None and final.step == steps
+    messages = _stall_warnings(caught)
+    assert len(messages) == 1 and "no sign of life" in messages[0]
+    assert warned_at and warned_at[0] <= at[0] + 1 + 10  # at the next hand-over (10 steps)
+    assert stalled[0].poll() is not None
+    expected, inline = _monitored("inline", steps, weighted_every=1, **kw)
+    inline.finish()
+    # The steps the process had not answered are evaluated by a replica rebuilt from the
+    # accountant's state, whose weighted heuristic starts its root finds cold: equal to the
+    # solver's tolerance there (up to 5e-9 relative seen), at 1e-12 before.
+    _same(records, expected, cold_after=answered[0])
+
+
+def test_a_live_process_that_does_not_answer_in_time_is_failed(monkeypatch) -> None:
+    """The progress bound: a child alive (its signs of life keep coming) that answers no
+    request within ``ANSWER_WITHIN`` (set to 0 here: any wait is too long) is failed the same
+    way, the warning naming it."""
+    monkeypatch.setattr("opacus_lastiterate.callbacks._evaluation_process.ANSWER_WITHIN", 0.0)
+    monkeypatch.setattr("opacus_lastiterate.callbacks._evaluation_process.ANSWER_SLACK", 0.0)
+    kw = dict(robust_every=3, standard_every=4, flush_every=5)
+    expected, inline = _monitored("inline", 12, **kw)
+    inline.finish()
+
+    def ready(step: int, monitor: PrivacyMonitor) -> None:
+        if step == 1:
+            assert monitor.wait_ready(120)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records, monitor = _monitored("process", 12, after=ready, **kw)
+        monitor.finish()
+    messages = _stall_warnings(caught)
+    assert len(messages) == 1 and "answered no request" in messages[0]
+    _same(records, expected)
