@@ -32,8 +32,8 @@ Liveness: the child counts as failed (killed, and the evaluation falls back inli
 one warning naming why) when it has not started :data:`START_WITHIN` seconds after its
 launch, when it has sent nothing for :data:`STALL_AFTER` seconds once started (stopped,
 frozen or gone), or when it has answered no request for :data:`ANSWER_WITHIN` seconds plus
-:data:`ANSWER_SLACK` times the longest it has taken per step for the steps of its oldest
-unanswered request (alive, but not progressing). These are checked at every hand-over on
+:data:`ANSWER_SLACK` times the longest it has taken for a request (or per step, times the
+steps of its oldest unanswered request, if more): alive, but not progressing. These are checked at every hand-over on
 the training thread (without waiting) and throughout every wait for an answer, so no wait
 for the process is unbounded.
 """
@@ -85,9 +85,10 @@ START_WITHIN = 120.0
 """Seconds after its launch by which the child must have started (imported the package and
 built its monitor)."""
 ANSWER_WITHIN = 60.0
-"""Seconds, plus ``ANSWER_SLACK`` times the child's longest time per step for the steps of
-the request, within which it must answer its oldest request (counted from the later of its
-sending and the previous answer)."""
+"""Seconds within which the child must answer its oldest request, plus ``ANSWER_SLACK``
+times the longest it has taken for a request (or per step, times the request's steps, if
+more); counted from the latest of the request's sending, the previous answer and the child's
+start."""
 ANSWER_SLACK = 4.0
 """See :data:`ANSWER_WITHIN`."""
 _POLL = 0.1  # seconds between liveness checks while waiting for an answer

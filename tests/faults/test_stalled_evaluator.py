@@ -88,14 +88,14 @@ def _same(
     records: list[EpsilonRecord], expected: list[EpsilonRecord], cold_after: int | None = None
 ) -> None:
     """Each step once, in order; every field equal, the heuristic at 1e-12 relative (after
-    step ``cold_after``: at 1e-8)."""
+    step ``cold_after``: at 1e-7)."""
     assert [(r.step, r.final) for r in records] == [(r.step, r.final) for r in expected]
     for got, want in zip(records, expected, strict=True):
         if want.heuristic_epsilon is None:
             assert got.heuristic_epsilon is None, got.step
         else:
             cold = cold_after is not None and got.step > cold_after
-            rel = 1e-8 if cold else 1e-12
+            rel = 1e-7 if cold else 1e-12
             assert got.heuristic_epsilon == pytest.approx(want.heuristic_epsilon, rel=rel)
         assert dataclasses.replace(got, heuristic_epsilon=None) == dataclasses.replace(
             want, heuristic_epsilon=None
@@ -202,7 +202,9 @@ def test_auto_stall_mid_run_falls_back_during_training(monkeypatch) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         records, monitor = _monitored("auto", steps, after=stall, **kw)
-        final, _ = _within(MARGIN, monitor.finish, stalled[0])
+        # the process was ended during training: finish() waits for nothing, and computes
+        # the final record (robust, PLD) on this thread; a generous bound on a loaded machine
+        final, _ = _within(60.0, monitor.finish, stalled[0])
     assert at and at[0] < steps and final is not None and final.step == steps
     messages = _stall_warnings(caught)
     assert len(messages) == 1 and "no sign of life" in messages[0]
@@ -212,7 +214,8 @@ def test_auto_stall_mid_run_falls_back_during_training(monkeypatch) -> None:
     inline.finish()
     # The steps the process had not answered are evaluated by a replica rebuilt from the
     # accountant's state, whose weighted heuristic starts its root finds cold: equal to the
-    # solver's tolerance there (up to 5e-9 relative seen), at 1e-12 before.
+    # solver's certified tolerance there (up to 5e-9 relative seen, compared at 1e-7), at
+    # 1e-12 before; every other field (RDP, settings) is the same float.
     _same(records, expected, cold_after=answered[0])
 
 
