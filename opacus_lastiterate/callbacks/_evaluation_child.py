@@ -1,19 +1,24 @@
 """The child of ``PrivacyMonitor(evaluation="process")``: ``python -m
-opacus_lastiterate.callbacks._evaluation_child`` (the parent's side, and the messages, are in
-:mod:`opacus_lastiterate.callbacks._evaluation_process`). A module of its own, which the
-package never imports, so that ``-m`` runs it fresh.
+opacus_lastiterate.callbacks._evaluation_child HEARTBEAT_SECONDS`` (the parent's side, and
+the messages, are in :mod:`opacus_lastiterate.callbacks._evaluation_process`). A module of
+its own, which the package never imports, so that ``-m`` runs it fresh.
 
 It reads the configuration, builds an
 :class:`~opacus_lastiterate.callbacks.evaluator.InlineEvaluator` at the parent's evaluated
 state, answers ``("ready",)``, then each request: ``("batch", entries, configuration)`` with
-``("records", records, warnings)``, ``("final",)`` with ``("final", record, warnings)``, until
-``("stop",)`` or the end of its stdin.
+``("records", records, warnings, seconds)``, ``("final",)`` with
+``("final", record, warnings, seconds)``, until ``("stop",)`` or the end of its stdin. From
+``("ready",)`` on, a thread of its own sends ``("alive",)`` every ``HEARTBEAT_SECONDS``, also
+while a request is computed, so that the parent can tell a slow answer from a stopped
+process.
 """
 
 from __future__ import annotations
 
 import pickle
 import sys
+import threading
+import time
 import warnings
 from typing import Any, BinaryIO
 
@@ -71,18 +76,31 @@ def _caught(caught: list[warnings.WarningMessage]) -> list[tuple[str, type[Warni
     return out
 
 
-def _serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
+def _beat(answer: Any, every: float) -> None:
+    """Heartbeat thread: ``("alive",)`` every ``every`` seconds until stdout is closed."""
+    while True:
+        time.sleep(every)
+        try:
+            answer(("alive",))
+        except (OSError, ValueError):  # the parent is gone, or the child exits
+            return
+
+
+def _serve(stdin: BinaryIO, stdout: BinaryIO, heartbeat: float) -> int:
     try:
         config = pickle.load(stdin)
     except EOFError:
         return 0
     evaluator = _child_evaluator(config)
+    lock = threading.Lock()  # the answers and the heartbeat share stdout
 
     def answer(msg: tuple[Any, ...]) -> None:
-        pickle.dump(msg, stdout, protocol=_PROTOCOL)
-        stdout.flush()
+        with lock:
+            pickle.dump(msg, stdout, protocol=_PROTOCOL)
+            stdout.flush()
 
     answer(("ready",))
+    threading.Thread(target=_beat, args=(answer, heartbeat), daemon=True).start()
     while True:
         try:
             request = pickle.load(stdin)
@@ -90,6 +108,7 @@ def _serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
             return 0
         if request[0] == "stop":
             return 0
+        start = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             if request[0] == "batch":
@@ -99,14 +118,15 @@ def _serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
                 reply: tuple[Any, ...] = ("records", evaluator.evaluate(entries))
             else:  # "final"
                 reply = ("final", evaluator.final_record())
-        answer((*reply, _caught(caught)))
+        answer((*reply, _caught(caught), time.perf_counter() - start))
 
 
 def main() -> int:
-    """Serve the parent over stdin/stdout (``print`` in the child goes to stderr)."""
+    """Serve the parent over stdin/stdout (``print`` in the child goes to stderr); the
+    heartbeat's period in seconds is the first argument."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr
-    return _serve(stdin, stdout)
+    return _serve(stdin, stdout, float(sys.argv[1]))
 
 
 if __name__ == "__main__":

@@ -19,12 +19,23 @@ Messages are pickles over the child's stdin and stdout (a pickle stream is self-
   (queued steps; the corrected accountant's configuration when it changed), ``("final",)``
   or ``("stop",)``;
 * child -> parent: ``("ready",)`` once its monitor is built, then per request
-  ``("records", [EpsilonRecord, ...], warnings)`` or ``("final", EpsilonRecord, warnings)``,
-  ``warnings`` being the ``(message, category)`` pairs raised while computing them.
+  ``("records", [EpsilonRecord, ...], warnings, seconds)`` or
+  ``("final", EpsilonRecord, warnings, seconds)``, ``warnings`` being the
+  ``(message, category)`` pairs raised while computing them and ``seconds`` the time it
+  took; and ``("alive",)`` every :data:`HEARTBEAT_EVERY` seconds from a thread of its own.
 
 The child exits on ``("stop",)`` or at the end of its stdin, so it dies with its parent.
 In the parent, a writer thread pickles and writes the requests and a reader thread reads
 the answers into a :class:`queue.Queue`; neither blocks the training thread.
+
+Liveness: the child counts as failed (killed, and the evaluation falls back inline, with
+one warning naming why) when it has not started :data:`START_WITHIN` seconds after its
+launch, when it has sent nothing for :data:`STALL_AFTER` seconds once started (stopped,
+frozen or gone), or when it has answered no request for :data:`ANSWER_WITHIN` seconds plus
+:data:`ANSWER_SLACK` times the longest it has taken for a request (or per step, times the
+steps of its oldest unanswered request, if more): alive, but not progressing. These are checked at every hand-over on
+the training thread (without waiting) and throughout every wait for an answer, so no wait
+for the process is unbounded.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any, BinaryIO
@@ -62,6 +74,25 @@ SEND_EVERY = 10
 """While a process evaluates, the queued steps are sent to it every this many steps (at most
 ``flush_every``), so that little is left to wait for at the end."""
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+HEARTBEAT_EVERY = 0.5
+"""Seconds between the started child's signs of life (sent by a thread of its own, so also
+while it computes)."""
+STALL_AFTER = 5.0
+"""Seconds without any message from the started child after which it counts as failed
+(stopped, e.g. by SIGSTOP, frozen or gone)."""
+START_WITHIN = 120.0
+"""Seconds after its launch by which the child must have started (imported the package and
+built its monitor)."""
+ANSWER_WITHIN = 60.0
+"""Seconds within which the child must answer its oldest request, plus ``ANSWER_SLACK``
+times the longest it has taken for a request (or per step, times the request's steps, if
+more); counted from the latest of the request's sending, the previous answer and the child's
+start."""
+ANSWER_SLACK = 4.0
+"""See :data:`ANSWER_WITHIN`."""
+_POLL = 0.1  # seconds between liveness checks while waiting for an answer
+_CONFIRM = 1.0  # seconds to wait for a sign of life already sent before declaring a stall
 
 
 # -- the parent's side ----------------------------------------------------------------------
@@ -97,15 +128,21 @@ def _write(stdin: BinaryIO, outbox: queue.Queue[Any], inbox: queue.Queue[Any]) -
 
 
 def _read(
-    stdout: BinaryIO, inbox: queue.Queue[Any], ready: threading.Event, ended: threading.Event
+    stdout: BinaryIO,
+    inbox: queue.Queue[Any],
+    ready: threading.Event,
+    ended: threading.Event,
+    heard: _Heard,
 ) -> None:
-    """Reader thread: unpickle the child's answers into ``inbox`` until its stdout ends."""
+    """Reader thread: unpickle the child's answers into ``inbox`` until its stdout ends
+    (each message, signs of life included, noted in ``heard``)."""
     try:
         while True:
             msg = pickle.load(stdout)
+            heard.note()
             if msg[0] == "ready":
                 ready.set()
-            else:
+            elif msg[0] != "alive":
                 inbox.put(msg)
     except EOFError:
         inbox.put(("dead", "it ended"))
@@ -115,6 +152,28 @@ def _read(
         stdout.close()
         ended.set()
         ready.set()
+
+
+class _Heard:
+    """When the child was last heard from (any message), with a wait for the next one."""
+
+    def __init__(self) -> None:
+        self.at = time.monotonic()
+        self._condition = threading.Condition()
+
+    def note(self) -> None:
+        with self._condition:
+            self.at = time.monotonic()
+            self._condition.notify_all()
+
+    def silent_for(self, seconds: float) -> bool:
+        """Whether nothing was heard for ``seconds``, after waiting up to ``_CONFIRM`` for a
+        message (one sent while this process, not the child, was held up)."""
+        with self._condition:
+            if time.monotonic() - self.at <= seconds:
+                return False
+            self._condition.wait(_CONFIRM)
+            return time.monotonic() - self.at > seconds
 
 
 def _shutdown(process: subprocess.Popen[bytes], outbox: queue.Queue[Any], how: str) -> None:
@@ -129,7 +188,7 @@ def _shutdown(process: subprocess.Popen[bytes], outbox: queue.Queue[Any], how: s
         except subprocess.TimeoutExpired:
             pass
     if process.poll() is None:
-        process.kill()
+        process.kill()  # SIGKILL: it also ends a stopped process, which SIGTERM does not
         process.wait()
 
 
@@ -153,8 +212,10 @@ class EvaluationWorker:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
         for name in _THREAD_VARIABLES:  # one core: leave the others to training
             env.setdefault(name, "1")
+        child = "opacus_lastiterate.callbacks._evaluation_child"
+        self._launched = time.monotonic()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "opacus_lastiterate.callbacks._evaluation_child"],
+            [sys.executable, "-m", child, repr(HEARTBEAT_EVERY)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -164,10 +225,11 @@ class EvaluationWorker:
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._ready = threading.Event()
         self._ended = threading.Event()
+        self._heard = _Heard()
         self._outbox.put(config)
         for target, args in (
             (_write, (self.process.stdin, self._outbox, self._inbox)),
-            (_read, (self.process.stdout, self._inbox, self._ready, self._ended)),
+            (_read, (self.process.stdout, self._inbox, self._ready, self._ended, self._heard)),
         ):
             threading.Thread(target=target, args=args, daemon=True).start()
         # garbage-collected (with its monitor): ask the child to stop, without waiting
@@ -177,13 +239,26 @@ class EvaluationWorker:
         """Queue a request (never blocks; a failure shows as a ``("dead", reason)`` answer)."""
         self._outbox.put(request)
 
-    def receive(self, wait: bool) -> tuple[Any, ...] | None:
+    def receive(self, timeout: float) -> tuple[Any, ...] | None:
         """The next answer: ``("records", ...)``, ``("final", ...)`` or ``("dead", reason)``;
-        None if ``wait`` is False and there is none yet."""
+        None if there is none within ``timeout`` seconds (0: none waiting)."""
         try:
-            return self._inbox.get(block=wait)  # type: ignore[no-any-return]
+            if timeout <= 0:
+                return self._inbox.get_nowait()  # type: ignore[no-any-return]
+            return self._inbox.get(timeout=timeout)  # type: ignore[no-any-return]
         except queue.Empty:
             return None
+
+    def stalled(self) -> str | None:
+        """Why the child counts as failed for lack of a sign of life (module docs), or
+        None."""
+        if not self._ready.is_set():
+            if time.monotonic() - self._launched > START_WITHIN:
+                return f"it had not started {START_WITHIN:g} s after its launch"
+            return None
+        if self._heard.silent_for(STALL_AFTER):
+            return f"no sign of life for {STALL_AFTER:g} s: it is stopped, frozen or unreachable"
+        return None
 
     @property
     def starting(self) -> bool:
@@ -191,14 +266,16 @@ class EvaluationWorker:
         return not self._ready.is_set()
 
     def wait_ready(self, timeout: float | None) -> bool:
-        """Wait until the child has built its monitor; False on timeout or if it died."""
+        """Wait until the child has built its monitor; False on timeout (None: at most
+        until ``START_WITHIN`` after its launch) or if it died."""
+        if timeout is None:
+            timeout = max(0.0, self._launched + START_WITHIN - time.monotonic())
         return self._ready.wait(timeout) and not self._ended.is_set()
 
     def stop(self, kill: bool = False) -> None:
         """Stop the child: ask it and wait up to 5 s (``kill``: kill it at once)."""
         self._finalizer.detach()
         _shutdown(self.process, self._outbox, "kill" if kill else "wait")
-
 
 
 class ProcessEvaluator:
@@ -232,6 +309,8 @@ class ProcessEvaluator:
         self._in_flight: list[tuple[list[QueuedStep], np.ndarray, float | None]] = []
         self._warnings: list[tuple[str, type[Warning]]] = []  # raised in the child
         self._configuration: Any = None  # the corrected accountant's, as last sent
+        self._waiting_since = 0.0  # the oldest request's sending, or the last answer since
+        self._longest = self._per_step = 0.0  # seconds the child took: a request, a step
         self._inline: InlineEvaluator | None = None  # after a failure
         self._worker: EvaluationWorker | None = None
         self._failure = ""
@@ -282,7 +361,8 @@ class ProcessEvaluator:
     def final_record(self) -> EpsilonRecord:
         if self._inline is None and self._worker is not None:
             self._worker.send(("final",))
-            answer = self._worker.receive(True)
+            self._waiting_since = time.monotonic()
+            answer = self._answer(wait=True, steps=0)
             assert answer is not None
             if answer[0] == "final":
                 self._warnings.extend(answer[2])
@@ -337,6 +417,8 @@ class ProcessEvaluator:
         if not queue:
             return
         assert self._worker is not None
+        if not self._in_flight:
+            self._waiting_since = time.monotonic()
         self._in_flight.append((queue, self.rdp.rdp, self.last_lr))
         self.rdp.advance([(sigma, q) for _, sigma, q, _, _ in queue], self.delta)
         for _, sigma, q, _, _ in queue:
@@ -355,18 +437,44 @@ class ProcessEvaluator:
         answered)."""
         out: list[EpsilonRecord] = []
         while self._worker is not None and self._in_flight:
-            answer = self._worker.receive(wait)
+            answer = self._answer(wait, steps=len(self._in_flight[0][0]))
             if answer is None:
                 break
             if answer[0] != "records":
                 out.extend(self._fall_back(answer[1], []))
                 break
-            _, records, caught = answer
-            self._in_flight.pop(0)
+            _, records, caught, seconds = answer
+            batch = self._in_flight.pop(0)[0]
+            self._longest = max(self._longest, seconds)
+            self._per_step = max(self._per_step, seconds / len(batch))
+            self._waiting_since = time.monotonic()
             out.extend(records)
             self._warnings.extend(caught)
         self._reissue_warnings()
         return out
+
+    def _answer(self, wait: bool, steps: int) -> tuple[Any, ...] | None:
+        """The process's next answer, or ``("dead", reason)`` once it counts as failed
+        (module docs: checked while waiting); None if there is none yet and not ``wait``
+        (the oldest request has ``steps`` steps)."""
+        worker = self._worker
+        assert worker is not None
+        while True:
+            answer = worker.receive(_POLL if wait else 0.0)
+            if answer is not None:
+                return answer
+            reason = worker.stalled()
+            now = time.monotonic()
+            if worker.starting:  # bounded by START_WITHIN; answers are counted from then on
+                self._waiting_since = now
+            allowed = ANSWER_WITHIN + ANSWER_SLACK * max(self._longest, self._per_step * steps)
+            waited = now - self._waiting_since
+            if reason is None and waited > allowed:
+                reason = f"it answered no request for {waited:.0f} s (allowed: {allowed:.0f} s)"
+            if reason is not None:
+                return ("dead", reason)
+            if not wait:
+                return None
 
     def _reissue_warnings(self) -> None:
         """Warn here what the evaluation process warned (the user's filters apply)."""
@@ -387,8 +495,9 @@ class ProcessEvaluator:
         self.close(kill=True)
         if not quiet:
             warn(
-                f"PrivacyMonitor: the evaluation process failed ({reason}); the records are "
-                "computed on the training thread from now on (evaluation='inline').",
+                f"PrivacyMonitor: the evaluation process failed ({reason}) and was ended; the "
+                "records are computed on the training thread from now on "
+                "(evaluation='inline'), those it had not returned included.",
                 MonitorWarning,
             )
         unanswered = [entry for batch, _, _ in self._in_flight for entry in batch]
