@@ -25,10 +25,12 @@ from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants.base import RunAccountant, check_step_noise
 from opacus_lastiterate.accountants.monotonicity import MonotonicityWatch
 from opacus_lastiterate.accountants.optimizer_trace import (
+    TraceColumns,
     TraceEntry,
     check_trace_covers,
+    decode_trace,
+    encode_trace,
     trim_trace,
-    validate_trace,
 )
 from opacus_lastiterate.analysis._validation import (
     check_delta,
@@ -227,9 +229,12 @@ class LastIterateAccountant(RunAccountant):
         weights.setflags(write=False)
         return DPSGDRun._trusted(self.run.segments, weights)
 
-    def _weighted_engine_in_sync(self) -> IncrementalWeightedHeuristic:
+    def _weighted_engine_in_sync(
+        self, columns: TraceColumns | None = None
+    ) -> IncrementalWeightedHeuristic:
         """The incremental weighted engine for the recorded trace; rebuilt from the trace
-        and the run when it is missing (loaded state, assigned history) or out of step."""
+        (or ``columns``, the same trace as arrays) and the run when it is missing (loaded
+        state, assigned history) or out of step."""
         engine = self._weighted_engine
         if (
             engine is None
@@ -241,12 +246,16 @@ class LastIterateAccountant(RunAccountant):
             if self._trace:
                 first = self._trace[0]
                 engine.append(float(sigma[0]), float(q[0]), *first[:5])
-                table = np.array(self._trace, dtype=float)  # one call: no tuple per entry
-                counts = table[:, 5].astype(np.int64)
+                if columns is None:
+                    table = np.array(self._trace, dtype=float)  # one call: no tuple per entry
+                    counts = table[:, 5].astype(np.int64)
+                    fields = list(table[:, :5].T)
+                else:
+                    counts = columns.steps.copy()
+                    fields = list(columns[:5])
                 total = int(counts.sum())
                 counts[0] -= 1
-                settings = np.repeat(table[:, :5], counts, 0)
-                engine.extend(sigma[1:total], q[1:total], *settings.T)
+                engine.extend(sigma[1:total], q[1:total], *(np.repeat(f, counts) for f in fields))
             saved, self._saved_characteristic = self._saved_characteristic, None
             if saved is not None:
                 engine.restore_characteristic(saved)
@@ -359,9 +368,10 @@ class LastIterateAccountant(RunAccountant):
     def _trimmed_state(self, state: dict[str, Any], steps: int) -> dict[str, Any]:
         state = super()._trimmed_state(state, steps)
         state.pop("weighted_characteristic", None)  # a cache of the longer run
-        trace = [tuple(e) for e in state.get("optimizer_trace") or ()]
-        if trace:  # a trace covers the run's last steps when it covers any
-            state["optimizer_trace"] = trim_trace(trace, steps)
+        stored = state.get("optimizer_trace")
+        if stored is not None:  # a trace covers the run's last steps when it covers any
+            trace = decode_trace(stored, "state_dict['optimizer_trace']").entries()
+            state["optimizer_trace"] = encode_trace(trim_trace(trace, steps))
         return state
 
     def weighted_result(self, delta: float) -> WeightedHeuristicResult:
@@ -390,7 +400,7 @@ class LastIterateAccountant(RunAccountant):
         # never weighs the steps: it is stored as what it amounts to, settings not used
         partial = bool(self._trace) and covered != self._steps()
         out: dict[str, Any] = {
-            "optimizer_trace": [] if partial else list(self._trace),
+            "optimizer_trace": encode_trace([] if partial else self._trace),
             "optimizer_trace_disabled": self._trace_disabled or partial,
         }
         engine = self._weighted_engine
@@ -402,15 +412,17 @@ class LastIterateAccountant(RunAccountant):
         return out
 
     def _check_extra_state(self, state_dict: Mapping[str, Any]) -> Any:
-        trace = validate_trace(
-            state_dict.get("optimizer_trace", []), "state_dict['optimizer_trace']"
-        )
+        stored = state_dict.get("optimizer_trace")
+        trace = None if stored is None else decode_trace(stored, "state_dict['optimizer_trace']")
         disabled = state_dict.get("optimizer_trace_disabled", False)
         if not isinstance(disabled, bool):
             raise TypeError(
                 f"`state_dict['optimizer_trace_disabled']` must be a bool, got {disabled!r}."
             )
-        check_trace_covers(trace, state_dict["history"], disabled, "state_dict['optimizer_trace']")
+        check_trace_covers(
+            [] if trace is None else trace.steps, state_dict["history"], disabled,
+            "state_dict['optimizer_trace']",
+        )  # fmt: skip
         saved = state_dict.get("weighted_characteristic")
         if saved is not None and not isinstance(saved, Mapping):
             raise TypeError(
@@ -420,8 +432,13 @@ class LastIterateAccountant(RunAccountant):
         return trace, disabled, saved
 
     def _load_extra_state(self, checked: Any) -> None:
-        self._trace, self._trace_disabled, self._saved_characteristic = checked
+        columns, self._trace_disabled, self._saved_characteristic = checked
+        self._trace = [] if columns is None else columns.entries()
         self._summary = None
+        if self._trace:  # from the columns: no pass over the entries in Python
+            assert columns is not None
+            lrs = set(np.unique(columns.lr)[:2].tolist())
+            self._summary = (len(self._trace), int(columns.steps.sum()), columns.varies(), lrs)
         self._last_settings = None
         self._calibration_warned = False
         if self._saved_characteristic is not None:
@@ -429,7 +446,7 @@ class LastIterateAccountant(RunAccountant):
             # (O(T) bookkeeping, with the rest of the load), so that the next query costs
             # what it would have cost without the checkpoint
             if self._weights_in_use():
-                self._weighted_engine_in_sync()
+                self._weighted_engine_in_sync(columns)
             self._saved_characteristic = None
 
     # -- privacy ----------------------------------------------------------------------------

@@ -191,7 +191,10 @@ def test_state_dict_fills_a_given_destination() -> None:
         "other": 1,
         "history": [(1.0, 0.1, 1)],
         "mechanism": "last_iterate",
-        "optimizer_trace": [],
+        "optimizer_trace": {
+            f: {"values": [], "steps": []}
+            for f in ("lr", "momentum", "dampening", "nesterov", "weight_decay")
+        },
         "optimizer_trace_disabled": False,
     }
 
