@@ -61,13 +61,13 @@ def main() -> None:
     replay = time.perf_counter() - t0
     print(
         f"T = {steps:,}, sigma {sigma:g}, q {q:g}, momentum 0.9 + cosine: replay_step "
-        f"{replay:.1f} s ({replay / steps * 1e6:.1f} us a step)"
+        f"{replay:.1f} s ({replay / steps * 1e6:.1f} us a step); peak RSS {_peak_rss_mb():.0f} MB"
     )
     first, eps = _timed(acc.get_epsilon, delta)
     again, _ = _timed(acc.get_epsilon, delta)
     print(
         f"first get_epsilon({delta:g}) {first:.2f} s (epsilon {eps:.4f}), "
-        f"second {again * 1e3:.2f} ms"
+        f"second {again * 1e3:.2f} ms; peak RSS {_peak_rss_mb():.0f} MB"
     )
 
     took, state = _timed(acc.state_dict)
@@ -81,19 +81,22 @@ def main() -> None:
         f"({pickled / steps:.1f} bytes a step; optimizer_trace "
         f"{sizes['optimizer_trace'] / 1e6:.1f} MB, weighted_characteristic "
         f"{sizes.get('weighted_characteristic', 0) / 1e3:.0f} kB); torch.save "
-        f"{buffer.tell() / 1e6:.1f} MB in {saved:.2f} s; JSON {as_json / 1e6:.1f} MB"
+        f"{buffer.tell() / 1e6:.1f} MB in {saved:.2f} s; JSON {as_json / 1e6:.1f} MB; peak RSS "
+        f"{_peak_rss_mb():.0f} MB"
     )
     buffer.seek(0)
     read, loaded_state = _timed(torch.load, buffer, weights_only=True)
     fresh = LastIterateAccountant()
     load, _ = _timed(fresh.load_state_dict, loaded_state)
+    loaded_rss = _peak_rss_mb()
     probe = LastIterateAccountant()  # a query changes the kept engine: asked of a copy
     probe.load_state_dict(loaded_state)
     after, eps_loaded = _timed(probe.get_epsilon, delta)
     del probe
     print(
         f"torch.load(weights_only=True) {read:.2f} s; load_state_dict {load:.2f} s; first "
-        f"get_epsilon after loading {after * 1e3:.1f} ms (epsilon {eps_loaded:.4f})"
+        f"get_epsilon after loading {after * 1e3:.1f} ms (epsilon {eps_loaded:.4f}); peak RSS "
+        f"after loading {loaded_rss:.0f} MB"
     )
     same = True
     for t in range(3):  # both continue: the same floats
@@ -102,7 +105,7 @@ def main() -> None:
             a.replay_step(sigma, q, settings)
         same = same and acc.get_epsilon(delta) == fresh.get_epsilon(delta)
     print(f"the loaded accountant continues with the same floats: {same}")
-    print(f"peak RSS: {_peak_rss_mb():.0f} MB")
+    print(f"peak RSS at the end (three accountants of T steps alive): {_peak_rss_mb():.0f} MB")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from opacus_lastiterate.analysis._validation import check_in_interval, check_ste
 
 __all__ = [
     "TRACE_FIELDS",
+    "SettingsTrace",
     "TraceColumns",
     "TraceEntry",
     "check_trace_covers",
@@ -43,28 +44,139 @@ _REAL_RANGES = {"lr": (math.inf, True), "momentum": (1.0, False),
 """(upper end, whether it is open) of each real setting; each lies in [0, upper end)."""
 
 
-def encode_trace(trace: list[TraceEntry]) -> dict[str, dict[str, list[Any]]]:
-    """The stored form of a trace: each setting run-length encoded over the steps on its
-    own (``values[i]`` holds for ``steps[i]`` steps); the same floats, bit for bit."""
-    n = len(trace)
-    counts = np.fromiter((e[5] for e in trace), np.int64, n)
-    ends = np.cumsum(counts)
+class TraceColumns(NamedTuple):
+    """A trace as one numpy array per field, one element per entry."""
+
+    lr: np.ndarray
+    momentum: np.ndarray
+    dampening: np.ndarray
+    nesterov: np.ndarray
+    weight_decay: np.ndarray
+    steps: np.ndarray
+
+    def entries(self) -> list[TraceEntry]:
+        """The entries as tuples of Python floats, bools and ints (the same floats)."""
+        return list(zip(*(column.tolist() for column in self), strict=True))
+
+    def settings_at(self, i: int) -> tuple[float, float, float, bool, float]:
+        """(lr, momentum, dampening, nesterov, weight_decay) of entry ``i``."""
+        return (float(self.lr[i]), float(self.momentum[i]), float(self.dampening[i]),
+                bool(self.nesterov[i]), float(self.weight_decay[i]))  # fmt: skip
+
+    def varies(self) -> bool:
+        """Whether the settings change the weights of the steps (see
+        :meth:`LastIterateAccountant.uses_weights`)."""
+        lr = self.lr
+        return bool((lr[1:] != lr[:-1]).any() or self.momentum.any() or self.weight_decay.any())
+
+
+class SettingsTrace:
+    """The run-length encoded trace of an accountant, in growable numpy columns (no Python
+    object per entry; an entry added in amortised O(1)): the number of steps it covers and
+    whether its settings change the weights are kept as it grows."""
+
+    def __init__(self, columns: TraceColumns | None = None) -> None:
+        n = 0 if columns is None else len(columns.steps)
+        size = max(16, n)
+        self._reals = np.empty((size, 4))  # lr, momentum, dampening, weight_decay
+        self._nesterov = np.empty(size, dtype=bool)
+        self._runs = np.empty(size, dtype=np.int64)
+        self._n = n
+        self._last: tuple[float, float, float, bool, float] | None = None
+        self._covered = 0
+        self._varies = False
+        self._first_lr = 0.0
+        if columns is not None and n:
+            self._reals[:n] = np.column_stack(
+                (columns.lr, columns.momentum, columns.dampening, columns.weight_decay)
+            )
+            self._nesterov[:n] = columns.nesterov
+            self._runs[:n] = columns.steps
+            self._last = (*self._reals[n - 1, :3].tolist(), bool(self._nesterov[n - 1]),
+                          float(self._reals[n - 1, 3]))  # fmt: skip
+            self._covered = int(columns.steps.sum())
+            self._varies = columns.varies()
+            self._first_lr = float(columns.lr[0])
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def last(self) -> tuple[float, float, float, bool, float] | None:
+        """(lr, momentum, dampening, nesterov, weight_decay) of the last entry."""
+        return self._last
+
+    @property
+    def covered(self) -> int:
+        """The number of steps the trace covers."""
+        return self._covered
+
+    @property
+    def varies(self) -> bool:
+        """Whether the settings change the weights of the steps (a learning rate that
+        changes, momentum or weight decay)."""
+        return self._varies
+
+    def append(self, key: tuple[float, float, float, bool, float], steps: int) -> bool:
+        """Add ``steps`` steps with settings ``key``; True if they start a new entry."""
+        self._covered += steps
+        if self._last == key:
+            self._runs[self._n - 1] += steps
+            return False
+        n = self._n
+        if n == len(self._runs):
+            self._reals = np.concatenate((self._reals, np.empty_like(self._reals)))
+            self._nesterov = np.concatenate((self._nesterov, np.empty_like(self._nesterov)))
+            self._runs = np.concatenate((self._runs, np.empty_like(self._runs)))
+        lr, momentum, dampening, nesterov, weight_decay = key
+        self._reals[n] = (lr, momentum, dampening, weight_decay)
+        self._nesterov[n] = nesterov
+        self._runs[n] = steps
+        if n == 0:
+            self._first_lr = lr
+        self._varies = (
+            self._varies or lr != self._first_lr or momentum != 0.0 or weight_decay != 0.0
+        )
+        self._n, self._last = n + 1, key
+        return True
+
+    def columns(self) -> TraceColumns:
+        """The entries as columns (views: read them, do not write them)."""
+        n, reals = self._n, self._reals
+        return TraceColumns(reals[:n, 0], reals[:n, 1], reals[:n, 2], self._nesterov[:n],
+                            reals[:n, 3], self._runs[:n])  # fmt: skip
+
+    def entries(self) -> list[TraceEntry]:
+        """The entries as tuples (lr, momentum, dampening, nesterov, weight_decay, steps)."""
+        return self.columns().entries()
+
+
+def encode_trace(trace: list[TraceEntry] | TraceColumns) -> dict[str, dict[str, list[Any]]]:
+    """The stored form of a trace (entries or columns): each setting run-length encoded over
+    the steps on its own (``values[i]`` holds for ``steps[i]`` steps); the same floats, bit
+    for bit."""
+    if not isinstance(trace, TraceColumns):
+        trace = _columns_of(trace)
+    n = len(trace.steps)
+    ends = np.cumsum(trace.steps)
     out: dict[str, dict[str, list[Any]]] = {}
     for k, field in enumerate(TRACE_FIELDS):
-        if field == "nesterov":
-            column = np.fromiter((e[k] for e in trace), bool, n)
-            key = column
-        else:
-            column = np.fromiter((e[k] for e in trace), float, n)
-            key = column.view(np.int64)  # bit patterns: 0.0 and -0.0 stay apart
-        last = np.flatnonzero(key[1:] != key[:-1]) if n else np.zeros(0, np.int64)
-        last = np.append(last, n - 1) if n else last  # the last entry of each run
-        run_ends = ends[last]
+        column = trace[k]
+        key = column if field == "nesterov" else column.view(np.int64)  # 0.0 and -0.0 apart
+        last = np.append(np.flatnonzero(key[1:] != key[:-1]), n - 1) if n else ends
         out[field] = {
-            "values": column[last].tolist(),
-            "steps": np.diff(run_ends, prepend=0).tolist(),
+            "values": column[last].tolist(),  # the last entry of each run
+            "steps": np.diff(ends[last], prepend=0).tolist(),
         }
     return out
+
+
+def _columns_of(trace: list[TraceEntry]) -> TraceColumns:
+    n = len(trace)
+    return TraceColumns._make(
+        np.fromiter((e[k] for e in trace), dtype, n)
+        for k, dtype in enumerate((float, float, float, bool, float, np.int64))
+    )
 
 
 def decode_trace(stored: object, name: str) -> TraceColumns:
@@ -99,27 +211,6 @@ def decode_trace(stored: object, name: str) -> TraceColumns:
         for (values, _), cum in zip(columns.values(), cums, strict=True)
     )
     return TraceColumns._make([*picked, np.diff(ends, prepend=0)])
-
-
-class TraceColumns(NamedTuple):
-    """A trace as one numpy array per field, one element per entry."""
-
-    lr: np.ndarray
-    momentum: np.ndarray
-    dampening: np.ndarray
-    nesterov: np.ndarray
-    weight_decay: np.ndarray
-    steps: np.ndarray
-
-    def entries(self) -> list[TraceEntry]:
-        """The entries as tuples of Python floats, bools and ints (the same floats)."""
-        return list(zip(*(column.tolist() for column in self), strict=True))
-
-    def varies(self) -> bool:
-        """Whether the settings change the weights of the steps (see
-        :meth:`LastIterateAccountant.uses_weights`)."""
-        lr = self.lr
-        return bool((lr[1:] != lr[:-1]).any() or self.momentum.any() or self.weight_decay.any())
 
 
 def _column(part: object, field: str, name: str) -> tuple[np.ndarray, np.ndarray]:
