@@ -337,10 +337,23 @@ class LastIterateAccountant(RunAccountant):
         self._extend_segments(sigma, q, n)
         self._weighted_engine = None  # rebuilt from the trace if ever needed
         peak = self._engine.suffix_peak(d)
-        eps = self._engine.advance(sigma, q, n, d)
+        eps = self._advance(sigma, q, n, d)
         if sweep is not None:  # get_epsilon's single-segment check, every step at once
             self._monotonicity.check(d, eps, self._num_steps - n + 1, peak, sweep)
         return eps
+
+    def _advance(self, sigma: float, q: float, steps: int, delta: float) -> np.ndarray:
+        """:meth:`IncrementalHeuristic.advance` for the last ``steps`` recorded steps, in
+        batches of at most as many steps as came before (at least 16): the batch solve
+        extrapolates from the last solves, which holds over a batch as long as the run so far
+        but not over a much longer one (a batch of 10^4 steps from the first step went one
+        step at a time: 0.59 ms a step, against 57 us in doubling batches)."""
+        parts, done, before = [], 0, self._num_steps - steps
+        while done < steps:
+            chunk = min(steps - done, max(16, before + done))
+            parts.append(self._engine.advance(sigma, q, chunk, delta))
+            done += chunk
+        return np.concatenate(parts)
 
     def _trimmed_state(self, state: dict[str, Any], steps: int) -> dict[str, Any]:
         state = super()._trimmed_state(state, steps)
