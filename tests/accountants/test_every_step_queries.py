@@ -86,7 +86,8 @@ def test_characteristic_of_another_history_is_ignored() -> None:
     state = _trained(300).state_dict()
     other = _trained(300)
     state_other = other.state_dict()
-    state_other["optimizer_trace"] = [(lr * 1.5, *rest) for lr, *rest in state_other["optimizer_trace"]]
+    lrs = state_other["optimizer_trace"]["lr"]
+    lrs["values"] = [lr * 1.5 for lr in lrs["values"]]
     state_other["weighted_characteristic"] = state["weighted_characteristic"]
     edited = LastIterateAccountant()
     edited.load_state_dict(state_other)

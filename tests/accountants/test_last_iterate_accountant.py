@@ -191,7 +191,10 @@ def test_state_dict_fills_a_given_destination() -> None:
         "other": 1,
         "history": [(1.0, 0.1, 1)],
         "mechanism": "last_iterate",
-        "optimizer_trace": [],
+        "optimizer_trace": {
+            f: {"values": [], "steps": []}
+            for f in ("lr", "momentum", "dampening", "nesterov", "weight_decay")
+        },
         "optimizer_trace_disabled": False,
     }
 
@@ -455,3 +458,19 @@ def test_recorded_steps_report_the_plain_value_by_default() -> None:
         plain = acc.get_epsilon(1e-6)
     assert plain == pytest.approx(heuristic.LastIterateHeuristic([(0.39, 0.02, 150)]).epsilon(1e-6), rel=1e-12)
     assert acc.get_epsilon(1e-6, robust=True) > plain * 1.01
+
+
+def test_a_long_replay_batch_gives_the_values_from_scratch() -> None:
+    """replay_steps of 3,000 steps from the first one (solved in batches as long as the run
+    so far) returns, after each step, the heuristic of the run up to that step computed from
+    scratch (1e-9 relative, the root finders' tolerances)."""
+    from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
+
+    acc = LastIterateAccountant()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonMonotoneHeuristicWarning)
+        eps = acc.replay_steps(1.0, 0.01, SGDSettings(0.1, 0.0, 0.0, False, 0.0), 3000, delta=1e-5)
+    assert eps is not None and eps.shape == (3000,) and acc.num_steps == 3000
+    for t in (1, 2, 17, 100, 1000, 1001, 2999, 3000):
+        expected = heuristic.LastIterateHeuristic([(1.0, 0.01, t)]).epsilon(1e-5)
+        assert eps[t - 1] == pytest.approx(expected, rel=1e-9), t

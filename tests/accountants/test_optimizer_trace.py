@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 
@@ -13,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from opacus_lastiterate.accountants import LastIterateAccountant
+from opacus_lastiterate.accountants.optimizer_trace import encode_trace
 from opacus_lastiterate.analysis.last_iterate.heuristic import (
     LastIterateHeuristic,
     heuristic_epsilon,
@@ -130,9 +132,9 @@ def test_trace_survives_state_dict_and_corrupt_traces_are_rejected(digits_datase
     assert fresh.optimizer_trace == engine.accountant.optimizer_trace
     assert fresh.get_epsilon(DELTA) == engine.accountant.get_epsilon(DELTA)
 
-    bad = dict(state, optimizer_trace=[(0.1, 1.5, 0.0, False, 0.0, 4)])
+    bad = dict(state, optimizer_trace=encode_trace([(0.1, 1.5, 0.0, False, 0.0, 4)]))
     before = (fresh.history, fresh.optimizer_trace)
-    with pytest.raises(ValueError, match=r"optimizer_trace'\]\[0\]\.momentum"):
+    with pytest.raises(ValueError, match=r"optimizer_trace'\]\['momentum'\]\['values'\]\[0\]"):
         fresh.load_state_dict(bad)
     assert (fresh.history, fresh.optimizer_trace) == before
 
@@ -161,35 +163,78 @@ def test_monotone_region_does_not_warn():
 
 
 @pytest.mark.parametrize(
-    "entry, field",
+    "field, key, value",
     [
-        ((-0.1, 0.0, 0.0, False, 0.0, 1), "lr"),
-        ((math.inf, 0.0, 0.0, False, 0.0, 1), "lr"),
-        ((math.nan, 0.0, 0.0, False, 0.0, 1), "lr"),
-        ((0.1, 1.0000001, 0.0, False, 0.0, 1), "momentum"),
-        ((0.1, 0.5, -1e-9, False, 0.0, 1), "dampening"),
-        ((0.1, 0.5, 0.0, False, math.inf, 1), "weight_decay"),
-        ((0.1, 0.5, 0.0, False, 0.0, 0), "steps"),
-        ((0.1, 0.5, 0.0, 1, 0.0, 1), "nesterov"),
+        ("lr", "values", -0.1),
+        ("lr", "values", math.inf),
+        ("lr", "values", math.nan),
+        ("lr", "values", True),
+        ("momentum", "values", 1.0000001),
+        ("dampening", "values", -1e-9),
+        ("weight_decay", "values", math.inf),
+        ("lr", "steps", 0),
+        ("momentum", "steps", 1.0),
+        ("nesterov", "values", 1),
     ],
 )
-def test_a_long_plain_trace_is_checked_like_one_entry_at_a_time(entry, field):
-    """Long traces of Python floats are validated column by column: the same entries come
-    back as from numpy scalars (checked one entry at a time), and a bad field anywhere is
-    reported by name and index."""
+def test_a_long_stored_trace_is_checked_column_by_column(field, key, value):
+    """A stored trace is validated column by column: the same entries come back from Python
+    floats and from numpy scalars (checked one at a time), and a bad value anywhere is
+    reported by field and index, with nothing loaded."""
     good = [(0.1 + 1e-4 * i, 0.9, 0.0, False, 0.0, 1 + i % 3) for i in range(500)]
     good.append((0.2, 1.0, 1.0, True, 0.5, 7))  # closed ends of [0, 1]
-    via_numpy = [tuple(np.float64(x) if type(x) is float else x for x in e) for e in good]
+    stored = encode_trace(good)
+    via_numpy = {f: {"values": [np.float64(v) if type(v) is float else v for v in c["values"]],
+                     "steps": c["steps"]} for f, c in stored.items()}  # fmt: skip
     state = {"history": [(1.0, 0.01, sum(e[5] for e in good))], "mechanism": "last_iterate"}
     plain, numpy_typed = LastIterateAccountant(), LastIterateAccountant()
-    plain.load_state_dict(dict(state, optimizer_trace=good))
+    plain.load_state_dict(dict(state, optimizer_trace=stored))
     numpy_typed.load_state_dict(dict(state, optimizer_trace=via_numpy))
     assert plain.optimizer_trace == numpy_typed.optimizer_trace == good
-    bad = [*good[:300], entry, *good[300:]]
-    state_bad = dict(state, history=[(1.0, 0.01, sum(e[5] for e in good) + entry[5])],
-                     optimizer_trace=bad)  # fmt: skip
-    with pytest.raises((TypeError, ValueError), match=rf"optimizer_trace'\]\[300\]\.{field}"):
-        LastIterateAccountant().load_state_dict(state_bad)
+    bad = copy.deepcopy(stored)
+    bad[field][key][300 if field == "lr" else 0] = value
+    at = 300 if field == "lr" else 0
+    with pytest.raises((TypeError, ValueError), match=rf"'{field}'\]\['{key}'\]\[{at}\]"):
+        plain.load_state_dict(dict(state, optimizer_trace=bad))
+    assert plain.optimizer_trace == good
+
+
+def test_the_stored_trace_is_each_setting_run_length_encoded_and_round_trips_exactly():
+    """A schedule that changes the rate at every step stores one float and one run length per
+    step, the constant settings one run each; the entries (merged runs of identical
+    settings) come back with the same floats, also through JSON and torch.load(weights_only)."""
+    import io
+    import json
+
+    lrs = [0.05 * 0.5 * (1 + math.cos(math.pi * t / 1000)) for t in range(1000)]
+    trace = [(lr, 0.9, 0.0, False, 0.0, 1) for lr in lrs[:500]]
+    trace += [(lr, 0.5, 0.1, True, 1e-4, 2) for lr in lrs[500:]]
+    stored = encode_trace(trace)
+    assert stored["lr"] == {"values": lrs, "steps": [1] * 500 + [2] * 500}
+    assert stored["momentum"] == {"values": [0.9, 0.5], "steps": [500, 1000]}
+    assert stored["nesterov"] == {"values": [False, True], "steps": [500, 1000]}
+    history = [(1.0, 0.01, 1500)]
+    for copy_of in (
+        lambda s: json.loads(json.dumps(s)),
+        lambda s: _torch_round_trip(s, io.BytesIO()),
+    ):
+        acc = LastIterateAccountant()
+        acc.load_state_dict({"history": history, "mechanism": "last_iterate",
+                             "optimizer_trace": copy_of(stored)})  # fmt: skip
+        assert acc.optimizer_trace == trace
+        assert acc.state_dict()["optimizer_trace"] == stored
+    short = copy.deepcopy(stored)
+    short["momentum"]["steps"][-1] -= 1
+    with pytest.raises(ValueError, match=r"every setting must cover the same steps"):
+        LastIterateAccountant().load_state_dict(
+            {"history": history, "mechanism": "last_iterate", "optimizer_trace": short}
+        )
+
+
+def _torch_round_trip(state, buffer):
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
 
 
 def test_a_trace_of_the_later_steps_only_is_saved_as_unusable_and_loads():
@@ -206,7 +251,7 @@ def test_a_trace_of_the_later_steps_only_is_saved_as_unusable_and_loads():
     assert sum(e[5] for e in acc.optimizer_trace) == 4 and acc.num_steps == 5
     assert not acc.uses_weights
     state = acc.state_dict()
-    assert state["optimizer_trace"] == [] and state["optimizer_trace_disabled"]
+    assert state["optimizer_trace"] == encode_trace([]) and state["optimizer_trace_disabled"]
     fresh = LastIterateAccountant()
     fresh.load_state_dict(state)
     assert fresh.get_epsilon(DELTA) == acc.get_epsilon(DELTA)

@@ -1,0 +1,112 @@
+"""A long run under a schedule: the accountant's memory, state size and load time.
+
+Records ``--steps`` steps of SGD with momentum 0.9 and a cosine learning rate (a new rate at
+every step) into a ``LastIterateAccountant`` through ``replay_step``, as a replica of the
+accountant is fed, then times the first and a second ``get_epsilon``, ``state_dict()``, its
+size pickled, through ``torch.save`` and as JSON (the monitor's checkpoint), ``torch.load``
+with ``weights_only=True``, ``load_state_dict`` into a fresh accountant and its first query,
+and checks that the loaded accountant continues with the same floats (both take three
+more steps, each queried). Prints the process's
+peak resident memory after the imports and at the end.
+
+    python benchmarks/bench_long_run.py                    # T = 10^6, sigma 20
+    python benchmarks/bench_long_run.py --steps 100000 --noise-multiplier 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import pickle
+import resource
+import sys
+import time
+import warnings
+
+
+def _peak_rss_mb() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS
+
+
+def _timed(fn, *args, **kwargs):
+    t0 = time.perf_counter()
+    value = fn(*args, **kwargs)
+    return time.perf_counter() - t0, value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=1_000_000)
+    parser.add_argument("--noise-multiplier", type=float, default=20.0)
+    parser.add_argument("--sample-rate", type=float, default=0.0445)
+    parser.add_argument("--delta", type=float, default=1e-5)
+    args = parser.parse_args()
+
+    import torch
+
+    from opacus_lastiterate.accountants import LastIterateAccountant
+    from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
+
+    warnings.simplefilter("ignore")
+    print(f"peak RSS after imports: {_peak_rss_mb():.0f} MB")
+    steps, sigma, q, delta = args.steps, args.noise_multiplier, args.sample_rate, args.delta
+    acc = LastIterateAccountant()
+    t0 = time.perf_counter()
+    for t in range(steps):
+        lr = 0.05 * 0.5 * (1.0 + math.cos(math.pi * t / steps))
+        acc.replay_step(sigma, q, SGDSettings(lr, 0.9, 0.0, False, 0.0))
+    replay = time.perf_counter() - t0
+    print(
+        f"T = {steps:,}, sigma {sigma:g}, q {q:g}, momentum 0.9 + cosine: replay_step "
+        f"{replay:.1f} s ({replay / steps * 1e6:.1f} us a step); peak RSS {_peak_rss_mb():.0f} MB"
+    )
+    first, eps = _timed(acc.get_epsilon, delta)
+    again, _ = _timed(acc.get_epsilon, delta)
+    print(
+        f"first get_epsilon({delta:g}) {first:.2f} s (epsilon {eps:.4f}), "
+        f"second {again * 1e3:.2f} ms; peak RSS {_peak_rss_mb():.0f} MB"
+    )
+
+    took, state = _timed(acc.state_dict)
+    sizes = {key: len(pickle.dumps(value)) for key, value in state.items()}
+    buffer = io.BytesIO()
+    saved, _ = _timed(torch.save, state, buffer)
+    pickled = len(pickle.dumps(state))
+    as_json = len(json.dumps(state))
+    print(
+        f"state_dict {took:.2f} s; pickled {pickled / 1e6:.1f} MB "
+        f"({pickled / steps:.1f} bytes a step; optimizer_trace "
+        f"{sizes['optimizer_trace'] / 1e6:.1f} MB, weighted_characteristic "
+        f"{sizes.get('weighted_characteristic', 0) / 1e3:.0f} kB); torch.save "
+        f"{buffer.tell() / 1e6:.1f} MB in {saved:.2f} s; JSON {as_json / 1e6:.1f} MB; peak RSS "
+        f"{_peak_rss_mb():.0f} MB"
+    )
+    buffer.seek(0)
+    read, loaded_state = _timed(torch.load, buffer, weights_only=True)
+    fresh = LastIterateAccountant()
+    load, _ = _timed(fresh.load_state_dict, loaded_state)
+    loaded_rss = _peak_rss_mb()
+    probe = LastIterateAccountant()  # a query changes the kept engine: asked of a copy
+    probe.load_state_dict(loaded_state)
+    after, eps_loaded = _timed(probe.get_epsilon, delta)
+    del probe
+    print(
+        f"torch.load(weights_only=True) {read:.2f} s; load_state_dict {load:.2f} s; first "
+        f"get_epsilon after loading {after * 1e3:.1f} ms (epsilon {eps_loaded:.4f}); peak RSS "
+        f"after loading {loaded_rss:.0f} MB"
+    )
+    same = True
+    for t in range(3):  # both continue: the same floats
+        settings = SGDSettings(0.001 * (t + 1), 0.9, 0.0, False, 0.0)
+        for a in (acc, fresh):
+            a.replay_step(sigma, q, settings)
+        same = same and acc.get_epsilon(delta) == fresh.get_epsilon(delta)
+    print(f"the loaded accountant continues with the same floats: {same}")
+    print(f"peak RSS at the end (three accountants of T steps alive): {_peak_rss_mb():.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
