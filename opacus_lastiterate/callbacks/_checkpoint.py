@@ -33,7 +33,7 @@ _KEYS = frozenset({
 })
 """The keys of a :func:`monitor_state`."""
 
-_TUPLE_KEYS = ("history", "optimizer_trace")
+_TUPLE_KEYS = ("history",)
 """An accountant state's keys whose entries are tuples (lists in the plain state)."""
 
 
