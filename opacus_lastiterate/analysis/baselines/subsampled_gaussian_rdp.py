@@ -11,7 +11,7 @@ per (pair, order):
   two variants (``series``):
 
   - ``"dp_accounting"``: what dp_accounting's ``RdpAccountant`` composes for a
-    ``PoissonSampledDpEvent(q, GaussianDpEvent(sigma))``: every term added with |C(a, i)|
+    ``PoissonSampledDpEvent(q, GaussianDpEvent(sigma))``: every term added with ``|C(a, i)|``
     (an upper bound on A_a), stopped at the first term i >= 1 where both halves decrease and
     both are below the running total times e^-30; an order whose series has not stopped
     after 1,000 terms is +inf (dp_accounting then leaves it out of the conversion);
