@@ -94,6 +94,21 @@ def test_zero_weight_steps_do_not_use_the_canary() -> None:
         assert model.delta(eps) == pytest.approx(ref.delta(eps), rel=1e-6, abs=1e-13)
 
 
+def test_zero_weights_among_unequal_weights() -> None:
+    """Unequal weights with zeros (the exact route): a zero-weight step adds nothing."""
+    weights = np.array([1.0, 0.0, 0.5, 0.8, 0.0, 0.3])
+    run = _run(6, ShuffledBatches(6, 2), 0.8, weights)
+    ref = _reference(6, 2, False, weights, 0.8)
+    assert SamplingHeuristic(run).delta(0.5) == pytest.approx(ref.delta(0.5), rel=1e-6)
+
+
+def test_all_weights_zero_is_perfectly_private() -> None:
+    """No step's gradient reaches the final model."""
+    for scheme in (ShuffledBatches(6, 2), BallsInBins(3)):
+        model = SamplingHeuristic(_run(6, scheme, 1.0, np.zeros(6)))
+        assert model.epsilon(1e-5) == 0.0 and model.delta(0.0) == 0.0
+
+
 def test_repeated_weights_inside_an_epoch() -> None:
     """Two steps of one epoch with the same weight: their probabilities add up."""
     weights = np.array([1.0, 0.5, 0.5, 1.0, 0.5, 0.5])
@@ -132,6 +147,8 @@ def test_grid_route_bounds_the_enumerated_pair(monkeypatch, n, b, drop_last, wei
             assert exact * (1 - 1e-9) <= model.delta(eps) <= exact * (1 + acc) + 1e-15
         exact = ref.epsilon(1e-4)
         assert exact * (1 - 1e-9) <= model.epsilon(1e-4) <= exact * (1 + acc)
+        assert model.delta(60.0) <= 1e-30  # exact: below 1e-300 (no canary contribution
+        # reaches e^60 times the likelihood); at most the cut tails of 1e-30 are added
 
 
 # -- the robust maximum ---------------------------------------------------------------------------

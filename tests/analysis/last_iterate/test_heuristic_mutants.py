@@ -124,12 +124,17 @@ def test_weighted_epsilon_and_delta_bound_the_enumerated_pair(accuracy) -> None:
 
 
 def test_weighted_run_has_no_trade_off_curve() -> None:
-    with pytest.raises(NotImplementedError, match=r"beta\(alpha\).*per-step weights"):
+    with pytest.raises(
+        NotImplementedError,
+        match=r"^beta\(alpha\) is computed for runs without per-step weights only\.$",
+    ):
         LastIterateHeuristic(_weighted_run()).beta(0.1)
 
 
 def test_robust_model_refuses_weights_naming_run() -> None:
-    with pytest.raises(ValueError, match=r"`run` must have no per-step weights"):
+    with pytest.raises(
+        ValueError, match=r"^`run` must have no per-step weights: .* constant-rate formula\.$"
+    ):
         RobustLastIterateHeuristic(_weighted_run())
 
 
