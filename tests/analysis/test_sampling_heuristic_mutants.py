@@ -19,6 +19,8 @@ from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_ep
 from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.analysis.sampling import (
     BallsInBins,
+    DeterministicBatches,
+    PoissonSampling,
     ShuffledBatches,
     UnknownSampling,
 )
@@ -104,7 +106,7 @@ def test_zero_weights_among_unequal_weights() -> None:
 
 def test_all_weights_zero_is_perfectly_private() -> None:
     """No step's gradient reaches the final model."""
-    for scheme in (ShuffledBatches(6, 2), BallsInBins(3)):
+    for scheme in (ShuffledBatches(6, 2), BallsInBins(3), DeterministicBatches(6, 2)):
         model = SamplingHeuristic(_run(6, scheme, 1.0, np.zeros(6)))
         assert model.epsilon(1e-5) == 0.0 and model.delta(0.0) == 0.0
 
@@ -169,12 +171,41 @@ def test_robust_epsilon_below_one() -> None:
     assert robust == max(each) and 0.0 < robust < 1.0
 
 
+def test_robust_accepts_equal_weights() -> None:
+    """A constant learning rate 0.5 given as weights is plain SGD: the same maximum as the
+    run without weights (the pair does not depend on the common scale)."""
+    plain = _run(12, ShuffledBatches(60, 20), 1.0)
+    scaled = _run(12, ShuffledBatches(60, 20), 1.0, weights=np.full(12, 0.5))
+    assert RobustSamplingHeuristic(scaled).epsilon(1e-5) == pytest.approx(
+        RobustSamplingHeuristic(plain).epsilon(1e-5), rel=1e-9
+    )
+
+
 def test_robust_refusal_names_run_and_reason() -> None:
     with pytest.raises(ValueError) as info:
         RobustSamplingHeuristic(_run(4, BallsInBins(2), 1.0, [1.0, 2.0, 1.0, 1.0]))
     text = str(info.value)
     assert text.startswith("`run` must have no per-step weights")
     assert text.endswith("computed for plain SGD at a constant learning rate.")
+
+
+# -- refused inputs -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("accuracy", [0.0, 1.0, 1.5])
+def test_accuracy_outside_the_open_unit_interval_is_named(accuracy) -> None:
+    with pytest.raises(ValueError, match=r"^`accuracy` must be in \(0, 1\)"):
+        SamplingHeuristic(_run(10, ShuffledBatches(100, 10)), accuracy=accuracy)
+
+
+def test_a_poisson_run_is_refused_naming_the_schemes() -> None:
+    run = DPSGDRun.constant(
+        steps=3, sample_rate=0.1, noise_multiplier=1.0, sampling=PoissonSampling(0.1)
+    )
+    with pytest.raises(
+        ValueError, match=r"^`run.sampling` must be ShuffledBatches, DeterministicBatches or BallsInBins"
+    ):
+        SamplingHeuristic(run)
 
 
 # -- labels ----------------------------------------------------------------------------------------
