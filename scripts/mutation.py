@@ -1,14 +1,16 @@
 """Mutation testing of the heuristic, sampling-heuristic and audit-statistics modules.
 
-    python scripts/mutation.py heuristic [--max-children 1] [--fresh]
+    python scripts/mutation.py [TARGET ...] [--max-children 1] [--fresh | --survivors-only]
 
 For each named target the script copies the package, the tests and ``pyproject.toml`` into
 ``build/mutation/<target>/``, adds a ``[tool.mutmut]`` section there (the modules to mutate
 and the test files that cover them), runs ``mutmut run`` in that copy and prints
-``mutmut results`` and the counts per status. The repository's own ``pyproject.toml`` carries
-no mutmut configuration, so the per-target test selection stays here. Results are cached in
-``build/mutation/<target>/mutants/``: a second run re-tests only mutants whose function or
-covering tests changed (``--fresh`` starts over).
+the counts per status and every mutant not killed ("survived" or "no tests"; the survival
+rate counts both). The repository's own ``pyproject.toml`` carries no mutmut configuration,
+so the per-target test selection stays here. mutmut keeps its verdicts in
+``build/mutation/<target>/mutants/`` and re-tests a mutant when its function changed;
+``--survivors-only`` re-tests the mutants not killed last time (``results.json``) after
+tests were added, ``--fresh`` starts over.
 
 Needs ``mutmut`` (3.8.1) importable by the Python that runs this script (``make mutation``
 installs it into the development environment). A developer's check, not part of ``make test``.
@@ -176,8 +178,9 @@ def main() -> int:
     for target, status in summary.items():
         tally = Counter(status.values())
         total = sum(tally.values())
-        rate = tally.get("survived", 0) / total if total else float("nan")
-        print(f"{target}: {total} mutants, {dict(sorted(tally.items()))}, survived {rate:.1%}")
+        alive = tally.get("survived", 0) + tally.get("no tests", 0)
+        rate = alive / total if total else float("nan")
+        print(f"{target}: {total} mutants, {dict(sorted(tally.items()))}, not killed {rate:.1%}")
         for name, verdict in sorted(status.items()):
             if verdict != "killed":
                 print(f"    {name}: {verdict}")
