@@ -28,6 +28,7 @@ from opacus_lastiterate.analysis.sampling_heuristic import (
     RobustSamplingHeuristic,
     SamplingHeuristic,
 )
+from opacus_lastiterate.exceptions import WeightedAccuracyWarning
 from tests.analysis._reference import ClosedFormMixture
 
 TAIL = " (final model only; exact for linear losses, not a proven bound for deep networks)"
@@ -151,6 +152,23 @@ def test_grid_route_bounds_the_enumerated_pair(monkeypatch, n, b, drop_last, wei
         assert exact * (1 - 1e-9) <= model.epsilon(1e-4) <= exact * (1 + acc)
         assert model.delta(60.0) <= 1e-30  # exact: below 1e-300 (no canary contribution
         # reaches e^60 times the likelihood); at most the cut tails of 1e-30 are added
+
+
+def test_an_unreachable_accuracy_warns_and_keeps_the_upper_bound(monkeypatch) -> None:
+    """accuracy = 1e-12 needs a grid beyond the size limit: the answer is the upper end of
+    the last grid, never below the exact pair, with a WeightedAccuracyWarning saying so."""
+    weights = [1.0, 0.8, 0.55, 0.3, 0.9, 0.45, 0.2]
+    ref = _reference(7, 2, False, weights, 1.0)
+    run = _run(7, ShuffledBatches(7, 2), 1.0, weights)
+    monkeypatch.setattr(sampling_heuristic, "EXACT_SUPPORT_LIMIT", 1)
+    pattern = (
+        r"^sampling heuristic: reached relative accuracy .+, not the requested 1e-12, at the "
+        r"grid-size limit \(resolution \d+\); the value is still an upper bound\.$"
+    )
+    with pytest.warns(WeightedAccuracyWarning, match=pattern):
+        value = SamplingHeuristic(run, accuracy=1e-12).epsilon(1e-4)
+    exact = ref.epsilon(1e-4)
+    assert exact * (1 - 1e-9) <= value <= exact * 1.1
 
 
 # -- the robust maximum ---------------------------------------------------------------------------
