@@ -18,6 +18,9 @@
 #   make docs        the documentation site, warnings as errors (docs/_build/html)
 #   make docs-layout the site in headless Chromium at 1280 px: nothing clipped; screenshots
 #   make check-dist  build the wheel and the sdist, install the wheel into a fresh environment
+#   make mutation    mutation testing (mutmut) of the heuristic, sampling-heuristic and
+#                    audit-statistics modules, in build/mutation/ (docs/testing.md); a
+#                    developer's check, slow, not part of make test or CI
 PYTHON ?= python3
 VENV ?= .venv
 VENV_COMPAT ?= .venv-opacus15
@@ -27,7 +30,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: venv demo test lint test-slow test-corpus-exact test-compat probe-versions examples \
-	bench docs docs-layout check-dist clean
+	bench docs docs-layout check-dist mutation clean
 
 venv:
 	PYTHON=$(PYTHON) scripts/bootstrap.sh $(VENV) dev
@@ -78,6 +81,12 @@ docs-layout:
 # the wheel and the sdist, built, checked and installed into a fresh environment (.ci/run)
 check-dist:
 	PYTHON=$(PYTHON) scripts/check_dist.sh
+
+# MUTATION_ARGS: targets and options of scripts/mutation.py, e.g. "heuristic --fresh"
+MUTATION_ARGS ?=
+mutation: venv
+	$(PY) -m pip install -q mutmut==3.8.1
+	$(PY) scripts/mutation.py $(MUTATION_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VENV_COMPAT) build dist *.egg-info docs/_build
