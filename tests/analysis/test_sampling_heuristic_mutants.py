@@ -79,7 +79,7 @@ def test_equal_weights_other_than_one_are_scale_free(c) -> None:
     run = _run(steps, ShuffledBatches(100, 10), sigma, weights=np.full(steps, c))
     mu = epochs / (sigma * math.sqrt(steps))
     assert SamplingHeuristic(run).epsilon(1e-5) == pytest.approx(
-        gaussian_epsilon(1e-5, mu=mu), rel=1e-9
+        gaussian_epsilon(mu=mu, delta=1e-5), rel=1e-9
     )
     partial = _run(7, ShuffledBatches(6, 2), 0.9, weights=np.full(7, c))
     ref = _reference(6, 2, False, np.full(7, c), 0.9)
