@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--target-epsilon", type=float, default=4.0, help="target epsilon")
     parser.add_argument("--delta", type=float, default=1e-5, help="delta")
     parser.add_argument(
-        "--accountant", choices=["robust", "heuristic"], default="robust",
+        "--accountant", choices=["robust_heuristic", "heuristic"], default="robust_heuristic",
         help="what is calibrated to the target",
     )
     parser.add_argument("--out", type=Path, default=None, help="folder for plan.json and plan.png")
