@@ -10,14 +10,13 @@ Opacus 1.x. :func:`use_public_divisor` is the one-line fix for Opacus 1.x's data
 from __future__ import annotations
 
 from opacus_lastiterate.accountants import engine_sampling
-from opacus_lastiterate.accountants.base import (
-    RunAccountant,
+from opacus_lastiterate.accountants.any_accountant import (
     accountant_of,
     last_step_of,
-    sampling_of_new_accountants,
     steps_of,
     take_back_steps,
 )
+from opacus_lastiterate.accountants.base import RunAccountant, sampling_of_new_accountants
 from opacus_lastiterate.accountants.incremental_rdp import IncrementalRDP
 from opacus_lastiterate.accountants.last_iterate import (
     MECHANISM,

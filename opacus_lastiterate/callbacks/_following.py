@@ -5,7 +5,7 @@ changes the accountant (``load_state_dict``, as ``PrivacyEngine.load_checkpoint`
 assigned history; steps taken back; steps recorded by another optimizer made private with the
 same accountant) would leave its records and its budget guard describing another run.
 :class:`AccountantWatch` tells, in O(1) per step, whether the accountant is where the monitor
-left it (its :func:`~opacus_lastiterate.accountants.base.revision_of` token and its step
+left it (its :func:`~opacus_lastiterate.accountants.any_accountant.revision_of` token and its step
 count), describes a change (:class:`Change`) and warns about it; the monitor then emits the
 records of the steps it saw and restarts from the accountant's state
 (``docs/callbacks.md``, "Resuming with Opacus's own checkpoints").
@@ -18,7 +18,8 @@ from typing import Any
 
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants import steps_of
-from opacus_lastiterate.accountants.base import revision_of, trim_history
+from opacus_lastiterate.accountants.any_accountant import revision_of
+from opacus_lastiterate.accountants.base import trim_history
 from opacus_lastiterate.exceptions import MonitorWarning
 
 __all__ = ["AccountantWatch", "Change"]
