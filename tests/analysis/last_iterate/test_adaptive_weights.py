@@ -366,3 +366,49 @@ def test_bad_sequences_and_noise_are_named():
     with pytest.raises(ValueError, match="second_moment"):
         weights_given_second_moment([AdaptiveSettings("adam", lr=1e-3, eps=0.0)] * 2, [1.0, 0.0])
     assert adaptive_weights([], noise_std=1.0).shape == (0,)
+
+
+# -- the simulated region ---------------------------------------------------------------------
+
+
+def _study_rows():
+    import csv
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "docs" / "results" / "adam_study.csv"
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_studied_ranges_are_the_simulated_settings_and_none_understates():
+    from opacus_lastiterate.analysis.last_iterate.adaptive_regime import STUDIED_RANGES
+
+    rows = _study_rows()
+    columns = {"sample_rate": "q", "noise_multiplier": "sigma", "beta1": "beta1",
+               "beta2": "beta2", "eps_over_noise": "eps", "steps": "steps"}
+    for key, (low, high) in STUDIED_RANGES.items():
+        seen = [float(r[columns[key]]) for r in rows]
+        assert min(seen) <= low or key == "eps_over_noise"  # eps: any eps down to 0 is as studied
+        assert max(seen) == high, key
+    for r in rows:  # the committed results say what the module claims
+        assert float(r["lower_bound"]) <= float(r["heuristic"]), r
+        spread = 2 * math.hypot(float(r["estimate_se"]), 0.15)  # frozen estimate's s.e. <= 0.15
+        assert float(r["estimate"]) <= float(r["frozen_estimate"]) + spread, r
+
+
+def test_caveats_are_empty_inside_the_box_and_name_each_way_out():
+    from opacus_lastiterate.analysis.last_iterate.adaptive_regime import adaptive_heuristic_caveats
+
+    inside = dict(sample_rate=0.01, noise_multiplier=1.0, steps=1000, beta1=0.9, beta2=0.999,
+                  eps_over_noise=1e-5)
+    assert adaptive_heuristic_caveats("AdamW", **inside) == ()
+    for key, value in (("sample_rate", 0.5), ("noise_multiplier", 0.1), ("steps", 50_000),
+                       ("beta1", 0.95), ("beta2", 0.9999), ("eps_over_noise", 10.0)):
+        caveats = adaptive_heuristic_caveats("adam", **{**inside, key: value})
+        assert len(caveats) == 1 and caveats[0].startswith(key), caveats
+    caveats = adaptive_heuristic_caveats("RMSprop", **inside)
+    assert len(caveats) == 1 and "rmsprop" in caveats[0]
+    with pytest.raises(UnsupportedOptimizerError, match="Adadelta"):
+        adaptive_heuristic_caveats("Adadelta", **inside)
+    with pytest.raises(ValueError, match="sample_rate"):
+        adaptive_heuristic_caveats("adam", **{**inside, "sample_rate": 0.0})
