@@ -27,7 +27,8 @@ Per setting, at delta = 1e-5:
 * ``heuristic``: ``privacy_model("heuristic", DPSGDRun(..., weights=adaptive_weights(...)))``,
   the frozen-second-moment heuristic; ``standard``: ``privacy_model("standard", run)``.
 
-    python scripts/adam_study.py [--runs 100000] [--quick] [--out docs/results/adam_study]
+    python scripts/adam_study.py [--runs 100000] [--long-runs 30000] [--quick]
+        [--out docs/results/adam_study] [--resume] [--plot-only] [--table]
 
 writes ``<out>.csv`` and ``<out>.png``.
 """
@@ -241,9 +242,27 @@ def plot(rows: list[dict[str, object]], path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
+def table(rows: list[dict[str, object]]) -> str:
+    """The results as a Markdown table (the one in docs/adaptive_optimizers.md)."""
+    head = ("q", "sigma", "beta1", "beta2", "eps", "warmup", "steps", "estimate (s.e.)",
+            "frozen est.", "lower bound", "heuristic", "standard")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [f"{float(r[k]):g}" for k in ("q", "sigma", "beta1", "beta2", "eps", "warmup")]  # type: ignore[arg-type]
+        cells.append(str(r["steps"]))
+        cells.append(f"{float(r['estimate']):.2f} ({float(r['estimate_se']):.2f})")  # type: ignore[arg-type]
+        cells += [f"{float(r[k]):.2f}" for k in  # type: ignore[arg-type]
+                  ("frozen_estimate", "lower_bound", "heuristic", "standard")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100_000)
+    parser.add_argument(
+        "--long-runs", type=int, default=30_000, help="runs per side for T >= 10,000 (time)"
+    )
     parser.add_argument("--quick", action="store_true", help="one short setting (smoke test)")
     parser.add_argument("--out", default="docs/results/adam_study")
     parser.add_argument("--seed", type=int, default=20261128)
@@ -251,10 +270,15 @@ def main(argv: list[str] | None = None) -> int:
         "--resume", action="store_true", help="keep the rows already in <out>.csv, run the rest"
     )
     parser.add_argument("--plot-only", action="store_true", help="replot <out>.csv")
+    parser.add_argument("--table", action="store_true", help="print <out>.csv as Markdown")
     args = parser.parse_args(argv)
-    if args.plot_only:
+    if args.plot_only or args.table:
         with open(f"{args.out}.csv", newline="") as fh:
-            plot(list(csv.DictReader(fh)), f"{args.out}.png")
+            done = list(csv.DictReader(fh))
+        if args.table:
+            print(table(done))
+        else:
+            plot(done, f"{args.out}.png")
         return 0
     rows: list[dict[str, object]] = []
     if args.resume:
@@ -263,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     for i, s in enumerate(grid(args.quick)):
         if i < len(rows):
             continue
-        row = study_row(s, args.runs, args.seed + i)
+        runs = args.runs if s.steps < 10_000 else min(args.runs, args.long_runs)
+        row = study_row(s, runs, args.seed + i)
         rows.append(row)
         print(", ".join(f"{k}={v}" for k, v in row.items()), flush=True)
     with open(f"{args.out}.csv", "w", newline="") as fh:
