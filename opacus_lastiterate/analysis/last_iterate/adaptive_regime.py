@@ -10,7 +10,8 @@ same estimator applied to the frozen model: no setting was found where the heuri
 understates. Outside the simulated box nothing is known, so an accountant should say so.
 
 :func:`adaptive_heuristic_caveats` returns one sentence per way a run leaves the box (empty
-inside it); an accountant warns with them. :data:`STUDIED_RANGES` is the box.
+inside it); an accountant warns with them. :data:`STUDIED_RANGES` is the box: it spans the
+simulated points, not all of whose corners were simulated (a rule of thumb from the table).
 """
 
 from __future__ import annotations

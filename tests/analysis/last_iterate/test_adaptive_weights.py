@@ -392,7 +392,9 @@ def test_studied_ranges_are_the_simulated_settings_and_none_understates():
         assert max(seen) == high, key
     for r in rows:  # the committed results say what the module claims
         assert float(r["lower_bound"]) <= float(r["heuristic"]), r
-        spread = 2 * math.hypot(float(r["estimate_se"]), 0.15)  # frozen estimate's s.e. <= 0.15
+        # the frozen estimate's standard error taken equal to the estimate's (same estimator,
+        # similar laws); 3 combined standard errors for about 50 one-sided comparisons
+        spread = 3 * math.sqrt(2) * max(float(r["estimate_se"]), 0.05)
         assert float(r["estimate"]) <= float(r["frozen_estimate"]) + spread, r
 
 
