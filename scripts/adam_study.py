@@ -90,13 +90,23 @@ def simulate(s: Setting, runs: int, rng: np.random.Generator) -> tuple[np.ndarra
         g[1] = rng.standard_normal(runs, dtype=f) * f(s.sigma)
         g[0] = g[1]
         g[0, inclusions(s.q, runs, rng)] += 1.0
-        m *= f(s.beta1)
-        m += f(1 - s.beta1) * g
-        v *= f(s.beta2)
-        v += f(1 - s.beta2) * g * g
-        bc1, bc2 = 1 - s.beta1**t, 1 - s.beta2**t
-        p -= f(lr[i] / bc1) * m / (np.sqrt(v) / f(math.sqrt(bc2)) + eps)
+        adam_step(p, m, v, g, lr=float(lr[i]), t=t, beta1=s.beta1, beta2=s.beta2, eps=float(eps))
     return -p[0].astype(float), -p[1].astype(float)
+
+
+def adam_step(
+    p: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray, *,
+    lr: float, t: int, beta1: float, beta2: float, eps: float,
+) -> None:
+    """torch.optim.Adam's step t (1-based, no weight decay) in place on arrays of parameters,
+    first and second moments, with gradients ``g``."""
+    f = p.dtype.type
+    m *= f(beta1)
+    m += f(1 - beta1) * g
+    v *= f(beta2)
+    v += f(1 - beta2) * g * g
+    bc1, bc2 = 1 - beta1**t, 1 - beta2**t
+    p -= f(lr / bc1) * m / (np.sqrt(v) / f(math.sqrt(bc2)) + f(eps))
 
 
 def inclusions(q: float, runs: int, rng: np.random.Generator) -> np.ndarray:
