@@ -97,7 +97,10 @@ class WiringReport:
     notes: tuple[str, ...] = field(default=())
 
 
-def _fingerprint(t: torch.Tensor) -> tuple[float, float]:
+def _fingerprint(t: torch.Tensor) -> tuple[float, float] | None:
+    """A float64 sum and sum of squares (None for a tensor without data, on ``meta``)."""
+    if t.is_meta:
+        return None
     d = t.detach().double()
     return float(d.sum()), float((d * d).sum())
 
@@ -135,7 +138,7 @@ class WiringCheck:
         self._model = model
         self._names: dict[int, str] = {}
         self._model_trainable: dict[int, tuple[str, torch.Tensor]] = {}
-        self._frozen: dict[str, tuple[torch.Tensor, tuple[float, float]]] = {}
+        self._frozen: dict[str, tuple[torch.Tensor, tuple[float, float] | None]] = {}
         if model is not None:
             for name, p in model.named_parameters():
                 self._names.setdefault(id(p), name)
@@ -189,7 +192,7 @@ class WiringCheck:
         changed = {
             name: f"frozen (requires_grad=False) but {when}"
             for name, (p, before) in self._frozen.items()
-            if _fingerprint(p) != before
+            if before is not None and _fingerprint(p) != before
         }
         if changed:
             self.cancel()

@@ -337,3 +337,44 @@ def test_bad_arguments_are_named() -> None:
     with pytest.raises(TypeError, match="`enabled`"):
         check_private_training(dp_opt, enabled=1)  # type: ignore[arg-type]
     assert "pre_step" not in dp_opt.__dict__  # nothing was armed
+
+
+# -- the set-up of Opacus issue 820 -------------------------------------------------------------
+
+
+def test_the_opacus_820_setup_passes_and_its_lora_weights_move(tmp_path) -> None:
+    # The reported combination (Opacus issue 820: LoRA weights silently not updated with
+    # peft 0.14+): a causal LM loaded with from_pretrained and not moved before
+    # get_peft_model, LoRA r=16 on c_attn, AdamW, make_private_with_epsilon, Poisson
+    # batches. Here a 2-layer GPT-2 saved to and loaded from a local folder, on CPU. Never
+    # silent: either the check names a parameter, or it passes and the LoRA weights move.
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=VOCAB,
+                               n_positions=32, bos_token_id=0, eos_token_id=0)
+                    ).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
+                                             target_modules=["c_attn"], task_type="CAUSAL_LM"))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    loader = DataLoader(TensorDataset(torch.randint(0, VOCAB, (64, 16))), batch_size=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, opt, loader = PrivacyEngine(accountant="rdp").make_private_with_epsilon(
+            module=model, optimizer=opt, data_loader=loader, target_epsilon=8.0,
+            target_delta=1e-5, epochs=1, max_grad_norm=1.0)
+    check = check_private_training(opt, model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_B" in n}
+    for (tokens,) in loader:
+        if len(tokens):
+            model(input_ids=tokens, labels=tokens).loss.backward()
+            opt.step()
+            opt.zero_grad()
+    assert check is not None and check.report is not None
+    assert {p.name for p in check.report.parameters} == _trainable(model)
+    for name, p in model.named_parameters():
+        if name in before:
+            assert float((p - before[name]).abs().max()) > 1e-4, name
