@@ -378,3 +378,38 @@ def test_the_opacus_820_setup_passes_and_its_lora_weights_move(tmp_path) -> None
     for name, p in model.named_parameters():
         if name in before:
             assert float((p - before[name]).abs().max()) > 1e-4, name
+
+
+# -- beside the privacy monitor -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("check_first", [True, False])
+def test_the_check_and_the_monitor_wrap_the_same_optimizer_in_either_order(
+    check_first: bool,
+) -> None:
+    from opacus_lastiterate.callbacks import PrivacyMonitor
+
+    torch.manual_seed(0)
+    model = TwoLayer()
+    x, y = torch.randn(16, 6), torch.randint(0, 6, (16,))
+    engine = PrivacyEngine(accountant="last_iterate")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        wrapped, dp_opt, loader = engine.make_private(
+            module=model, optimizer=torch.optim.SGD(model.head.parameters(), lr=0.5),
+            data_loader=DataLoader(TensorDataset(x, y), batch_size=BATCH),
+            noise_multiplier=1.0, max_grad_norm=0.5, poisson_sampling=False,
+        )
+    records: list[object] = []
+    if check_first:
+        check = check_private_training(dp_opt, wrapped)
+    monitor = PrivacyMonitor(engine, delta=1e-5, sinks=[records.append], optimizer=dp_opt)
+    if not check_first:
+        check = check_private_training(dp_opt, wrapped)
+    _plain_steps(wrapped, dp_opt, loader, 3)
+    monitor.finish()
+    assert check is not None and check.done and check.report is not None
+    assert [r.step for r in records if not r.final] == [1, 2, 3]  # type: ignore[attr-defined]
+    monitor.detach()
+    _plain_steps(wrapped, dp_opt, loader, 1)  # still trains after both let go
+    assert len(engine.accountant.history) > 0
