@@ -413,3 +413,15 @@ def test_the_check_and_the_monitor_wrap_the_same_optimizer_in_either_order(
     monitor.detach()
     _plain_steps(wrapped, dp_opt, loader, 1)  # still trains after both let go
     assert len(engine.accountant.history) > 0
+
+
+def test_gradient_accumulation_over_two_backward_passes_passes() -> None:
+    _, wrapped, dp_opt, loader, _ = _plain()
+    check = check_private_training(dp_opt, wrapped)
+    batches = iter(loader)
+    for _ in range(2):  # two micro-batches of 4, one step
+        x, y = next(batches)
+        F.cross_entropy(wrapped(x), y).backward()
+    dp_opt.step()
+    assert check is not None and check.report is not None
+    assert all(p.examples == 2 * BATCH for p in check.report.parameters)
