@@ -27,7 +27,7 @@ drawn: the observer reads what Opacus computed for that step and checks, per par
   entry, lies within two-sided tails of probability ``alpha`` (default 1e-9), per parameter
   and pooled over all of them; a parameter with no noise at all fails;
 * **frozen parameters** (when the model is given): those with ``requires_grad=False`` are
-  unchanged (a float64 sum and sum of squares per tensor) from arming to the first step and
+  unchanged (a float64 sum and Euclidean norm per tensor) from arming to the first step and
   through the first update (compared at the next step).
 
 A failure raises :class:`~opacus_lastiterate.exceptions.PrivacyWiringError` (a
@@ -98,11 +98,14 @@ class WiringReport:
 
 
 def _fingerprint(t: torch.Tensor) -> tuple[float, float] | None:
-    """A float64 sum and sum of squares (None for a tensor without data, on ``meta``)."""
+    """A float64 sum and Euclidean norm (None for a tensor without data, on ``meta``)."""
     if t.is_meta:
         return None
-    d = t.detach().double()
-    return float(d.sum()), float((d * d).sum())
+    d = t.detach()
+    return (
+        float(d.sum(dtype=torch.float64)),
+        float(torch.linalg.vector_norm(d, dtype=torch.float64)),
+    )
 
 
 def _flat_samples(p: torch.Tensor) -> tuple[torch.Tensor, list[int]] | None:
@@ -164,8 +167,10 @@ class WiringCheck:
         return pre_step
 
     def cancel(self) -> None:
-        """Disarm; the optimizer's ``pre_step`` is restored when nothing wrapped it since."""
+        """Disarm; the optimizer's ``pre_step`` is restored when nothing wrapped it since.
+        The model and its tensors are no longer referenced."""
         self.done = True
+        self._model, self._frozen, self._model_trainable = None, {}, {}
         opt = self.optimizer
         if opt.__dict__.get("pre_step") is self._wrapper:
             if self._own_pre_step is None:
