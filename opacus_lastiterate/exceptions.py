@@ -26,6 +26,7 @@ __all__ = [
     "OpacusLastIterateWarning",
     "OptimizerTraceWarning",
     "PrivacyBudgetExceededError",
+    "PrivacyWiringError",
     "SamplingWarning",
     "TruncatedRecordWarning",
     "UnsupportedOptimizerError",
@@ -141,3 +142,20 @@ class PrivacyBudgetExceededError(RuntimeError):
     def __init__(self, message: str, *, step: int, metric: str, value: float, limit: float):
         super().__init__(message)
         self.step, self.metric, self.value, self.limit = step, metric, value, limit
+
+
+class PrivacyWiringError(ValueError):
+    """Parameters that the Opacus set-up does not privatise (the wiring check,
+    :func:`~opacus_lastiterate.auditing.check_private_training`).
+
+    Attribute ``problems``: parameter name -> what is wrong with it. The message lists them.
+    A ``ValueError``, so ``except ValueError`` keeps catching it.
+    """
+
+    def __init__(self, problems: dict[str, str]):
+        self.problems = dict(problems)
+        lines = "\n".join(f"  {name}: {why}" for name, why in self.problems.items())
+        super().__init__(
+            f"{len(self.problems)} parameter(s) not privatised as stated by the DP optimizer:\n"
+            f"{lines}"
+        )

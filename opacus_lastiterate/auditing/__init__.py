@@ -15,7 +15,10 @@ One subpackage per concept:
   :mod:`opacus_lastiterate.analysis.opacus_versions`, and the worst-case audit of real Opacus
   code; ``docs/opacus_versions.md``);
 - :mod:`.opacus_training`: a ready-made Opacus trainer on digits (gradient or input canary)
-  for the runner.
+  for the runner;
+- :mod:`.wiring`: the wiring check of a real Opacus set-up (every trainable parameter has
+  per-sample gradients, is clipped and noised at the stated scale; frozen ones stay frozen;
+  ``docs/language_models.md``).
 
 The statistics live in :mod:`opacus_lastiterate.analysis.audit`; every audit's numbers come
 from :class:`~opacus_lastiterate.analysis.audit.ScoreAudit`. Background, adversaries and
@@ -121,6 +124,12 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         run_assignment,
         run_audit,
     )
+    from opacus_lastiterate.auditing.wiring import (
+        ParameterReport,
+        WiringCheck,
+        WiringReport,
+        check_private_training,
+    )
 
 _LAZY: dict[str, str] = {
     "AdversarialDataset": "gradient_space.adversaries",
@@ -149,6 +158,7 @@ _LAZY: dict[str, str] = {
     "StepDivisor": "gradient_space.arithmetic",
     "OpacusDigitsTrainer": "opacus_training",
     "OpacusInputTrainer": "input_space.training",
+    "ParameterReport": "wiring",
     "PeriodicInsertion": "gradient_space.insertion",
     "PoissonInsertion": "gradient_space.insertion",
     "ProbeReport": "opacus_releases.agreement",
@@ -166,6 +176,8 @@ _LAZY: dict[str, str] = {
     "SimulatedCoordinateAdversary": "gradient_space.canaries",
     "TrainFunction": "runner",
     "TruncatedRecordWarning": "runner",
+    "WiringCheck": "wiring",
+    "WiringReport": "wiring",
     "WorstCaseLandscape": "gradient_space.adversaries",
     "adaptive_expansion_objective": "input_space.adversarial_samples",
     "audit_installed_opacus": "opacus_releases.real_code_audit",
@@ -174,6 +186,7 @@ _LAZY: dict[str, str] = {
     "blank_canary": "input_space.canaries",
     "canary_gradient_norm": "input_space.worst_case_init",
     "check_disjoint_runs": "input_space.audit",
+    "check_private_training": "wiring",
     "check_probe": "opacus_releases.agreement",
     "clip_backdoor_canary": "input_space.canaries",
     "craft_adversarial_sample": "input_space.adversarial_samples",
@@ -223,6 +236,7 @@ __all__ = [
     "ModelPopulation",
     "OpacusDigitsTrainer",
     "OpacusInputTrainer",
+    "ParameterReport",
     "PeriodicInsertion",
     "PoissonInsertion",
     "ProbeReport",
@@ -239,6 +253,8 @@ __all__ = [
     "StepDivisor",
     "TrainFunction",
     "TruncatedRecordWarning",
+    "WiringCheck",
+    "WiringReport",
     "WorstCaseLandscape",
     "adaptive_expansion_objective",
     "audit_installed_opacus",
@@ -247,6 +263,7 @@ __all__ = [
     "blank_canary",
     "canary_gradient_norm",
     "check_disjoint_runs",
+    "check_private_training",
     "check_probe",
     "clip_backdoor_canary",
     "craft_adversarial_sample",
