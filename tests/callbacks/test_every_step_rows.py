@@ -103,4 +103,3 @@ def test_auto_weighted_cadence_every_step_that_fits_else_doubling(monkeypatch) -
     # the robust and standard values keep "auto" = the doubling steps that fit
     assert not budget.is_due(7, "robust", "auto")
     assert Cadences().weighted_every == "auto"
-    assert Cadences().off_thread().weighted_every == 1
