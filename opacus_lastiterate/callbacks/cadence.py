@@ -137,11 +137,15 @@ class OverheadBudget:
         self.cost[kind] = seconds
         self.spent += seconds
 
-    def charge_batch(self, kind: str, seconds: float, count: int) -> None:
-        """Count ``seconds`` spent on ``count`` ``kind`` values computed together (the cost
-        of one from now on: their mean)."""
-        self.cost[kind] = seconds / count
+    def timed_batch(self, kind: str, count: int, compute: Callable[[], Any]) -> Any:
+        """``compute()`` of ``count`` ``kind`` values together, its time charged to the
+        budget (the cost of one from now on: their mean)."""
+        t0 = clock()
+        out = compute()
+        seconds = clock() - t0
+        self.cost[kind] = seconds / max(count, 1)
         self.spent += seconds
+        return out
 
     def is_due(self, step: int, kind: str, every: Cadence) -> bool:
         """Whether the ``kind`` value on cadence ``every`` is computed at ``step``."""

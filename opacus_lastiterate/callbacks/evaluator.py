@@ -27,7 +27,6 @@ the values the replica's ``get_epsilon`` gives step by step, to the root finder'
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -365,10 +364,10 @@ class InlineEvaluator:
         values: list[float | None] = [None] * count
         overhead = self.overhead if every == "auto" else None
         if every == 1 or (overhead is not None and overhead.fits("weighted", count)):
-            t0 = time.perf_counter()
-            got = engine.epsilons(self.delta, count)
-            if overhead is not None:
-                overhead.charge_batch("weighted", time.perf_counter() - t0, count)
+            def solve() -> list[Any]:
+                return engine.epsilons(self.delta, count)
+
+            got = solve() if overhead is None else overhead.timed_batch("weighted", count, solve)
             values = [None if r is None else float(r.epsilon) for r in got]
         if values[-1] is None and (
             need == "heuristic_epsilon"

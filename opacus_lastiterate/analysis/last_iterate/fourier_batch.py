@@ -26,7 +26,6 @@ A row is answered where all of it is certified; the others are None (the caller 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -41,7 +40,7 @@ from opacus_lastiterate.analysis.last_iterate.step_factors import (
 )
 from opacus_lastiterate.analysis.last_iterate.weighted_fourier import ETA, FP_CHARGE
 
-__all__ = ["BLOCK", "block_answers", "solve_many"]
+__all__ = ["BLOCK", "block_answers", "solve_many", "solve_steps"]
 
 BLOCK = 32
 """Steps per block: the kept state is asked (and moves forward) at each block's end."""
@@ -52,9 +51,42 @@ _SQRT2 = math.sqrt(2.0)
 Answer = tuple[float, float, int] | None
 
 
+def solve_steps(
+    char: Any, delta: float, eta: list[float], sigma: list[float], q: list[float],
+    accuracy: float, start: int,
+) -> list[Answer]:
+    """``char.solve`` after each step ``start`` + 1 .. ``len(eta)`` of the run (``start`` at
+    least the steps ``char`` has taken in; None for a step it is past already): its state
+    moves as if asked every :data:`BLOCK` steps, the steps in between answered from it by
+    :func:`block_answers` (where a row is not certified, ``solve`` is asked at that step)."""
+    end = len(eta)
+    out: list[Answer] = []
+    n = start + 1  # the next step to answer
+    while n <= end:
+        if char.n >= n:  # the state is past this step already
+            out.append(None)
+            n += 1
+            continue
+        stop = n  # where the state moves to next
+        if char.n == n - 1:
+            stop = min(n - 1 + BLOCK, end)
+            for got in block_answers(char, delta, eta, sigma, q, accuracy, stop + 1):
+                if got is None:
+                    stop = n
+                    break
+                out.append(got)
+                n += 1
+            if n > stop:  # all answered: the state moves on without a query
+                char.solve(delta, eta, sigma, q, accuracy, n=stop, answer=False)
+                continue
+        out.append(char.solve(delta, eta, sigma, q, accuracy, n=stop))
+        n = stop + 1
+    return out
+
+
 def block_answers(
-    char: Any, delta: float, eta: Sequence[float], sigma: Sequence[float],
-    q: Sequence[float], accuracy: float, stop: int,
+    char: Any, delta: float, eta: list[float], sigma: list[float], q: list[float],
+    accuracy: float, stop: int,
 ) -> list[Answer]:
     """(upper, lower, frequencies) after each step n = ``char.n`` + 1 .. ``stop`` - 1 of the
     run of the per-step lists, from the state of ``char`` (an

@@ -108,7 +108,7 @@ from scipy import special
 
 from opacus_lastiterate.analysis.last_iterate.characteristic_grid import FrequencyGrid
 from opacus_lastiterate.analysis.last_iterate.characteristic_shadow import ShadowGrid
-from opacus_lastiterate.analysis.last_iterate.fourier_batch import BLOCK, block_answers
+from opacus_lastiterate.analysis.last_iterate.fourier_batch import solve_steps
 from opacus_lastiterate.analysis.last_iterate.fourier_roots import solve_epsilons
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import HeavyBallRecursion
 from opacus_lastiterate.analysis.last_iterate.step_factors import (
@@ -200,7 +200,7 @@ class IncrementalCharacteristic:
             self._pw = self.beta ** np.arange(2 * n + 2, dtype=float)
         return self._pw[: n + 1]
 
-    def _sync(self, eta: Sequence[float], n_new: int) -> None:
+    def _sync(self, eta: list[float], n_new: int) -> None:
         """Take in the steps appended since the last call, up to ``n_new`` (module docstring)."""
         add = n_new - self.n
         if add <= 0:
@@ -327,38 +327,15 @@ class IncrementalCharacteristic:
     # -- a query ----------------------------------------------------------------------------
 
     def solve_steps(
-        self, delta: float, eta: Sequence[float], sigma: Sequence[float], q: Sequence[float],
+        self, delta: float, eta: list[float], sigma: list[float], q: list[float],
         accuracy: float, start: int,
     ) -> list[tuple[float, float, int] | None]:
-        """:meth:`solve` after each step ``start`` + 1 .. ``len(eta)`` of the run (``start``
-        at least the steps taken in), in blocks (:mod:`.fourier_batch`): the state moves as
-        if asked every ``BLOCK`` steps; the steps in between are answered together from it
-        (where one is not certified, :meth:`solve` is asked there)."""
-        end, out = len(eta), []
-        n = start + 1  # the next step to answer
-        while n <= end:
-            if self.n >= n:  # the state is past this step already
-                out.append(None)
-                n += 1
-                continue
-            stop = n  # where the state moves to next
-            if self.n == n - 1:
-                stop = min(n - 1 + BLOCK, end)
-                for got in block_answers(self, delta, eta, sigma, q, accuracy, stop + 1):
-                    if got is None:
-                        stop = n
-                        break
-                    out.append(got)
-                    n += 1
-                if n > stop:  # all answered: the state moves on without a query
-                    self.solve(delta, eta, sigma, q, accuracy, n=stop, answer=False)
-                    continue
-            out.append(self.solve(delta, eta, sigma, q, accuracy, n=stop))
-            n = stop + 1
-        return out
+        """:meth:`solve` after each step ``start`` + 1 .. ``len(eta)`` of the run, in blocks
+        (:func:`.fourier_batch.solve_steps`)."""
+        return solve_steps(self, delta, eta, sigma, q, accuracy, start)
 
     def solve(
-        self, delta: float, eta: Sequence[float], sigma: Sequence[float], q: Sequence[float],
+        self, delta: float, eta: list[float], sigma: list[float], q: list[float],
         accuracy: float, n: int | None = None, answer: bool = True,
     ) -> tuple[float, float, int] | None:
         """(upper, lower, frequencies) epsilon at ``delta`` for the run of the per-step lists
