@@ -21,23 +21,35 @@ Routes: ``from scratch`` (a new ``IncrementalCharacteristic`` at each query), ``
 Opacus's ``RDPAccountant`` and ``PRVAccountant`` ``get_epsilon`` at the same (sigma, q, T).
 Each line prints the median and the largest query of the kept route and the ratio of the two.
 
+Then the weighted heuristic of every step as the monitor computes it: the steps flushed in
+batches of 100 and answered together (``IncrementalWeightedHeuristic.epsilons``), against
+asking after each step (``epsilon``): CPU ms per step (``time.process_time``) over the last
+640 steps before T (200 with ``--quick``), and the largest relative difference of the two.
+
 Then ``engine.get_epsilon`` after each step of a real Opacus training of a small MLP, after
 1,500 unqueried steps, against the training step (median, first and largest query, each a
 ratio to its run's median step; median and range over 5 runs, 2 with ``--quick``).
 
 Then the monitor's overhead: a tiny model whose step is padded with a busy-wait to 2 ms and
 20 ms (standing in for GPU work), 300 steps without and with a default ``PrivacyMonitor``
-(JSONL sink), plain SGD and momentum 0.9 + cosine; the ratio is with / without (median of
-the repeats), and the share of records carrying a heuristic value.
+(JSONL sink), plain SGD and momentum 0.9 + cosine; the wall-clock ratio is with / without
+(median of the repeats), with the monitor's CPU time per step (CPU seconds of this process
+and its children, ``resource.getrusage``, with less without, over the steps: a busy-wait
+burns CPU only while the process is scheduled, so this is a median of noisy differences)
+and the share of records carrying a heuristic value. ``--busy`` runs another process
+spinning on a core throughout (a loaded machine).
 
     python benchmarks/bench_every_step_heuristic.py            # T = 1e3, 1e4, 1e5
     python benchmarks/bench_every_step_heuristic.py --quick    # CI: T = 1e3, 1e4, shorter
+    python benchmarks/bench_every_step_heuristic.py --no-queries --step-ms 20 --busy
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import resource
 import statistics
 import sys
 import tempfile
@@ -135,6 +147,43 @@ def _opacus(steps: int) -> tuple[float, float]:
     return out[0], out[1]
 
 
+def batch_table(steps: list[int], n: int, batch: int = 100) -> None:
+    """CPU ms per step of the weighted heuristic of every step: flushed batches answered
+    together against a query after each step (both engines asked every 100 steps before)."""
+    from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
+        IncrementalWeightedHeuristic,
+    )
+
+    print(f"\nweighted heuristic of every step, last {n} steps before T, CPU ms per step "
+          f"(process_time), batches of {batch} against a query after each step")  # fmt: skip
+    for total in steps:
+        lrs, sigma = cosine_schedule(LR, total), _sigma(total)
+        engines = [IncrementalWeightedHeuristic(ACC) for _ in range(2)]
+        for engine in engines:
+            for t in range(total - n):
+                engine.append(sigma, Q, float(lrs[t]), MOMENTUM)
+                if (t + 1) % 100 == 0:
+                    engine.epsilon(DELTA)
+        one, many = engines
+        t0 = time.process_time()
+        single = []
+        for t in range(total - n, total):
+            one.append(sigma, Q, float(lrs[t]), MOMENTUM)
+            single.append(one.epsilon(DELTA).epsilon)
+        t1 = time.process_time()
+        batched: list[float] = []
+        for start in range(total - n, total, batch):
+            stop = min(start + batch, total)
+            for t in range(start, stop):
+                many.append(sigma, Q, float(lrs[t]), MOMENTUM)
+            batched += [r.epsilon if r else float("nan") for r in many.epsilons(DELTA, stop - start)]
+        t2 = time.process_time()
+        diff = max(abs(a - b) / b for a, b in zip(batched, single, strict=True))
+        print(f"  T = {total:>7}: each step {_ms((t1 - t0) / n)}, batched {_ms((t2 - t1) / n)} "
+              f"ms/step, largest relative difference {diff:.1e}")  # fmt: skip
+        sys.stdout.flush()
+
+
 def _ms(x: float) -> str:
     return f"{1e3 * x:8.3f}"
 
@@ -205,7 +254,7 @@ def _train(steps: int, step_s: float, schedule: bool, monitored: bool, log: Path
         monitor = PrivacyMonitor(engine, delta=DELTA, sinks=sinks, optimizer=opt)
     loss_fn = nn.CrossEntropyLoss()
     done = 0
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu()
     while done < steps:
         for x, y in loader:
             if done == steps:
@@ -220,35 +269,58 @@ def _train(steps: int, step_s: float, schedule: bool, monitored: bool, log: Path
                 sched.step()
             done += 1
     if monitor is not None:
-        monitor.flush(wait=True)  # every step's record computed (and back from a process)
+        monitor.flush()  # every step's record computed
     elapsed = time.perf_counter() - t0
     if monitor is not None:
         monitor.finish()
-    return elapsed
+    return elapsed, _cpu() - cpu0
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and of its children that have ended."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _spin() -> None:
+    while True:
+        pass
 
 
 def overhead_table(
-    steps: int, repeats: int, step_ms: tuple[float, ...] = (2.0, 20.0)
+    steps: int, repeats: int, step_ms: tuple[float, ...] = (2.0, 20.0), busy: bool = False
 ) -> None:
     print(f"\nmonitor overhead, {steps} steps, default PrivacyMonitor with a JSONL sink "
-          "(wall clock, with / without, median of repeats; share of rows with a heuristic)")
+          "(wall clock, with / without, median [range] of repeats; the monitor's CPU ms per "
+          "step, all processes; share of rows with a heuristic)"
+          + (", another process spinning on a core" if busy else ""))  # fmt: skip
     warnings.simplefilter("ignore")  # Opacus's secure-RNG and backward-hook notices
+    spinner = None
+    if busy:
+        spinner = multiprocessing.get_context("spawn").Process(target=_spin, daemon=True)
+        spinner.start()
     _train(10, 0.002, True, True, None)  # warm-up: imports, first calls
     for step_s in (ms / 1e3 for ms in step_ms):
         for schedule in (False, True):
-            ratios, share = [], 0.0
+            ratios, cpus, share = [], [], 0.0
             for _ in range(repeats):
-                base = _train(steps, step_s, schedule, False, None)
+                base, base_cpu = _train(steps, step_s, schedule, False, None)
                 with tempfile.TemporaryDirectory() as tmp:
                     log = Path(tmp, "log.jsonl")
-                    mon = _train(steps, step_s, schedule, True, log)
+                    mon, mon_cpu = _train(steps, step_s, schedule, True, log)
                     rows = [json.loads(line) for line in log.read_text().splitlines()]
                 ratios.append(mon / base)
+                cpus.append((mon_cpu - base_cpu) / steps)
                 share = sum(r["heuristic_epsilon"] is not None for r in rows) / len(rows)
             name = "momentum+cosine" if schedule else "plain SGD"
             print(f"  {1e3 * step_s:4.0f} ms step, {name:>15}: ratio {statistics.median(ratios):.4f} "
-                  f"[{min(ratios):.4f}, {max(ratios):.4f}], heuristic on {100 * share:.0f}% of rows")  # fmt: skip
+                  f"[{min(ratios):.4f}, {max(ratios):.4f}], monitor CPU "
+                  f"{1e3 * statistics.median(cpus):.3f} ms/step, heuristic on "
+                  f"{100 * share:.0f}% of rows")  # fmt: skip
             sys.stdout.flush()
+    if spinner is not None:
+        spinner.terminate()
 
 
 def _engine_run(gap: int, n: int) -> tuple[list[float], list[float]]:
@@ -308,22 +380,33 @@ def main() -> int:
     parser.add_argument("--steps", type=int, nargs="+", default=None)
     parser.add_argument("--no-monitor", action="store_true")
     parser.add_argument("--no-queries", action="store_true", help="the monitor's overhead only")
+    parser.add_argument("--batch-only", action="store_true",
+                        help="only the batched heuristic table")
     parser.add_argument("--monitor-steps", type=int, default=None,
                         help="steps of each monitored run (default 300, 100 quick)")
     parser.add_argument("--step-ms", type=float, nargs="+", default=[2.0, 20.0],
                         help="padded step lengths of the overhead table (ms)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of each query pattern; each query's time is the least")
+    parser.add_argument("--monitor-repeats", type=int, default=None,
+                        help="repeats of each monitored run (default 3, 1 quick)")
+    parser.add_argument("--busy", action="store_true",
+                        help="another process spins on a core during the overhead table")
     args = parser.parse_args()
     steps = args.steps or ([1_000, 10_000] if args.quick else [1_000, 10_000, 100_000])
     n = 10 if args.quick else 30
+    if args.batch_only:
+        batch_table(steps, 200 if args.quick else 640)
+        return 0
     if not args.no_queries:
         query_table(steps, n, repeats=args.repeats)
+        batch_table(steps, 200 if args.quick else 640)
     if not args.no_queries:
         engine_table(GAP, n, 2 if args.quick else 5)
     if not args.no_monitor:
         steps_m = args.monitor_steps or (100 if args.quick else 300)
-        overhead_table(steps_m, 1 if args.quick else 3, tuple(args.step_ms))
+        repeats = args.monitor_repeats or (1 if args.quick else 3)
+        overhead_table(steps_m, repeats, tuple(args.step_ms), busy=args.busy)
     return 0
 
 

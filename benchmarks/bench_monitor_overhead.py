@@ -24,12 +24,8 @@ Three figures per optimizer:
   loop" ratios add them on the default cadence (``"auto"``: the doubling steps that fit in
   1% of the training time; how many of them carried a PLD value is printed), on the
   ``"doubling"`` cadence (steps 100, 200, 400) and every 100 steps;
-* ``in loop, evaluation in a separate process``: ``evaluation="process"``, ``flush_every=100``,
-  in *wall-clock* time (``time.perf_counter``: the child's CPU time is not the training
-  thread's) from after the child is ready (``monitor.wait_ready``) to the last record back
-  (the loop, then the final flush and its wait), against the loop without the monitor in
-  wall-clock time; the ratio of the inline "in loop" run on the same clock beside it, and the
-  child's start-up time (from creating the monitor to ready: imports, pickled accountant).
+* ``in loop, wall clock``: the "in loop" run in wall-clock time (``time.perf_counter``)
+  against the loop without the monitor on the same clock.
 
     python benchmarks/bench_monitor_overhead.py                 # 500 steps, 7 repeats
     python benchmarks/bench_monitor_overhead.py --steps 2000 --weighted-every 1000
@@ -62,13 +58,12 @@ from opacus_lastiterate.callbacks import EpsilonRecord, PrivacyMonitor
 class Timing(NamedTuple):
     loop: float  # the training loop (CPU seconds, or synchronised wall clock on CUDA)
     flush: float  # the last monitor.flush(), same clock
-    wall: float  # wall-clock seconds of both (the flush waiting for every record)
-    startup: float  # the monitor's start-up, wall clock (until its process is ready)
+    wall: float  # wall-clock seconds of both
     pld_records: int  # records before the final one that carry a PLD epsilon
 
 
 def run(steps: int, schedule: bool, flush_every: int | str | None, args: argparse.Namespace,
-        cadence: object = None, evaluation: str = "inline") -> Timing:
+        cadence: object = None) -> Timing:
     """``steps`` training steps (data loading included) after 5 warm-up steps, and the last
     ``monitor.flush()``. ``flush_every="off"``: no monitor. ``cadence``: the ``robust_every``
     and ``standard_every`` of the monitor."""
@@ -88,17 +83,12 @@ def run(steps: int, schedule: bool, flush_every: int | str | None, args: argpars
     )
     records: list[EpsilonRecord] = []
     monitor = None
-    startup = 0.0
     if flush_every != "off":
-        t0 = time.perf_counter()
         monitor = PrivacyMonitor(
             engine, delta=1e-5, sinks=[records.append], optimizer=optimizer,
             flush_every=flush_every,  # type: ignore[arg-type]
             weighted_every=args.weighted_every, robust_every=cadence, standard_every=cadence,
-            evaluation=evaluation,  # type: ignore[arg-type]
         )
-        assert monitor.wait_ready(300)
-        startup = time.perf_counter() - t0
     criterion = nn.CrossEntropyLoss()
     done, start, wall = 0, 0.0, 0.0
     while done < steps + 5:
@@ -119,7 +109,7 @@ def run(steps: int, schedule: bool, flush_every: int | str | None, args: argpars
     finish = 0.0
     if monitor is not None:
         t0 = clock()
-        monitor.flush(wait=True)  # every step's record (a process: sent and waited for)
+        monitor.flush()  # every step's record
         finish = clock() - t0
     wall = time.perf_counter() - wall
     if monitor is not None:
@@ -128,7 +118,7 @@ def run(steps: int, schedule: bool, flush_every: int | str | None, args: argpars
             range(1, steps + 6)
         )
     pld_records = sum(r.standard_epsilon is not None for r in records[:-1])
-    return Timing(elapsed, finish, wall, startup, pld_records)
+    return Timing(elapsed, finish, wall, pld_records)
 
 
 def _clock(device: torch.device) -> Callable[[], float]:
@@ -175,8 +165,7 @@ def main() -> int:
         finishes: dict[object, list[float]] = {None: [], 100: []}
         cadenced: dict[object, list[float]] = {"auto": [], "doubling": [], 100: []}
         auto_plds: list[int] = []
-        walls: dict[object, list[float]] = {"off": [], 100: [], "process": []}
-        startups: list[float] = []
+        walls: dict[object, list[float]] = {"off": [], 100: []}
         for _ in range(args.repeats):
             for flush in ("off", None, 100):
                 t = run(args.steps, schedule, flush, args)
@@ -190,9 +179,6 @@ def main() -> int:
                 cadenced[cadence].append(t.loop + t.flush)
                 if cadence == "auto":
                     auto_plds.append(t.pld_records)
-            t = run(args.steps, schedule, 100, args, evaluation="process")
-            walls["process"].append(t.wall)
-            startups.append(t.startup)
         n = args.steps
         base = statistics.median(times["off"])
         hot = statistics.median(times[None])
@@ -213,12 +199,7 @@ def main() -> int:
             f"intermediate PLD values); doubling ratio {_ratio(cadenced['doubling'], times['off'])}"
             f"; every 100 steps ratio {_ratio(cadenced[100], times['off'])}"
         )
-        print(
-            "  in loop, evaluation in a separate process (wall clock, flush_every=100): ratio "
-            f"{_ratio(walls['process'], walls['off'])} (inline, same clock: "
-            f"{_ratio(walls[100], walls['off'])}); child start-up "
-            f"{statistics.median(startups):.2f} s"
-        )
+        print(f"  in loop, wall clock (flush_every=100): ratio {_ratio(walls[100], walls['off'])}")
     return 0
 
 

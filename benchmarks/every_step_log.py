@@ -1,9 +1,9 @@
 """The JSONL log of a default PrivacyMonitor over 300 steps of SGD momentum 0.9 with a
 cosine schedule, each step padded to 20 ms with a busy-wait (standing in for GPU work):
 ``docs/results/every_step_heuristic.jsonl``. It shows one row per step (the final record
-replaces step 300's row) and which steps carry ``heuristic_epsilon``: with the default
-``evaluation="auto"`` on a machine with two cores, the monitor moves the evaluation to a
-separate process after a second of training, and every row has one.
+replaces step 300's row) and which steps carry ``heuristic_epsilon``: the default monitor
+solves the weighted heuristic of each flushed batch together, on the training thread, and
+every row has one when a batch fits in its overhead budget (1% of the training time).
 
     python benchmarks/every_step_log.py [--out PATH] [--steps 300] [--step-ms 20]
 """

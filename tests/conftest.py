@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import fnmatch
-import sys
 
 import pytest
 
@@ -31,13 +30,6 @@ MOVED_TO_SLOW: dict[str, str] = {
     # PLDs, 25-50 s each); every (q, sigma) stays checked at interval 1e-3, sigma >= 1 at 1e-4
     "tests/analysis/baselines/test_subsampled_gaussian_pld.py::"
     "test_one_step_pld_is_dp_accountings[[]0.0001-*-0.5[]]": "25-50 s each",
-    # the process evaluator: plain SGD records equal inline stays in make test
-    "tests/callbacks/test_monitor_process.py::test_state_dict_mid_run_equals_inline_and_resume_continues":
-        "65 s",
-    "tests/callbacks/test_monitor_process.py::test_killed_child_falls_back_inline_with_one_warning":
-        "50 s",
-    "tests/callbacks/test_monitor_process.py::test_momentum_and_cosine_schedule_records_equal_inline":
-        "41 s",
     "tests/accountants/test_normalisation_accountants.py::test_feasgm_curve_composes_segments_exactly":
         "50 s",
     "tests/callbacks/test_sinks.py::test_a_killed_writer_leaves_whole_lines": "60 s",
@@ -83,16 +75,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _no_cli_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPACUS_LASTITERATE_CACHE_DIR", "off")
-
-
-@pytest.fixture(autouse=True)
-def _auto_evaluation_stays_inline(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``PrivacyMonitor(evaluation="auto")`` moves the evaluation to a process after a second
-    of training when the weighted heuristic does not fit in its overhead budget: a decision on
-    wall-clock time, which would make a test's records depend on the machine's speed. Tests
-    run it inline unless they patch ``usable_cores`` back (tests/callbacks/
-    test_monitor_process.py does, with a fake clock). Only where the monitor is imported
-    already (test modules import it at the top): the analysis tests load no torch."""
-    placement = sys.modules.get("opacus_lastiterate.callbacks.placement")
-    if placement is not None:
-        monkeypatch.setattr(placement, "usable_cores", lambda: 1)

@@ -10,19 +10,25 @@ the accountant's public incremental API), composes their RDP vectors
 corrected values on their cadences. For a run whose batches are not Poisson (the
 accountant's ``sampling``, ``docs/samplers.md``) the standard fields are the bound of that
 scheme (without amplification) and ``poisson_assumed_epsilon`` carries the Poisson value,
-labelled as an assumption; every record names its scheme. Runs of queued steps at one constant-rate setting are
-solved together (:meth:`LastIterateAccountant.replay_steps
-<opacus_lastiterate.accountants.LastIterateAccountant.replay_steps>`).
+labelled as an assumption; every record names its scheme.
 
-:class:`InlineEvaluator` does this on the training thread;
-``ProcessEvaluator`` (:mod:`opacus_lastiterate.callbacks._evaluation_process`) runs an
-:class:`InlineEvaluator` in a separate process. Both answer the :class:`Evaluator` protocol.
+Queued steps are solved together where they can be: runs of one constant-rate setting
+(:meth:`LastIterateAccountant.replay_steps
+<opacus_lastiterate.accountants.LastIterateAccountant.replay_steps>`), and the weighted
+heuristic (a learning-rate schedule, momentum) of Poisson runs: the evaluator keeps an
+:class:`~opacus_lastiterate.analysis.last_iterate.incremental_weighted.IncrementalWeightedHeuristic`
+of the evaluated steps (built from the replica's history and optimizer trace when first
+needed), which answers every step of a batch with one characteristic-function update and
+one vectorised root refinement per block of steps
+(:meth:`~opacus_lastiterate.analysis.last_iterate.incremental_weighted.IncrementalWeightedHeuristic.epsilons`):
+the values the replica's ``get_epsilon`` gives step by step, to the root finder's tolerance
+(both upper bounds within ``weight_accuracy``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +41,9 @@ from opacus_lastiterate.accountants import (
     steps_of,
 )
 from opacus_lastiterate.accountants.base import trim_history
+from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
+    IncrementalWeightedHeuristic,
+)
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
 from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment, append_steps, as_segments
@@ -45,7 +54,6 @@ from opacus_lastiterate.callbacks.records import EpsilonRecord, sampling_field
 __all__ = [
     "MIN_RUN",
     "NORMALISATION_ACCOUNTANTS",
-    "Evaluator",
     "InlineEvaluator",
     "QueuedStep",
     "corrected_accountant_of",
@@ -84,45 +92,6 @@ def corrected_accountant_of(accountant: Any, corrected: Any) -> Any:
     if corrected is None and isinstance(accountant, NORMALISATION_ACCOUNTANTS):
         return accountant
     return corrected
-
-
-class Evaluator(Protocol):
-    """What the monitor needs from an evaluator."""
-
-    evaluated: int
-    """Steps whose records are computed or being computed (the history has moved on)."""
-    last_lr: float | None
-
-    @property
-    def rdp_vector(self) -> np.ndarray:
-        """The RDP vector of the evaluated steps (checkpoints save it)."""
-
-    @property
-    def in_flight(self) -> int:
-        """Steps handed over whose records have not come back yet."""
-
-    @property
-    def offloads(self) -> bool:
-        """Whether the records are computed off the training thread now."""
-
-    def wait_ready(self, timeout: float | None) -> bool:
-        """Wait until the evaluator can evaluate off the thread; False on timeout or if
-        it cannot (True inline)."""
-
-    def evaluate(
-        self, queue: list[QueuedStep], out: list[EpsilonRecord] | None = None
-    ) -> list[EpsilonRecord]:
-        """Take ``queue``; append the records that are ready now, in step order, to ``out``
-        (one at a time, so an interruption loses none that were made) and return it."""
-
-    def drain(self) -> list[EpsilonRecord]:
-        """Wait for every record of the steps handed over; return those not returned yet."""
-
-    def final_record(self) -> EpsilonRecord:
-        """A record with every epsilon of the evaluated steps (after :meth:`drain`)."""
-
-    def close(self, kill: bool = False) -> None:
-        """Release what the evaluator holds (a process); it may be used again after."""
 
 
 class InlineEvaluator:
@@ -171,23 +140,12 @@ class InlineEvaluator:
         self.history, self.evaluated, self.rdp = evaluated_state(history, rdp)
         self.last_lr = last_lr
         self._sampling = getattr(accountant, "sampling", None)
-
-    # -- the Evaluator protocol -------------------------------------------------------------
+        self._weighted: IncrementalWeightedHeuristic | None = None  # built when first needed
 
     @property
     def rdp_vector(self) -> np.ndarray:
+        """The RDP vector of the evaluated steps (checkpoints save it)."""
         return self.rdp.rdp
-
-    @property
-    def in_flight(self) -> int:
-        return 0
-
-    @property
-    def offloads(self) -> bool:
-        return False
-
-    def wait_ready(self, timeout: float | None) -> bool:
-        return True
 
     def evaluate(
         self,
@@ -216,6 +174,11 @@ class InlineEvaluator:
                     sigma, q, settings, j - i, delta=self.delta
                 )
             if heuristics is None:
+                j = self._weighted_run(queue, i, need)
+                if j > i:
+                    self._evaluate_weighted(queue[i:j], rdp[i:j], need if j > last else None, out)
+                    i = j
+                    continue
                 out.append(self._evaluate_step(queue[i], float(rdp[i]), need if i == last else None))
                 i += 1
                 continue
@@ -231,19 +194,13 @@ class InlineEvaluator:
             i = j
         return out
 
-    def drain(self) -> list[EpsilonRecord]:
-        return []
-
-    def close(self, kill: bool = False) -> None:
-        pass
-
     def final_record(self) -> EpsilonRecord:
         """The final record: every epsilon of the evaluated steps (some must exist)."""
         sigma, q, _ = self.history[-1]
         d = self.delta
         heuristic = robust = None
         if self.replica is not None:
-            heuristic = float(self.replica.get_epsilon(d))
+            heuristic = self._heuristic()
             robust = float(self.replica.get_epsilon(d, robust=True))
         pld, corrected, assumed = self._standard()
         return EpsilonRecord(
@@ -275,6 +232,7 @@ class InlineEvaluator:
 
     def take_back_last(self) -> None:
         """Undo the last evaluated step (replica, RDP vector, history)."""
+        self._weighted = None  # rebuilt from the replica when next needed
         if self.replica is not None:
             self.replica.take_back(1)
         self.rdp.rdp = self.rdp.previous
@@ -282,15 +240,6 @@ class InlineEvaluator:
         if last.steps > 1:
             append_steps(self.history, last.noise_multiplier, last.sample_rate, last.steps - 1)
         self.evaluated -= 1
-
-    def set_corrected_configuration(self, configuration: dict[str, Any]) -> None:
-        """Use ``configuration`` for the corrected accountant (what the monitored one has
-        observed since; an evaluation process is sent it)."""
-        corrected = self.corrected
-        if corrected is not None and corrected.state_dict().get("configuration") != configuration:
-            state = dict(corrected.state_dict())
-            state["configuration"] = configuration
-            corrected.load_state_dict(state)
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -329,16 +278,106 @@ class InlineEvaluator:
         replica = self.replica
         if replica is not None:
             replica.replay_step(sigma, q, settings)
+            if self._weighted is not None:  # it follows every evaluated step
+                if settings is None:
+                    self._weighted = None
+                else:
+                    self._weighted.append(sigma, q, *settings.as_tuple())
             c = self.cadences
             if replica.uses_weights:  # "auto": every step that fits in the overhead budget
                 every = c.weighted_every
-                if need == "heuristic_epsilon" or self._is_due(step, "weighted", every):
-                    heuristic = float(
-                        self._timed("weighted", every, lambda: replica.get_epsilon(self.delta))
-                    )
+                if need == "heuristic_epsilon" or self._is_due(step, "weighted_step", every):
+                    heuristic = self._timed("weighted_step", every, self._heuristic)
             elif need == "heuristic_epsilon" or due(step, c.heuristic_every):
                 heuristic = float(replica.get_epsilon(self.delta))
         return self._record(entry, rdp, heuristic, need)
+
+    # -- the weighted heuristic of a batch --------------------------------------------------
+
+    def _weighted_engine(self) -> IncrementalWeightedHeuristic | None:
+        """The kept weighted heuristic of the evaluated steps, for a Poisson run whose
+        replica uses weights (else None); built from the replica's history and trace."""
+        replica = self.replica
+        if replica is None or not replica.uses_weights or replica.uses_epoch_sampling:
+            return None
+        if self._weighted is None:
+            engine = IncrementalWeightedHeuristic(replica.weight_accuracy)
+            steps = [h[2] for h in replica.history]
+            sigma = np.repeat([float(h[0]) for h in replica.history], steps)
+            q = np.repeat([float(h[1]) for h in replica.history], steps)
+            trace = replica.optimizer_trace
+            counts = [e[5] for e in trace]
+            columns = [np.repeat([e[f] for e in trace], counts) for f in range(5)]
+            engine.extend(sigma, q, *columns)
+            self._weighted = engine
+        return self._weighted if self._weighted.supported else None
+
+    def _heuristic(self) -> float:
+        """The heuristic epsilon of the evaluated steps (the kept weighted engine's where
+        it applies: the replica's value, without building the replica's own)."""
+        assert self.replica is not None
+        engine = self._weighted_engine()
+        if engine is not None:
+            return float(engine.epsilon(self.delta).epsilon)
+        return float(self.replica.get_epsilon(self.delta))
+
+    def _weighted_run(self, queue: list[QueuedStep], i: int, need: str | None) -> int:
+        """The end j of the steps queue[i:j] whose weighted heuristic is solved together:
+        weights in use on a Poisson run, settings known, and nothing but the heuristic due
+        before the last (a robust or PLD value, a doubling step of ``"auto"``, a step of
+        ``weighted_every`` k > 1, ``need``)."""
+        if self._weighted_engine() is None:
+            return i
+        c = self.cadences
+        every = c.weighted_every
+        j = i
+        while j < len(queue):
+            step, _, _, _, settings = queue[j]
+            if settings is None:
+                break
+            j += 1
+            if (
+                (need is not None and j == len(queue))
+                or (every == "auto" and due(step, "doubling"))
+                or (every not in (1, "auto") and due(step, every))
+                or due(step, c.robust_every)
+                or due(step, c.standard_every)
+            ):
+                break
+        return j
+
+    def _evaluate_weighted(
+        self, batch: list[QueuedStep], rdp: np.ndarray, need: str | None,
+        out: list[EpsilonRecord],
+    ) -> None:
+        """Replay ``batch`` and append its records to ``out``: the weighted heuristic at
+        every step solved together (``weighted_every`` 1, or ``"auto"`` when the batch fits
+        in the overhead budget), else at its last step when due (or when it fits)."""
+        assert self.replica is not None
+        engine = self._weighted
+        assert engine is not None
+        for _, sigma, q, _, settings in batch:
+            assert settings is not None
+            self.replica.replay_step(sigma, q, settings)
+            engine.append(sigma, q, *settings.as_tuple())
+        count, every, last = len(batch), self.cadences.weighted_every, batch[-1][0]
+        values: list[float | None] = [None] * count
+        overhead = self.overhead if every == "auto" else None
+        if every == 1 or (overhead is not None and overhead.fits("weighted", count)):
+            def solve() -> list[Any]:
+                return engine.epsilons(self.delta, count)
+
+            got = solve() if overhead is None else overhead.timed_batch("weighted", count, solve)
+            values = [None if r is None else float(r.epsilon) for r in got]
+        if values[-1] is None and (
+            need == "heuristic_epsilon"
+            or (every is not None and due(last, "doubling" if every == "auto" else every))
+            or (overhead is not None and overhead.fits("weighted_step", 1))
+        ):
+            values[-1] = self._timed("weighted_step", every, self._heuristic)
+        for k, entry in enumerate(batch):
+            self._extend(entry[1], entry[2])
+            out.append(self._record(entry, float(rdp[k]), values[k], need if k == count - 1 else None))
 
     def _is_due(self, step: int, kind: str, every: Any) -> bool:
         if self.overhead is None:

@@ -13,10 +13,8 @@ a chosen epsilon past a limit (``docs/callbacks.md``).
 The monitor is assembled from objects, one module each: the records and their labels
 (:mod:`~opacus_lastiterate.callbacks.records`), the cadences and the overhead budget of
 ``"auto"`` (:mod:`~opacus_lastiterate.callbacks.cadence`), the budget and its guard
-(:mod:`~opacus_lastiterate.callbacks.budget`), and an evaluator
-(:mod:`~opacus_lastiterate.callbacks.evaluator`, inline, or in a separate process:
-:mod:`opacus_lastiterate.callbacks._evaluation_process`; which one:
-:mod:`~opacus_lastiterate.callbacks.placement`).
+(:mod:`~opacus_lastiterate.callbacks.budget`), and the evaluator
+(:mod:`~opacus_lastiterate.callbacks.evaluator`).
 
 Recording and evaluation are separate (``docs/callbacks.md``, "Cost"). On the training hot
 path the monitor only appends the step's (step, sigma, q, lr, SGD settings) to a queue: a few
@@ -24,10 +22,13 @@ Python values that the accountant's hook has already read, no epsilon and no dev
 synchronisation. The evaluator computes the records in batches at :meth:`PrivacyMonitor.flush`:
 every ``flush_every`` steps (after the update), at :meth:`~PrivacyMonitor.state_dict`
 (checkpoints) and :meth:`~PrivacyMonitor.finish`, at the adapters' epoch ends, or when
-called. It replays the queued steps into its own ``LastIterateAccountant`` through the
-accountant's public incremental API, so each logged value is the one the accountant reports
-at that step (runs of one constant-rate setting are solved together, to about 1e-13
-relative).
+called, on the training thread. It replays the queued steps into its own
+``LastIterateAccountant`` through the accountant's public incremental API, so each logged
+value is the one the accountant reports at that step, and solves the steps of a batch
+together: runs of one constant-rate setting (to about 1e-13 relative), and the weighted
+heuristic of a learning-rate schedule or momentum (one characteristic-function update and
+one vectorised root refinement per block of steps; both upper bounds within
+``weight_accuracy``).
 
 How it hooks in: Opacus calls ``optimizer.step_hook`` (the accountant's hook) inside
 ``DPOptimizer.pre_step``, after the noise is added and before the parameters change. The
@@ -69,7 +70,6 @@ from opacus_lastiterate.accountants import (
 from opacus_lastiterate.accountants.engine_sampling import warn_about_detection
 from opacus_lastiterate.analysis._validation import check_delta
 from opacus_lastiterate.callbacks._checkpoint import monitor_state, restore
-from opacus_lastiterate.callbacks._evaluation_process import SEND_EVERY
 from opacus_lastiterate.callbacks._following import AccountantWatch
 from opacus_lastiterate.callbacks._optimizer_hooks import OptimizerHooks
 from opacus_lastiterate.callbacks._optimizer_hooks import host_float as _host_float
@@ -84,12 +84,10 @@ from opacus_lastiterate.callbacks.cadence import (
 )
 from opacus_lastiterate.callbacks.evaluator import (
     NORMALISATION_ACCOUNTANTS,
-    Evaluator,
     InlineEvaluator,
     QueuedStep,
     corrected_accountant_of,
 )
-from opacus_lastiterate.callbacks.placement import Evaluation, EvaluatorPlacement, check_evaluation
 from opacus_lastiterate.callbacks.records import (
     FIELDS,
     LABELS,
@@ -131,11 +129,12 @@ class PrivacyMonitor:
         heuristic_every: compute ``heuristic_epsilon`` every k steps while the accountant
             uses the constant-rate formula (and at :meth:`finish`); a :data:`Cadence`.
         weighted_every: the same while it uses the weighted heuristic (a learning-rate
-            schedule, momentum or weight decay: one weighted solve per evaluation); default
-            ``"auto"``: at every step whose solve fits in ``max_overhead`` (its last measured
-            cost against the training time so far) and at the steps 100, 200, 400, ...
-            whatever it costs; the other records have ``heuristic_epsilon`` None, so the log
-            says which steps carry it (``docs/callbacks.md``, "Cost").
+            schedule, momentum or weight decay); default ``"auto"``: at every step of a flushed
+            batch when the batch, solved together, fits in ``max_overhead`` (its last
+            measured cost per step against the training time so far), else at its last step
+            if that fits, and at the steps 100, 200, 400, ... whatever it costs; the other
+            records have ``heuristic_epsilon`` None, so the log says which steps carry it
+            (``docs/callbacks.md``, "Cost").
         robust_every: when to compute ``robust_heuristic_epsilon`` (a certified search, tens of ms
             at large T), besides :meth:`finish`; default ``"auto"``: at the steps 100, 200,
             400, ... (``"doubling"``) that fit in ``max_overhead``.
@@ -143,11 +142,10 @@ class PrivacyMonitor:
             (a PLD composition, 0.05-0.5 s), besides :meth:`finish`; default ``"auto"``.
         max_overhead: the ``"auto"`` cadences' budget, a fraction in (0, 1] of the wall
             time since :meth:`attach` (default 0.01): a robust or PLD value due at a
-            doubling step, or a weighted heuristic at any step, is computed only when the time spent on such values, with its
-            last cost, stays within it (``docs/callbacks.md``, "Cost"). Which steps carry
-            them then depends on the machine's speed; the final record always does. With
-            ``evaluation="process"`` the values are computed off the training thread and
-            ``"auto"`` is ``"doubling"``.
+            doubling step, or a weighted heuristic at any step, is computed only when the
+            time spent on such values, with its last cost, stays within it
+            (``docs/callbacks.md``, "Cost"). Which steps carry them then depends on the
+            machine's speed; the final record always does.
         flush_every: evaluate the queued steps and send their records to the sinks every k
             steps; None: only at :meth:`flush`, :meth:`state_dict`, :meth:`finish` and the
             adapters' epoch ends.
@@ -161,17 +159,6 @@ class PrivacyMonitor:
             (default 0); the other ranks still account, build the records, check the budget
             and call the audit, identically. A process without an initialised process group
             counts as rank 0. None: call the sinks on every rank.
-        evaluation: where the records are computed
-            (:mod:`~opacus_lastiterate.callbacks.placement`): ``"auto"`` (default) on the
-            training thread until the weighted heuristic of the waiting steps no longer fits
-            in ``max_overhead``, then (two cores or more, no ``budget``) in a separate
-            process, which logs it at every step; ``"inline"``; or ``"process"`` from the
-            start (not with a ``budget``). A process computes the same floats (up to the
-            last bits of BLAS sums), with ``"auto"`` cadences meaning every step for the
-            weighted heuristic and ``"doubling"`` for the others; its records are emitted
-            at the flushes after they come back (all of them at ``flush(wait=True)``,
-            :meth:`state_dict`, :meth:`finish`). If it fails, the monitor evaluates
-            inline, with one :class:`MonitorWarning`.
     """
 
     def __init__(
@@ -191,7 +178,6 @@ class PrivacyMonitor:
         audit: MonitorAudit | None = None,
         optimizer: object = None,
         sink_rank: int | None = 0,
-        evaluation: Evaluation = "auto",
     ) -> None:
         self.accountant = accountant_of(accountant)
         self.delta = check_delta(delta)
@@ -217,8 +203,6 @@ class PrivacyMonitor:
         self._heuristic = isinstance(self.accountant, LastIterateAccountant)
         if audit is not None and not isinstance(audit, MonitorAudit):
             raise TypeError("`audit` must have on_step(record) and finish() methods.")
-        self.evaluation = check_evaluation(evaluation)
-        self._placement = EvaluatorPlacement(self.evaluation)
         self._guard: BudgetGuard | None = None
         self.budget = budget
         self.audit = audit
@@ -231,7 +215,7 @@ class PrivacyMonitor:
         """True once the budget refused a step (``action="stop"``)."""
         self.stop_reason: str | None = None
         self._was_attached = False
-        self._evaluator: Evaluator | None = None
+        self._evaluator: InlineEvaluator | None = None
         self._watch = AccountantWatch(self.accountant)  # a change it did not make
         self._sync()
         if optimizer is not None:
@@ -252,17 +236,6 @@ class PrivacyMonitor:
                 f"accountant is a {type(self.accountant).__name__} (use "
                 "'opacus_rdp_epsilon')."
             )
-        if budget is not None and self.evaluation == "process":
-            raise ValueError(
-                "`evaluation='process'` cannot be used with a `budget`: the budget guard needs "
-                "the exact value of a step on the training thread, before its update; use "
-                "evaluation='inline'."
-            )
-        if budget is not None and self._placement.back_inline():
-            self._drain()  # back inline: the budget guard needs the training thread
-            self.flush()
-            assert self._evaluator is not None
-            self._sync(self._evaluator.rdp_vector.tolist())
         self._guard = None if budget is None else BudgetGuard(budget, self.delta)
 
     # the cadences, as attributes of their own (read-only: they are validated together)
@@ -274,8 +247,6 @@ class PrivacyMonitor:
     def _sync(self, rdp: Sequence[float] | None = None, dropped: int = 0) -> None:
         """Start evaluating from the accountant's current state less its last ``dropped``
         steps (no queued steps)."""
-        if self._evaluator is not None:
-            self._evaluator.close(kill=True)  # its answers are of the state replaced
         last_lr = None if self.last_record is None else self.last_record.lr
         self._synced_sampling = getattr(self.accountant, "sampling", None)
         self._watch.mark()
@@ -288,12 +259,12 @@ class PrivacyMonitor:
 
     def _make_evaluator(
         self, dropped: int, rdp: Sequence[float] | np.ndarray | None, last_lr: float | None
-    ) -> Evaluator:
+    ) -> InlineEvaluator:
         """An evaluator at the accountant's state less its last ``dropped`` steps."""
-        return self._placement.make(
+        return InlineEvaluator(
             self.accountant, delta=self.delta, cadences=self.cadences,
-            corrected=self._corrected, own_corrected=self._own_corrected,
-            overhead=self._overhead, dropped=dropped, rdp=rdp, last_lr=last_lr,
+            corrected=self._corrected, overhead=self._overhead, dropped=dropped, rdp=rdp,
+            last_lr=last_lr,
         )  # fmt: skip
 
     # -- attaching ------------------------------------------------------------------------
@@ -336,7 +307,7 @@ class PrivacyMonitor:
     def pending(self) -> int:
         """Steps recorded whose records have not been sent to the sinks yet."""
         assert self._evaluator is not None
-        return len(self._queue) + len(self._ready) + self._evaluator.in_flight
+        return len(self._queue) + len(self._ready)
 
     def attach(self, optimizer: object) -> PrivacyMonitor:
         """Wrap the accountant's hook of an Opacus ``DPOptimizer`` (``make_private``'s).
@@ -415,28 +386,8 @@ class PrivacyMonitor:
             self._check_budget(entry)
 
     def _after_update(self) -> None:
-        """After each update applied: under ``evaluation="auto"``, move the evaluation to a
-        process once it does not fit in ``max_overhead``; flush when ``flush_every`` steps
-        wait (a process is sent the queued steps every ``SEND_EVERY``)."""
-        evaluator = self._evaluator
-        assert evaluator is not None
-        placement = self._placement
-        if placement.may_offload and placement.offload_pays(
-            self.accountant, self.cadences, self._overhead, self.pending, self._guard is not None
-        ):
-            placement.offload()  # the steps not evaluated yet too
-            evaluator = self._evaluator = self._make_evaluator(
-                len(self._queue), evaluator.rdp_vector, evaluator.last_lr
-            )
-        every = self.flush_every
-        if every is None:
-            return
-        if evaluator.offloads:
-            if len(self._queue) >= min(every, SEND_EVERY):
-                self._hand_over()
-            if len(self._queue) + len(self._ready) >= every:  # not counting those in flight
-                self.flush()
-        elif self.pending >= every:
+        """After each update applied: flush when ``flush_every`` steps wait."""
+        if self.flush_every is not None and self.pending >= self.flush_every:
             self.flush()
 
     # -- following the accountant (module _following) -------------------------------------
@@ -453,7 +404,6 @@ class PrivacyMonitor:
         change = self._watch.change(self._seen(), recorded=recorded, attached=self.attached)
         if change is None:
             return
-        self._drain()
         self.flush()  # the records of the steps seen, of the state they were taken in
         self._watch.report(change)
         last = self.last_record
@@ -485,35 +435,15 @@ class PrivacyMonitor:
 
     # -- evaluation -----------------------------------------------------------------------
 
-    def flush(self, *, wait: bool = False) -> None:
+    def flush(self) -> None:
         """Compute the records of every recorded step and send them to the sinks (and the
-        audit), in step order. While a separate process evaluates (``evaluation``): send it
-        the recorded steps and emit the records that have come back (``wait``: after
-        waiting for all of them)."""
-        if wait:
-            self._drain(end=True)
-        else:
-            self._hand_over()
+        audit), in step order."""
+        assert self._evaluator is not None
+        queue, self._queue = self._queue, []
+        self._evaluator.evaluate(queue, out=self._ready)  # each record kept as it is made
         ready, self._ready = self._ready, []
         for record in ready:
             self._emit(record)
-
-    def _hand_over(self) -> None:
-        """Give the queued steps to the evaluator."""
-        assert self._evaluator is not None
-        queue, self._queue = self._queue, []
-        self._evaluator.evaluate(queue, out=self._ready)
-
-    def _drain(self, end: bool = False) -> None:
-        """Hand over the queued steps and wait for every record (``end``: at the end of
-        training, a process that ``"auto"`` started and that is still starting is not waited
-        for: its steps are evaluated inline, and the rest of the run too)."""
-        evaluator = self._evaluator
-        assert evaluator is not None
-        self._hand_over()
-        if end:
-            self._ready.extend(self._placement.settle_at_end(evaluator) or [])
-        self._ready.extend(evaluator.drain())
 
     def _emit(self, record: EpsilonRecord) -> EpsilonRecord:
         physical = self._hooks.physical_steps_at(record.step)
@@ -526,13 +456,6 @@ class PrivacyMonitor:
         if self.audit is not None:
             self.audit.on_step(record)
         return record
-
-    def wait_ready(self, timeout: float | None = None) -> bool:
-        """Wait until the evaluation process (``evaluation="process"``) has started; True
-        then and with ``evaluation="inline"``, False on timeout or if it failed (the
-        monitor then evaluates inline)."""
-        assert self._evaluator is not None
-        return self._evaluator.wait_ready(timeout)
 
     # -- end of training ------------------------------------------------------------------
 
@@ -565,7 +488,6 @@ class PrivacyMonitor:
                 "training: PrivacyMonitor(..., optimizer=optimizer) or "
                 "monitor.attach(optimizer) (the adapters attach it themselves)."
             )
-        self._drain(end=True)
         self.flush()
         if unseen > 0:
             warn(
@@ -586,7 +508,6 @@ class PrivacyMonitor:
         record = None
         if evaluator.evaluated:
             record = self._emit(evaluator.final_record())
-        evaluator.close()
         if self.audit is not None:
             self.audit_result = self.audit.finish()
         self._dispatch.call("close", failed_too=True)
@@ -600,9 +521,8 @@ class PrivacyMonitor:
         accountant's history (Lightning and Hugging Face checkpoints do not save Opacus's
         accountant), the corrected accountant's, the RDP vector, the budget flag and the
         last record. Flushes first, so that the sinks hold every record up to the
-        checkpoint (with ``evaluation="process"``, after waiting for every record)."""
+        checkpoint."""
         self._follow()
-        self._drain()
         self.flush()
         evaluator = self._evaluator
         assert evaluator is not None

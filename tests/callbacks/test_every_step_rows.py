@@ -103,4 +103,48 @@ def test_auto_weighted_cadence_every_step_that_fits_else_doubling(monkeypatch) -
     # the robust and standard values keep "auto" = the doubling steps that fit
     assert not budget.is_due(7, "robust", "auto")
     assert Cadences().weighted_every == "auto"
-    assert Cadences().off_thread().weighted_every == 1
+
+
+def _momentum_cosine_rows(monkeypatch, fits: bool, steps: int = 25):
+    """The records of a default monitor (``weighted_every="auto"``, flushes every 10 steps)
+    over ``steps`` steps of momentum 0.9 + cosine, with an overhead budget where everything
+    (``fits``) or nothing fits; and the heuristic an accountant asked at each step reports."""
+    import torch
+
+    from opacus_lastiterate.callbacks import PrivacyMonitor
+    from tests.callbacks.conftest import DELTA, make_dp, train
+
+    monkeypatch.setattr(OverheadBudget, "fits", lambda self, kind, count: fits)
+    engine, model, opt, loader = make_dp(momentum=0.9)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+    records: list[EpsilonRecord] = []
+    monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt,
+                             flush_every=10)  # fmt: skip
+    asked: list[float] = []
+
+    def after(_: int) -> None:
+        asked.append(engine.accountant.get_epsilon(DELTA))
+        sched.step()
+
+    train(model, opt, loader, steps, after=after)
+    monitor.finish()
+    return records, asked
+
+
+def test_auto_weighted_every_row_when_the_batches_fit(monkeypatch) -> None:
+    """Every flushed batch fits in the budget: every row carries the weighted heuristic,
+    each the value the accountant reports at that step (to the batch's root-finding
+    tolerance)."""
+    records, asked = _momentum_cosine_rows(monkeypatch, True)
+    rows = [r for r in records if not r.final]
+    assert [r.step for r in rows] == list(range(1, 26))
+    assert all(r.heuristic_epsilon is not None for r in rows)
+    assert [r.heuristic_epsilon for r in rows] == pytest.approx(asked, rel=1e-7)
+
+
+def test_auto_weighted_only_what_fits(monkeypatch) -> None:
+    """Nothing fits in the budget: no weighted value before the final record, which has it
+    (the steps 100, 200, ... would carry it whatever it costs)."""
+    records, asked = _momentum_cosine_rows(monkeypatch, False)
+    assert all(r.heuristic_epsilon is None for r in records if not r.final)
+    assert records[-1].final and records[-1].heuristic_epsilon == pytest.approx(asked[-1], rel=1e-7)

@@ -118,6 +118,13 @@ def _independent_heuristics(lrs: tuple[float, ...], momentum: float) -> tuple[fl
     return weighted, constant
 
 
+BATCH_AGREEMENT = 1e-7
+"""The weighted heuristic of a flushed batch (its steps solved together) against the
+accountant asked at each step: two certified upper bounds whose root refinements stop at
+about 1e-8 relative (fourier_roots), from the same characteristic function up to its
+certified error."""
+
+
 def _check_weighted(logged: float, lrs: list[float], momentum: float) -> None:
     weighted, constant = _independent_heuristics(tuple(lrs), momentum)
     assert weighted * (1 - QUADRATURE) <= logged <= weighted * (1 + WEIGHT_ACCURACY), (
@@ -143,7 +150,8 @@ def test_momentum_and_schedule_use_the_weighted_value() -> None:
     lrs: list[float] = []
 
     def after(step: int) -> None:
-        assert records[-1].heuristic_epsilon == engine.accountant.get_epsilon(DELTA)
+        asked = engine.accountant.get_epsilon(DELTA)
+        assert records[-1].heuristic_epsilon == pytest.approx(asked, rel=BATCH_AGREEMENT)
         lrs.append(opt.param_groups[0]["lr"])
         sched.step()
 
@@ -180,8 +188,9 @@ def test_weighted_cadence_equals_an_accountant_asked_at_those_steps() -> None:
     train(model, opt, loader, 6, after=after)
     final = monitor.finish()
     got = {r.step: r.heuristic_epsilon for r in records[:-1] if r.heuristic_epsilon is not None}
-    assert got == expected and len(expected) == 2
-    assert final is not None and final.heuristic_epsilon == expected[6]
+    assert got == pytest.approx(expected, rel=BATCH_AGREEMENT) and len(expected) == 2
+    assert final is not None
+    assert final.heuristic_epsilon == pytest.approx(expected[6], rel=BATCH_AGREEMENT)
     for step, value in got.items():
         _check_weighted(value, lrs[:step], 0.9)
 

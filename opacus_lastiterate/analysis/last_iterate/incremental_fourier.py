@@ -108,6 +108,7 @@ from scipy import special
 
 from opacus_lastiterate.analysis.last_iterate.characteristic_grid import FrequencyGrid
 from opacus_lastiterate.analysis.last_iterate.characteristic_shadow import ShadowGrid
+from opacus_lastiterate.analysis.last_iterate.fourier_batch import solve_steps
 from opacus_lastiterate.analysis.last_iterate.fourier_roots import solve_epsilons
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import HeavyBallRecursion
 from opacus_lastiterate.analysis.last_iterate.step_factors import (
@@ -199,9 +200,8 @@ class IncrementalCharacteristic:
             self._pw = self.beta ** np.arange(2 * n + 2, dtype=float)
         return self._pw[: n + 1]
 
-    def _sync(self, eta: list[float]) -> None:
-        """Take in the steps appended since the last call (module docstring)."""
-        n_new = len(eta)
+    def _sync(self, eta: list[float], n_new: int) -> None:
+        """Take in the steps appended since the last call, up to ``n_new`` (module docstring)."""
         add = n_new - self.n
         if add <= 0:
             return
@@ -326,18 +326,28 @@ class IncrementalCharacteristic:
 
     # -- a query ----------------------------------------------------------------------------
 
+    def solve_steps(
+        self, delta: float, eta: list[float], sigma: list[float], q: list[float],
+        accuracy: float, start: int,
+    ) -> list[tuple[float, float, int] | None]:
+        """:meth:`solve` after each step ``start`` + 1 .. ``len(eta)`` of the run, in blocks
+        (:func:`.fourier_batch.solve_steps`)."""
+        return solve_steps(self, delta, eta, sigma, q, accuracy, start)
+
     def solve(
         self, delta: float, eta: list[float], sigma: list[float], q: list[float],
-        accuracy: float,
+        accuracy: float, n: int | None = None, answer: bool = True,
     ) -> tuple[float, float, int] | None:
         """(upper, lower, frequencies) epsilon at ``delta`` for the run of the per-step lists
-        (sigma_t > 0, q_t in (0, 1]), or None when not certified within ``accuracy``."""
-        self._sync(eta)
+        (sigma_t > 0, q_t in (0, 1]) up to step ``n`` (default: all), or None when not
+        certified within ``accuracy`` (``answer`` False: the state moves to step ``n`` and
+        nothing is evaluated unless the grid is rebuilt; None)."""
+        self._sync(eta, len(eta) if n is None else n)
         n = self.n
-        if self._q_seen < len(q):  # a step with q near 1/2 makes the route decline the run
-            new_q = np.asarray(q[self._q_seen :], dtype=float)
+        if self._q_seen < n:  # a step with q near 1/2 makes the route decline the run
+            new_q = np.asarray(q[self._q_seen : n], dtype=float)
             self._near_half = self._near_half or bool(np.any(np.abs(new_q - 0.5) < Q_NEAR_HALF))
-            self._q_seen = len(q)
+            self._q_seen = n
         if n == 0 or self._near_half:
             return None
         first = self.frozen
@@ -376,6 +386,8 @@ class IncrementalCharacteristic:
                     return self._after_failure(delta, tail, s, mu, a_end, theta_min, eta, q,
                                                q_a, w_a, accuracy)  # fmt: skip
                 self.grid = grid
+            if not answer:
+                return None
             got = self._evaluate(grid, delta, s, mu, theta_min, tail, q_a, w_a, accuracy)
             if got is not None or self.n < self._retry_at:
                 return got

@@ -183,6 +183,36 @@ class IncrementalWeightedHeuristic:
         self._cache[delta] = (self.num_steps, res)
         return res
 
+    def epsilons(self, delta: float, count: int) -> list[WeightedHeuristicResult | None]:
+        """:meth:`epsilon` after each of the last ``count`` steps, answered together by the
+        kept characteristic function
+        (:meth:`~.incremental_fourier.IncrementalCharacteristic.solve_steps`; one update and
+        one root refinement per block of steps); None at a step it does not certify (outside
+        its scope, or before its last query). The last one is cached as :meth:`epsilon`'s."""
+        n = self.num_steps
+        if not self._supported or not 0 < count <= n:
+            return [None] * count
+        assert self._settings is not None
+        if self._characteristic is None:
+            self._characteristic = IncrementalCharacteristic(*self._settings)
+        got = self._characteristic.solve_steps(
+            delta, self._eta, self._sigma, self._q, self.accuracy, n - count
+        )
+        out: list[WeightedHeuristicResult | None] = []
+        for i, answer in enumerate(got):
+            if answer is None:
+                out.append(None)
+                continue
+            upper, lower, terms = answer
+            rel = (upper - lower) / upper if upper > 0 else 0.0
+            out.append(WeightedHeuristicResult(
+                upper, lower, rel, self.accuracy, False, 0, terms, 0.0, n - count + 1 + i,
+                "epsilon", delta,
+            ))  # fmt: skip
+        if out and out[-1] is not None:
+            self._cache[delta] = (n, out[-1])
+        return out
+
     def _solve(self, delta: float) -> WeightedHeuristicResult:
         n = self.num_steps
         if n == 0:
