@@ -380,6 +380,11 @@ class WiringCheck:
             )
         return None
 
+    def _tolerance(self, grad_sample: torch.Tensor) -> float:
+        """``rtol``, or 8 units in the last place of the per-sample gradients' dtype when that
+        is coarser (bfloat16/float16 under autocast: Opacus sums them in that precision)."""
+        return max(self.rtol, 8.0 * torch.finfo(grad_sample.dtype).eps)
+
     def _verify_samples(
         self,
         params: list[torch.Tensor],
@@ -410,7 +415,7 @@ class WiringCheck:
                 continue  # the plain gradient was cleared; nothing to compare
             total, scale = sums[id(p)]
             gap = float((total - grad.double().view_as(total)).abs().max())
-            if gap > self.rtol * max(scale, floor, 1e-30):
+            if gap > self._tolerance(samples[id(p)][0]) * max(scale, floor, 1e-30):
                 problems[self._name(p)] = (
                     "its per-sample gradients do not add up to its gradient: part of its use "
                     "in the model is not seen by Opacus's hooks (a functional call, a tied or "
@@ -460,7 +465,7 @@ class WiringCheck:
             gap = float((clipped[id(p)].double().reshape(-1) - expected).abs().max())
             if j > b * (1 + 1e-5):
                 problems[self._name(p)] = f"a clipped contribution of norm {j:.6g} > C = {b:.6g}"
-            elif gap > self.rtol * max(spread, floor, 1e-30):
+            elif gap > self._tolerance(samples[id(p)][0]) * max(spread, floor, 1e-30):
                 problems[self._name(p)] = (
                     "the clipped sum Opacus accumulated differs from the per-sample gradients "
                     f"clipped to C = {b:.6g}"

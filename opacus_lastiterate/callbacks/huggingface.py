@@ -140,7 +140,7 @@ class HFPrivacyCallback(TrainerCallback, ExportableState):
         if loader is not None:  # the loader the Trainer iterates, resumed runs included
             self.monitor.observe_loader(loader)
         if not self.monitor.attached:
-            self.monitor.attach(_find_dp_optimizer(kwargs.get("optimizer")))
+            self.monitor.attach(_find_dp_optimizer(kwargs.get("optimizer")), kwargs.get("model"))
         if self.monitor.should_stop:
             control.should_training_stop = True
         return control

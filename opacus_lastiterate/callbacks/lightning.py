@@ -75,7 +75,7 @@ class _MonitorCallbackMixin:
         if loader is not None and not callable(loader):  # what it iterates, resumed included
             self.monitor.observe_loader(loader)
         if not self.monitor.attached:
-            self.monitor.attach(_find_dp_optimizer(trainer))
+            self.monitor.attach(_find_dp_optimizer(trainer), pl_module)
         if self.monitor.should_stop:
             trainer.should_stop = True
 

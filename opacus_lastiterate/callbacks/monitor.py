@@ -69,6 +69,7 @@ from opacus_lastiterate.accountants import (
 )
 from opacus_lastiterate.accountants.engine_sampling import warn_about_detection
 from opacus_lastiterate.analysis._validation import check_delta
+from opacus_lastiterate.auditing.wiring import WiringCheck, check_private_training
 from opacus_lastiterate.callbacks._checkpoint import monitor_state, restore
 from opacus_lastiterate.callbacks._following import AccountantWatch
 from opacus_lastiterate.callbacks._optimizer_hooks import OptimizerHooks
@@ -155,6 +156,12 @@ class PrivacyMonitor:
         audit: an object with ``on_step(record)`` and ``finish()`` (:class:`MonitorAudit`),
             e.g. an in-training canary audit.
         optimizer: if given, :meth:`attach` to it now.
+        check_wiring: at :meth:`attach`, arm the wiring check
+            (:func:`~opacus_lastiterate.auditing.check_private_training`): the first step
+            that adds noise verifies that every trainable parameter is privatised (per-sample
+            gradients, clipping, noise scale, frozen parameters unchanged) and raises
+            :class:`~opacus_lastiterate.exceptions.PrivacyWiringError` naming the ones that
+            are not, before the step is accounted or applied. False: no check.
         sink_rank: under ``torch.distributed``, the rank whose process calls the sinks
             (default 0); the other ranks still account, build the records, check the budget
             and call the audit, identically. A process without an initialised process group
@@ -177,10 +184,16 @@ class PrivacyMonitor:
         budget: PrivacyBudget | None = None,
         audit: MonitorAudit | None = None,
         optimizer: object = None,
+        check_wiring: bool = True,
         sink_rank: int | None = 0,
     ) -> None:
         self.accountant = accountant_of(accountant)
         self.delta = check_delta(delta)
+        if not isinstance(check_wiring, bool):
+            raise TypeError(f"`check_wiring` must be a bool, got {type(check_wiring).__name__}.")
+        self.check_wiring = check_wiring
+        self.wiring: WiringCheck | None = None
+        """The armed wiring check (its ``report`` is set once the probe step passed)."""
         self.sinks: list[Sink] = []
         for i, sink in enumerate(sinks):
             if not callable(sink):
@@ -309,8 +322,10 @@ class PrivacyMonitor:
         assert self._evaluator is not None
         return len(self._queue) + len(self._ready)
 
-    def attach(self, optimizer: object) -> PrivacyMonitor:
-        """Wrap the accountant's hook of an Opacus ``DPOptimizer`` (``make_private``'s).
+    def attach(self, optimizer: object, model: object = None) -> PrivacyMonitor:
+        """Wrap the accountant's hook of an Opacus ``DPOptimizer`` (``make_private``'s), and
+        arm the wiring check unless ``check_wiring`` is False (``model``: the trained module,
+        for the check's coverage and frozen-parameter parts; without it those are skipped).
 
         Raises:
             TypeError: if ``optimizer`` is not a ``DPOptimizer``.
@@ -327,6 +342,8 @@ class PrivacyMonitor:
         ):
             self._sync()  # the accountant moved on (or make_private gave it its sampling)
         self._hooks.install(optimizer, self, self._on_pre_step, self._after_update)
+        if self.check_wiring and self.wiring is None:
+            self.wiring = check_private_training(optimizer, model)  # type: ignore[arg-type]
         self._was_attached = True
         self._overhead.restart()
         return self

@@ -646,19 +646,32 @@ class _HostReads:
             monkeypatch.setattr(torch.Tensor, name, counted)
 
 
-def _host_reads(monkeypatch: pytest.MonkeyPatch, with_monitor: bool, steps: int = 5) -> int:
+def _host_reads(
+    monkeypatch: pytest.MonkeyPatch,
+    with_monitor: bool,
+    steps: int = 5,
+    check_wiring: bool = False,
+    uncounted: int = 0,
+) -> int:
+    """Host reads of ``steps`` training steps, after ``uncounted`` steps not counted."""
     engine, model, opt, loader = make_dp()
     if with_monitor:
         PrivacyMonitor(
-            engine, delta=DELTA, optimizer=opt, robust_every=2, standard_every=2, flush_every=1
+            engine, delta=DELTA, optimizer=opt, robust_every=2, standard_every=2, flush_every=1,
+            check_wiring=check_wiring,
         )
-    batches = [next(iter(loader)) for _ in range(steps)]
-    with monkeypatch.context() as m:
-        reads = _HostReads(m)
-        for x, y in batches:
+    batches = [next(iter(loader)) for _ in range(uncounted + steps)]
+
+    def train(part: list[Any]) -> None:
+        for x, y in part:
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
+
+    train(batches[:uncounted])
+    with monkeypatch.context() as m:
+        reads = _HostReads(m)
+        train(batches[uncounted:])
         return reads.count
 
 
@@ -666,6 +679,32 @@ def test_monitor_reads_no_tensor_per_step(monkeypatch: pytest.MonkeyPatch) -> No
     without = _host_reads(monkeypatch, with_monitor=False)
     with_monitor = _host_reads(monkeypatch, with_monitor=True)
     assert with_monitor == without
+
+
+def test_wiring_check_reads_tensors_at_its_probe_step_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    without = _host_reads(monkeypatch, with_monitor=False, uncounted=1)
+    checked = _host_reads(monkeypatch, with_monitor=True, check_wiring=True, uncounted=1)
+    assert checked == without
+    # the probe step itself does read (so the comparison above covers the check)
+    probe = _host_reads(monkeypatch, with_monitor=True, check_wiring=True, steps=1)
+    assert probe > _host_reads(monkeypatch, with_monitor=False, steps=1)
+
+
+def test_monitor_arms_the_wiring_check_by_default() -> None:
+    engine, model, opt, loader = make_dp()
+    monitor = PrivacyMonitor(engine, delta=DELTA, optimizer=opt)
+    assert monitor.wiring is not None and monitor.wiring.report is None
+    x, y = next(iter(loader))
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    assert monitor.wiring.report is not None
+    off = PrivacyMonitor(make_dp()[0], delta=DELTA, check_wiring=False)
+    assert off.wiring is None
+    with pytest.raises(TypeError, match="check_wiring"):
+        PrivacyMonitor(engine, delta=DELTA, check_wiring=1)  # type: ignore[arg-type]
 
 
 def test_counting_detects_a_host_read(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -681,7 +720,8 @@ def test_no_synchronisation_on_cuda() -> None:  # pragma: no cover - no GPU in C
     engine, model, opt, loader = make_dp()
     model.cuda()
     PrivacyMonitor(
-        engine, delta=DELTA, optimizer=opt, robust_every=2, standard_every=2, flush_every=1
+        engine, delta=DELTA, optimizer=opt, robust_every=2, standard_every=2, flush_every=1,
+        check_wiring=False,
     )
     batches = [(x.cuda(), y.cuda()) for x, y in [next(iter(loader)) for _ in range(3)]]
     torch.cuda.set_sync_debug_mode("error")
