@@ -61,10 +61,11 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
-from opacus_lastiterate.analysis.run import RunLike, as_run
+from opacus_lastiterate.analysis.run import DPSGDRun, RunLike, as_run
 from opacus_lastiterate.analysis.sampling import (
     BallsInBins,
     DeterministicBatches,
+    SamplingScheme,
     ShuffledBatches,
     effective_sampling,
 )
@@ -73,7 +74,9 @@ __all__ = [
     "PRIVACY_MODELS",
     "PRIVACY_MODEL_NAMES",
     "ModelName",
+    "Choice",
     "PrivacyModelEntry",
+    "choose",
     "privacy_model",
 ]
 
@@ -121,8 +124,13 @@ class PrivacyModelEntry:
         })
 
     def build(self, run: RunLike, **params: Any) -> PrivacyModel:
-        """The model of ``run`` (:func:`privacy_model`), for its sampling scheme (module
-        docstring)."""
+        """The model of ``run`` (:func:`privacy_model`), as :func:`choose` decides it."""
+        checked = as_run(run)
+        choice = choose(self.name, sampling=checked.sampling, weighted=checked.weights is not None)
+        return choice.build(checked, **params)
+
+    def check_params(self, params: Mapping[str, Any]) -> None:
+        """TypeError naming the keyword parameters of ``params`` the model does not take."""
         allowed = self.defaults
         unknown = sorted(set(params) - set(allowed))
         if unknown:
@@ -131,16 +139,66 @@ class PrivacyModelEntry:
                 f"privacy model {self.name!r} got unknown parameter(s) {', '.join(unknown)}; "
                 f"its parameters: {known}."
             )
-        checked = as_run(run)
-        scheme = effective_sampling(checked.sampling)
-        epoch_class = _SCHEME_CLASSES.get((self.name, type(scheme)), _EPOCH_CLASSES.get(self.name))
-        if epoch_class is not None and isinstance(
-            scheme, (ShuffledBatches, DeterministicBatches, BallsInBins)
-        ):
-            module, _, cls_name = epoch_class.partition(":")
-            cls = getattr(importlib.import_module(module), cls_name)
-            return cls(checked, **params)  # type: ignore[no-any-return]
-        return self.cls(checked, **params)  # type: ignore[call-arg]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """How one registry name is computed for a run (:func:`choose`).
+
+    Attributes:
+        name: the registry name.
+        class_path: ``"module:ClassName"`` of the model that computes it from scratch.
+        weights: whether the model reads the run's per-step weights (False: the robust
+            maximum, computed for the constant-rate formula).
+        kept: the kept engine that follows the run step by step and gives the same number
+            (:class:`~.kept_model.KeptModel`): ``"constant"``
+            (:class:`~.last_iterate.incremental.IncrementalHeuristic`), ``"weighted"``
+            (:class:`~.last_iterate.incremental_weighted.IncrementalWeightedHeuristic`, within
+            the requested accuracy), or None (from scratch).
+    """
+
+    name: str
+    class_path: str
+    weights: bool
+    kept: Literal["constant", "weighted"] | None
+
+    @property
+    def cls(self) -> type[PrivacyModel]:
+        """The :class:`~.privacy_model.PrivacyModel` subclass (imported on first use)."""
+        module, _, name = self.class_path.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        assert issubclass(cls, PrivacyModel)
+        return cls
+
+    def build(self, run: DPSGDRun, **params: Any) -> PrivacyModel:
+        """The model of the validated ``run`` with the keyword ``params`` of its entry."""
+        PRIVACY_MODELS[self.name].check_params(params)
+        return self.cls(run, **params)  # type: ignore[call-arg]
+
+
+def choose(
+    name: ModelName | str, *, sampling: SamplingScheme | None, weighted: bool
+) -> Choice:
+    """How the number ``name`` is computed for a run whose batches are drawn by ``sampling``
+    (None: Poisson) and that has per-step weights (``weighted``: learning-rate schedules,
+    momentum, weight decay) or not: the one place where that is decided (module docstring,
+    "Sampling schemes"), for a run from scratch (:func:`privacy_model`) and for a run kept
+    as it grows (:class:`~.kept_model.KeptModel`).
+
+    Raises:
+        TypeError: ``name`` is not a string.
+        ValueError: an unknown ``name``.
+    """
+    entry = _entry(name)
+    scheme = effective_sampling(sampling)
+    epoch = isinstance(scheme, (ShuffledBatches, DeterministicBatches, BallsInBins))
+    path = entry.class_path
+    if epoch and entry.name in _EPOCH_CLASSES:
+        path = _SCHEME_CLASSES.get((entry.name, type(scheme)), _EPOCH_CLASSES[entry.name])
+    kept: Literal["constant", "weighted"] | None = None
+    if entry.name == "heuristic" and not epoch:
+        kept = "weighted" if weighted else "constant"
+    return Choice(entry.name, path, entry.name not in _CONSTANT_RATE_ONLY, kept)
 
 
 _PREFIX = "opacus_lastiterate.analysis."
@@ -197,6 +255,9 @@ _ENTRIES = (
         _PREFIX + "normalisation.divisor_leak:FEASGM",
     ),
 )
+
+# The names computed for the constant-rate formula only (their models refuse weights).
+_CONSTANT_RATE_ONLY = frozenset({"robust_heuristic"})
 
 # The class each name builds for a run with an epoch scheme (module docstring).
 _EPOCH_CLASSES = {
