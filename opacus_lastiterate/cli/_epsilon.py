@@ -119,14 +119,13 @@ def _read_rates(name: str, builtin: Any) -> Any:
 
 
 def _weighted(args: dict[str, Any], quantity: str, argument: float) -> Any:
-    """The weighted heuristic (a WeightedHeuristicResult) when schedule/momentum are set."""
+    """The weighted heuristic (a WeightedHeuristicResult) when schedule/momentum are set: the
+    registry's ``"heuristic"`` of the run with the per-step weights of the SGD settings."""
     if not _weighted_requested(args):
         return None
     from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
-    from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
-        weighted_heuristic_delta_result,
-        weighted_heuristic_epsilon_result,
-    )
+    from opacus_lastiterate.analysis.privacy_models import privacy_model
+    from opacus_lastiterate.analysis.run import DPSGDRun
 
     weights = sgd_weights(
         args["learning_rates"],
@@ -134,17 +133,13 @@ def _weighted(args: dict[str, Any], quantity: str, argument: float) -> Any:
         dampening=args["dampening"],
         nesterov=args["nesterov"],
     )
-    solve = (
-        weighted_heuristic_epsilon_result if quantity == "epsilon"
-        else weighted_heuristic_delta_result
+    run = DPSGDRun.from_history(
+        [(args["noise_multiplier"], args["sample_rate"], args["steps"])], weights=weights
     )
-    return solve(
-        argument,
-        weights=weights,
-        sample_rates=args["sample_rate"],
-        noise_multipliers=args["noise_multiplier"],
-        accuracy=args["accuracy"],
-    )
+    model = privacy_model("heuristic", run, accuracy=args["accuracy"])
+    if quantity == "epsilon":
+        return model.epsilon_result(argument)  # type: ignore[attr-defined]
+    return model.delta_result(argument)  # type: ignore[attr-defined]
 
 
 def _header(args: dict[str, Any], last: str) -> str:

@@ -27,6 +27,7 @@ import math
 
 from opacus_lastiterate.analysis._validation import (
     check_delta,
+    check_epsilon,
     check_in_interval,
     check_noise_multiplier,
 )
@@ -149,6 +150,22 @@ class LastIterateHeuristic(PrivacyModel):
         assert w is not None
         keep = w > 0
         return solve_trusted(quantity, argument, w[keep], q[keep], sigma[keep], self.accuracy)
+
+    def epsilon_result(self, delta: float) -> WeightedHeuristicResult:
+        """:meth:`epsilon` of a run with per-step weights, with the accuracy achieved
+        (``value`` the epsilon, an upper bound; ``lower_bound`` a certified lower bound)."""
+        return self._result("epsilon", check_delta(delta))
+
+    def delta_result(self, epsilon: float) -> WeightedHeuristicResult:
+        """:meth:`delta` of a run with per-step weights, with the accuracy achieved."""
+        return self._result("delta", check_epsilon(epsilon))
+
+    def _result(self, quantity: str, argument: float) -> WeightedHeuristicResult:
+        if self.run.weights is None:
+            raise ValueError("`run` has no per-step weights: epsilon and delta are exact here.")
+        if self.run.has_zero_noise:
+            raise ValueError("`run` has a step without noise: epsilon is inf, delta 1.")
+        return self._weighted(quantity, argument)
 
     def _epsilon(self, delta: float) -> float:
         """Never below the exact epsilon of the pair."""
