@@ -14,9 +14,9 @@ from opacus_lastiterate.analysis import (
     LastIterateHeuristic,
     RobustLastIterateHeuristic,
     StandardComposition,
-    heuristic_epsilon,
     standard_epsilon,
 )
+from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.cli import main
 
@@ -50,8 +50,8 @@ def test_calibration_meets_the_target(capsys: pytest.CaptureFixture[str]) -> Non
     assert set(rows) == {"heuristic", "standard"}
     kw = {"steps": 20, "sample_rate": 0.05}
     h = rows["heuristic"]["noise_multiplier"]
-    assert rows["heuristic"]["heuristic"] == heuristic_epsilon(1e-5, noise_multiplier=h, **kw) <= 3
-    assert heuristic_epsilon(1e-5, noise_multiplier=h / 1.0002, **kw) > 3
+    assert rows["heuristic"]["heuristic"] == privacy_model("heuristic", DPSGDRun.constant(noise_multiplier=h, **kw)).epsilon(1e-5) <= 3
+    assert privacy_model("heuristic", DPSGDRun.constant(noise_multiplier=h / 1.0002, **kw)).epsilon(1e-5) > 3
     s = rows["standard"]["noise_multiplier"]
     assert rows["standard"]["standard"] == standard_epsilon(
         1e-5, noise_multiplier=s, value_discretization_interval=1e-3, **kw) <= 3

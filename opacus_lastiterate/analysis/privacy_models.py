@@ -131,6 +131,8 @@ class PrivacyModelEntry:
 
     def check_params(self, params: Mapping[str, Any]) -> None:
         """TypeError naming the keyword parameters of ``params`` the model does not take."""
+        if not params:
+            return
         allowed = self.defaults
         unknown = sorted(set(params) - set(allowed))
         if unknown:
