@@ -107,13 +107,13 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 def test_warnings_are_one_line_opening_with_the_command(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     import opacus_lastiterate.analysis.comparison as comparison
 
-    original = comparison.compare_epsilons
+    original = comparison.compare_epsilons_for_history
 
     def noisy(*args, **kwargs):  # type: ignore[no-untyped-def]
         warnings.warn("something the user should know", UserWarning, stacklevel=2)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(comparison, "compare_epsilons", noisy)
+    monkeypatch.setattr(comparison, "compare_epsilons_for_history", noisy)
     assert main([*BASE, "--noise-multiplier", "1", "--delta", "1e-5", "--json"]) == 0
     captured = capsys.readouterr()
     json.loads(captured.out)  # stdout stays one JSON object

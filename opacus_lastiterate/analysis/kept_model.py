@@ -54,7 +54,8 @@ SettingsRuns = Sequence[tuple[Any, int]]
 def _sgd_run_weights(runs: SettingsRuns) -> np.ndarray:
     counts = [n for _, n in runs]
     lr, momentum, dampening, nesterov, weight_decay = (
-        np.repeat(np.asarray(column), counts) for column in zip(*(s for s, _ in runs), strict=True)
+        np.repeat(np.asarray(column), counts)
+        for column in zip(*(s.as_tuple() for s, _ in runs), strict=True)
     )
     return sgd_weights(
         lr, momentum=momentum, dampening=dampening, nesterov=bool(nesterov.any()),
