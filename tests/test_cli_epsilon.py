@@ -148,3 +148,16 @@ def test_interval_default_is_the_standard_models_default() -> None:
 
     assert DEFAULT_INTERVAL == DEFAULT_DISCRETIZATION == 1e-4
     assert PRIVACY_MODELS["standard"].defaults["value_discretization_interval"] == 1e-4
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--sampling", "shuffled"], "--sampling shuffled needs --dataset-size"),
+    (["--dataset-size", "100"], "--dataset-size describes shuffled or deterministic"),
+    (["--sampling", "balls-in-bins", "--momentum", "0.9"], "leave out --plot, --lr-schedule"),
+    (["--sampling", "shuffled", "--dataset-size", "7"], "--sample-rate"),
+])
+def test_sampling_options_are_checked_before_any_computation(extra, message, capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as stop:
+        main([*BASE, "--noise-multiplier", "1", "--delta", "1e-5", *extra])
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err

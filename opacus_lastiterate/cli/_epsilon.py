@@ -193,14 +193,14 @@ def _run(args: dict[str, Any], noise_multiplier: float | None = None) -> Any:
     )
 
 
-def _labels(args: dict[str, Any]) -> dict[str, str]:
-    """The label of each compared model: the registry's description, or for another scheme
-    than Poisson the label of the model chosen for it (it names the scheme)."""
+def _labels(run: Any) -> dict[str, str]:
+    """The label of each compared model of ``run``: the registry's description, or for
+    another scheme than Poisson the label of the model chosen for it (it names the scheme)."""
     from opacus_lastiterate.analysis.comparison import EpsilonComparison, compared_models
 
     labels = dict(EpsilonComparison.LABELS)
-    if args["scheme"] is not None:
-        for name, model in compared_models(_run(args)).items():
+    if run.sampling is not None:
+        for name, model in compared_models(run).items():
             labels[name] = model.label or labels[name]
     return labels
 
@@ -224,11 +224,11 @@ def _comparison(args: dict[str, Any], quantity: str) -> dict[str, Any]:
 
         if quantity == "epsilon":
             values = compare_epsilons_for_history(
-                _run(args), args["delta"], value_discretization_interval=args["discretization"]
+                args["run"], args["delta"], value_discretization_interval=args["discretization"]
             ).as_dict()
         else:
             values = {k: m.delta(args["epsilon"]) for k, m in _models(args).items()}
-        return {"values": values, "keys": list(_keys()), "labels": _labels(args)}
+        return {"values": values, "keys": list(_keys()), "labels": _labels(args["run"])}
 
     inputs = {name: args[name] for name in ("steps", "sample_rate", "noise_multiplier",
                                             "discretization")}
@@ -307,7 +307,7 @@ def _models(args: dict[str, Any]) -> dict[str, Any]:
     """The compared privacy models of the configuration (for delta at epsilon)."""
     from opacus_lastiterate.analysis.comparison import compared_models
 
-    return compared_models(_run(args), value_discretization_interval=args["discretization"])
+    return compared_models(args["run"], value_discretization_interval=args["discretization"])
 
 
 def _delta_for_epsilon(args: dict[str, Any]) -> None:
@@ -360,8 +360,9 @@ def _calibrate(args: dict[str, Any], accountants: tuple[str, ...]) -> None:
             sampling=args["scheme"],
             value_discretization_interval=args["discretization"],
         )
+        run = _run(args, sigma)
         result = compare_epsilons_for_history(
-            _run(args, sigma), delta, value_discretization_interval=args["discretization"]
+            run, delta, value_discretization_interval=args["discretization"]
         )
         rows.append(ordered({"accountant": accountant, "noise_multiplier": sigma,
                              **{k: getattr(result, k) for k in _keys()}}))
@@ -375,7 +376,7 @@ def _calibrate(args: dict[str, Any], accountants: tuple[str, ...]) -> None:
             **_sampling_key(args),
             "standard_discretization": args["discretization"],
             "calibrations": rows,
-            "labels": {**_labels(args),
+            "labels": {**_labels(run),
                        "noise_multiplier": "smallest sigma (to 1e-4 relative, rounded up) "
                        "whose epsilon under `accountant` is at most the target"},
         })
@@ -533,6 +534,7 @@ def epsilon(**args: Any) -> None:
         args["learning_rates"] = _learning_rates(
             args["lr_schedule"], args["steps"], args["step_size"], args["gamma"]
         )
+    args["run"] = _run(args)
     if delta is not None:
         _epsilon_for_delta(args)
     else:

@@ -281,3 +281,20 @@ def test_standard_bound_is_the_same_by_registry_and_kept_model(case: Case) -> No
     registry = privacy_model("standard", case.run()).epsilon(DELTA)
     assert kept.epsilon(DELTA, "standard") == registry
     assert registry >= _registry(case)  # the bound for every iterate is above the heuristic
+
+
+def test_cli_calibration_inverts_the_registry_number(
+    case: Case, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if case.weights is not None:
+        pytest.skip("calibration is for runs at a constant learning rate")
+    argv = ["epsilon", "--steps", str(case.steps), "--sample-rate", str(case.sample_rate),
+            "--delta", str(DELTA), "--target-epsilon", repr(_registry(case)),
+            "--calibrate", "heuristic", "--json"]
+    if isinstance(case.sampling, ShuffledBatches):
+        argv += ["--sampling", "shuffled", "--dataset-size", str(case.sampling.dataset_size)]
+    elif isinstance(case.sampling, BallsInBins):
+        argv += ["--sampling", "balls-in-bins"]
+    assert main(argv) == 0
+    row = json.loads(capsys.readouterr().out)["calibrations"][0]
+    assert case.sigma * (1 - 1e-9) <= row["noise_multiplier"] <= case.sigma * (1 + 2e-4)
