@@ -174,7 +174,8 @@ class KeptModel:
         """The per-step weights of the recorded settings (:data:`OPTIMIZER_WEIGHTS`)."""
         if not self._known or not self._runs:
             raise ValueError("no optimizer settings were recorded for every step.")
-        weights = OPTIMIZER_WEIGHTS[type(self._runs[0][0])][0](self._runs)
+        runs = [(settings, steps) for settings, steps in self._runs]
+        weights = OPTIMIZER_WEIGHTS[type(runs[0][0])][0](runs)
         weights.setflags(write=False)
         return weights
 

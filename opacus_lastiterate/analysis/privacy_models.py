@@ -1,9 +1,19 @@
-"""The registry of privacy models: one name per model, one place that builds them.
+"""The registry of privacy models and the chooser: one name per number, one place that decides
+how it is computed for a run.
 
 Every privacy number of this package comes from a :class:`~.privacy_model.PrivacyModel`
 built from a :class:`~.run.DPSGDRun` (``docs/run_description.md``, "Privacy models"); this
-module names them once and :func:`privacy_model` builds one by name. Calibration, the
-side-by-side comparison, the batch-size plan and the CLI build their models here.
+module names them once. :func:`choose` decides, from the name, the run's sampling scheme and
+whether the run has per-step weights, which model computes the number (and which kept engine
+follows it step by step, :class:`~.kept_model.KeptModel`); :func:`privacy_model` builds that
+model. Calibration, the side-by-side comparison, the batch-size plan, the CLI and
+``LastIterateAccountant`` (through :class:`~.kept_model.KeptModel`) take their numbers here.
+
+A new computation is one place here: a new number is an entry of the table below; a new
+sampling scheme or privacy unit with its own model is a row of ``_EPOCH_CLASSES`` /
+``_SCHEME_CLASSES`` read by :func:`choose`; a new optimizer's weights are one entry of
+:data:`~.kept_model.OPTIMIZER_WEIGHTS` (a run from scratch carries its weights in
+``DPSGDRun.weights``, whatever optimizer made them).
 
 ========================  ===================================  =============  ==================
 name                      class                                kind           keyword parameters
@@ -73,8 +83,8 @@ from opacus_lastiterate.analysis.sampling import (
 __all__ = [
     "PRIVACY_MODELS",
     "PRIVACY_MODEL_NAMES",
-    "ModelName",
     "Choice",
+    "ModelName",
     "PrivacyModelEntry",
     "choose",
     "privacy_model",
