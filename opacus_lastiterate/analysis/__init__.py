@@ -92,9 +92,7 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     )
     from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
         WeightedHeuristicResult,
-        weighted_heuristic_delta,
         weighted_heuristic_delta_result,
-        weighted_heuristic_epsilon,
         weighted_heuristic_epsilon_result,
     )
     from opacus_lastiterate.analysis.normalisation import (
@@ -234,8 +232,6 @@ _LAZY: dict[str, str] = {
     "quadratic_regulariser_epsilon": "last_iterate.counterexamples",
     "sgd_weights": "last_iterate.optimizer_weights",
     "standard_epsilon": "baselines.composition",
-    "weighted_heuristic_delta": "last_iterate.weighted_heuristic",
-    "weighted_heuristic_epsilon": "last_iterate.weighted_heuristic",
 }
 
 __all__ = [
@@ -316,9 +312,7 @@ __all__ = [
     "standard_epsilon",
     "standard_rdp_delta",
     "standard_rdp_epsilon",
-    "weighted_heuristic_delta",
     "weighted_heuristic_delta_result",
-    "weighted_heuristic_epsilon",
     "weighted_heuristic_epsilon_result",
 ]
 

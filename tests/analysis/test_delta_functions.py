@@ -1,5 +1,5 @@
-"""The function-style delta twins of the epsilon functions, the weighted functions' floats
-and the discretisation method keyword."""
+"""The function-style delta twins of the epsilon functions, the weighted model's results and
+the discretisation method keyword."""
 
 from __future__ import annotations
 
@@ -16,9 +16,7 @@ from opacus_lastiterate.analysis.baselines.composition import (
     standard_rdp_epsilon,
 )
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
-    weighted_heuristic_delta,
     weighted_heuristic_delta_result,
-    weighted_heuristic_epsilon,
     weighted_heuristic_epsilon_result,
 )
 from opacus_lastiterate.analysis.normalisation import asgm_epsilon
@@ -53,13 +51,19 @@ def test_delta_twins_invert_the_epsilon_functions() -> None:
         assert delta_fn(eps, **KW) == pytest.approx(1e-6, rel=rel), eps_fn.__name__
 
 
-def test_weighted_functions_return_plain_floats() -> None:
-    kw = {"weights": [1.0, 0.5, 0.25, 2.0], "sample_rates": 0.2, "noise_multipliers": 1.0}
-    result = weighted_heuristic_epsilon_result(1e-5, **kw)
-    value = weighted_heuristic_epsilon(1e-5, **kw)
-    assert type(value) is float and value == result.value
-    delta = weighted_heuristic_delta(1.0, **kw)
-    assert type(delta) is float and delta == weighted_heuristic_delta_result(1.0, **kw).value
+def test_weighted_model_results_are_the_registry_numbers() -> None:
+    run = DPSGDRun.from_history([(1.0, 0.2, 4)], weights=[1.0, 0.5, 0.25, 2.0])
+    model = privacy_model("heuristic", run)
+    assert model.epsilon_result(1e-5).value == model.epsilon(1e-5)  # type: ignore[attr-defined]
+    assert model.delta_result(1.0).value == model.delta(1.0)  # type: ignore[attr-defined]
+    assert weighted_heuristic_epsilon_result(
+        1e-5, weights=run.weights, sample_rates=0.2, noise_multipliers=1.0
+    ).value == model.epsilon(1e-5)
+    assert weighted_heuristic_delta_result(
+        1.0, weights=run.weights, sample_rates=0.2, noise_multipliers=1.0
+    ).value == model.delta(1.0)
+    with pytest.raises(ValueError, match="no per-step weights"):
+        privacy_model("heuristic", DPSGDRun.constant(**KW)).epsilon_result(1e-5)  # type: ignore[attr-defined]
 
 
 def test_discretization_method_keyword() -> None:

@@ -330,7 +330,7 @@ def zeroing_regulariser_epsilon(
     """Epsilon of the final model under r(m) = ||m||^2 / (2 eta): one step of DP-SGD, eps_1.
 
     Whatever T is, the final model equals the last step alone; the robust variant
-    :func:`~.heuristic.robust_heuristic_epsilon` (max over t <= T) is never below this.
+    ``privacy_model("robust_heuristic", run)`` (max over t <= T) is never below this.
     """
     run = DPSGDRun.constant(steps=1, sample_rate=sample_rate, noise_multiplier=noise_multiplier)
     return privacy_model("heuristic", run).epsilon(delta)
