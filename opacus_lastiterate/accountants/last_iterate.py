@@ -173,6 +173,16 @@ class LastIterateAccountant(RunAccountant):
         kept.accuracy = self.weight_accuracy
         return kept
 
+    @property
+    @synchronized
+    def kept_model(self) -> KeptModel:
+        """The recorded run as the analysis keeps it (:class:`~opacus_lastiterate.analysis.
+        kept_model.KeptModel`, with the current sampling scheme and weighted accuracy): ask it
+        for any registry number of the run, ``kept_model.epsilon(delta, "standard")``, chosen
+        for the run's scheme and weights as :meth:`get_epsilon` is. Read it; the accountant
+        appends the steps."""
+        return self._kept_model()
+
     # -- the incremental API: what a replica of the accountant is fed ----------------------
 
     @property
