@@ -1,6 +1,7 @@
 """Speed of the last-iterate heuristic against the accountants it sits beside.
 
-Prints the median wall time of the registry's heuristic (``privacy_model("heuristic", run)``; cold: its cache is cleared before
+Prints the median wall time of the registry's heuristic (``privacy_model("heuristic", run)``;
+cold: its cache is cleared before
 every call) and of Opacus's RDP and PRV ``get_epsilon`` on the same configuration, and the
 ratios. With ``--mog`` it also times dp_accounting's mixture-of-Gaussians PLD, the only other
 route to the heuristic, on a smaller T (it takes seconds to minutes per call).
@@ -18,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from opacus_lastiterate.analysis.last_iterate import heuristic
+from opacus_lastiterate.analysis.last_iterate.heuristic_pair import segments_pair
 from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
 
@@ -66,8 +67,10 @@ def opacus_epsilon(cls: str, cfg: dict, repeats: int, timeout: float) -> tuple[f
 
 def ours(cfg: dict) -> Callable[[], float]:
     def run() -> float:
-        heuristic._pair.cache_clear()
-        return privacy_model("heuristic", DPSGDRun.constant(steps=cfg["steps"], sample_rate=cfg["sample_rate"], noise_multiplier=cfg["noise_multiplier"])).epsilon(cfg["delta"])
+        segments_pair.cache_clear()  # cold: the pair is built again
+        run = DPSGDRun.constant(steps=cfg["steps"], sample_rate=cfg["sample_rate"],
+                                noise_multiplier=cfg["noise_multiplier"])
+        return privacy_model("heuristic", run).epsilon(cfg["delta"])
 
     return run
 
