@@ -1,6 +1,7 @@
 """Speed of the last-iterate heuristic against the accountants it sits beside.
 
-Prints the median wall time of ``heuristic_epsilon`` (cold: its cache is cleared before
+Prints the median wall time of the registry's heuristic (``privacy_model("heuristic", run)``;
+cold: its cache is cleared before
 every call) and of Opacus's RDP and PRV ``get_epsilon`` on the same configuration, and the
 ratios. With ``--mog`` it also times dp_accounting's mixture-of-Gaussians PLD, the only other
 route to the heuristic, on a smaller T (it takes seconds to minutes per call).
@@ -18,8 +19,9 @@ import sys
 import time
 from collections.abc import Callable
 
-from opacus_lastiterate.analysis.last_iterate import heuristic
-from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
+from opacus_lastiterate.analysis.last_iterate.heuristic_pair import segments_pair
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 
 CONFIGS = [
     dict(steps=100_000, sample_rate=1e-3, noise_multiplier=1.0, delta=1e-5),
@@ -65,13 +67,10 @@ def opacus_epsilon(cls: str, cfg: dict, repeats: int, timeout: float) -> tuple[f
 
 def ours(cfg: dict) -> Callable[[], float]:
     def run() -> float:
-        heuristic._pair.cache_clear()
-        return heuristic_epsilon(
-            cfg["delta"],
-            steps=cfg["steps"],
-            sample_rate=cfg["sample_rate"],
-            noise_multiplier=cfg["noise_multiplier"],
-        )
+        segments_pair.cache_clear()  # cold: the pair is built again
+        run = DPSGDRun.constant(steps=cfg["steps"], sample_rate=cfg["sample_rate"],
+                                noise_multiplier=cfg["noise_multiplier"])
+        return privacy_model("heuristic", run).epsilon(cfg["delta"])
 
     return run
 
@@ -108,7 +107,7 @@ def main() -> None:
         label = f"T={cfg['steps']:.0e}, q={cfg['sample_rate']:g}, sigma={cfg['noise_multiplier']:g}, delta={cfg['delta']:g}"
         print(label)
         t_ours, e_ours = median_time(ours(cfg), args.repeats)
-        print(f"  heuristic_epsilon (ours)  {t_ours * 1e3:9.3f} ms   eps = {e_ours:.6f}")
+        print(f"  heuristic (ours)          {t_ours * 1e3:9.3f} ms   eps = {e_ours:.6f}")
         for name, cls in (("Opacus RDP", "RDPAccountant"), ("Opacus PRV", "PRVAccountant")):
             try:
                 t, e = opacus_epsilon(cls, cfg, max(3, args.repeats // 3), args.timeout)
@@ -122,7 +121,7 @@ def main() -> None:
         print("T=1000, q=0.01, sigma=1, delta=1e-5 (dp_accounting MoG PLD, interval 1e-3)")
         t_ours, e_ours = median_time(ours(cfg), args.repeats)
         t, e = median_time(mog_epsilon(cfg), 1)
-        print(f"  heuristic_epsilon (ours)  {t_ours * 1e3:9.3f} ms   eps = {e_ours:.6f}")
+        print(f"  heuristic (ours)          {t_ours * 1e3:9.3f} ms   eps = {e_ours:.6f}")
         print(f"  dp_accounting MoG PLD     {t * 1e3:9.3f} ms   eps = {e:.6f}   ratio {t / t_ours:8.1f}x")
 
 

@@ -25,7 +25,8 @@ from opacus_lastiterate.analysis.last_iterate.counterexamples import (
     one_step_noise_multiplier,
     quadratic_regulariser_epsilon,
 )
-from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 
 DELTA = 1e-6
 RATES = (0.01, 0.1, 0.5)
@@ -46,13 +47,11 @@ def sweep(steps: list[int], accuracy: float) -> None:
             best: dict[str, tuple[float, int]] = {}
             exceed = 0
             per_t = [
-                heuristic_epsilon(DELTA, steps=t, sample_rate=q, noise_multiplier=sigma)
+                privacy_model("heuristic", DPSGDRun.constant(steps=t, sample_rate=q, noise_multiplier=sigma)).epsilon(DELTA)
                 for t in range(1, max(steps) + 1)
             ]
             # the robust heuristic certifies max_{t<=T} eps_t within 1e-6; check once per row
-            robust = heuristic_epsilon(
-                DELTA, steps=max(steps), sample_rate=q, noise_multiplier=sigma, robust=True
-            )
+            robust = privacy_model("robust_heuristic", DPSGDRun.constant(steps=max(steps), sample_rate=q, noise_multiplier=sigma)).epsilon(DELTA)
             assert max(per_t) <= robust <= max(per_t) * (1 + 1e-6), (robust, max(per_t))
             for T in steps:
                 running = max(per_t[:T])

@@ -46,7 +46,6 @@ _LAZY: dict[str, str] = {
     "DPSGDRun": "opacus_lastiterate.analysis",
     "privacy_model": "opacus_lastiterate.analysis.privacy_models",
     "compare_epsilons": "opacus_lastiterate.analysis",
-    "heuristic_epsilon": "opacus_lastiterate.analysis",
     "standard_epsilon": "opacus_lastiterate.analysis",
     "calibrate_noise_multiplier": "opacus_lastiterate.analysis",
     # how the batches are drawn

@@ -37,9 +37,6 @@ from opacus_lastiterate.analysis import (
     compare_epsilons as compare_epsilons,
 )
 from opacus_lastiterate.analysis import (
-    heuristic_epsilon as heuristic_epsilon,
-)
-from opacus_lastiterate.analysis import (
     standard_epsilon as standard_epsilon,
 )
 from opacus_lastiterate.analysis.audit import (

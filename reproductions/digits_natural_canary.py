@@ -31,7 +31,8 @@ from _plotting import plotting_available
 from sklearn.datasets import load_digits
 
 from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
-from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.auditing import (
     DiracCanary,
     DiracCanaryAdversary,
@@ -96,7 +97,7 @@ def main() -> None:
     x, y, labels = load(n)
     rng = np.random.default_rng(args.seed)
     start = time.perf_counter()
-    heur = heuristic_epsilon(DELTA, steps=steps, sample_rate=q, noise_multiplier=sigma)
+    heur = privacy_model("heuristic", DPSGDRun.constant(steps=steps, sample_rate=q, noise_multiplier=sigma)).epsilon(DELTA)
     std = standard_epsilon(DELTA, steps=steps, sample_rate=q, noise_multiplier=sigma)
     dim = x.shape[1] * 10
     _, noiseless = train(x, y, 1, steps, q, sigma, lr, rng, None, noise=False, record_updates=True)

@@ -44,7 +44,8 @@ from opacus_lastiterate.analysis.audit import (
     epsilon_from_error_rates,
 )
 from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
-from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.auditing import (
     DPSGDArithmetic,
     MaliciousDataset,
@@ -143,7 +144,7 @@ def main() -> None:
           f"{'beats heuristic':>15}")
     for sigma in sigmas:
         arith = DPSGDArithmetic(sigma)
-        heur = heuristic_epsilon(DELTA, steps=STEPS, sample_rate=Q, noise_multiplier=sigma)
+        heur = privacy_model("heuristic", DPSGDRun.constant(steps=STEPS, sample_rate=Q, noise_multiplier=sigma)).epsilon(DELTA)
         std = standard_epsilon(DELTA, steps=STEPS, sample_rate=Q, noise_multiplier=sigma)
         tau_x, exact, err = exact_limit(arith)
         tau, threshold, planned = plan(arith, trials)

@@ -813,7 +813,7 @@ def _privacy_models_entry(params: dict[str, Any], tmp: str) -> dict[str, Any]:
         steps = params["weighted_steps"]
         lrs = a.builtin_schedule("cosine", 0.1, steps)
         weights = a.sgd_weights(lrs, momentum=0.9, weight_decay=1e-4)
-        # recorded with weighted_heuristic_epsilon, which returned this result object; the
+        # recorded with the weighted heuristic function, which returned this result object; the
         # function of that name returns a float since, and this one the object
         result = a.weighted_heuristic_epsilon_result(
             1e-5, weights=weights, sample_rates=0.02, noise_multipliers=1.1

@@ -8,8 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from opacus_lastiterate.analysis import gaussian_epsilon, heuristic_epsilon, standard_epsilon
+from opacus_lastiterate.analysis import gaussian_epsilon, standard_epsilon
 from opacus_lastiterate.analysis.audit import HeldOutSplit, NaiveMax
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.auditing import AuditRunner, audit_records
 from opacus_lastiterate.cli import main
 
@@ -85,7 +87,7 @@ def test_digits_quick(tmp_path: Path, capsys) -> None:  # type: ignore[no-untype
     c = out["configuration"]
     assert c["runs"] == 24 and c["steps"] == 10 and out["trained"] == 24 and path.exists()
     kw = {"steps": 10, "sample_rate": c["sample_rate"], "noise_multiplier": 0.5}
-    assert out["heuristic"] == heuristic_epsilon(1e-5, **kw)
+    assert out["heuristic"] == privacy_model("heuristic", DPSGDRun.constant(**kw)).epsilon(1e-5)
     assert out["standard"] == standard_epsilon(1e-5, **kw)
     assert out["audit"]["epsilon"] <= out["standard"]
     # the records re-audit gives the same number

@@ -32,13 +32,13 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the computations of the comparison (the expensive, PLD-composing path)."""
     seen: list[int] = []
-    original = comparison.compare_epsilons
+    original = comparison.compare_epsilons_for_history
 
     def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
         seen.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(comparison, "compare_epsilons", counting)
+    monkeypatch.setattr(comparison, "compare_epsilons_for_history", counting)
     return seen
 
 
@@ -99,13 +99,13 @@ def test_the_fingerprint_follows_the_analysis_sources(cache, monkeypatch, tmp_pa
 
 
 def test_answers_that_warned_are_not_stored(cache, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    original = comparison.compare_epsilons
+    original = comparison.compare_epsilons_for_history
 
     def noisy(*args, **kwargs):  # type: ignore[no-untyped-def]
         warnings.warn("something the user should know", UserWarning, stacklevel=2)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(comparison, "compare_epsilons", noisy)
+    monkeypatch.setattr(comparison, "compare_epsilons_for_history", noisy)
     for _ in range(2):  # the warning each time: nothing was cached
         assert main([*ARGS, "--delta", "1e-5"]) == 0
         assert "something the user should know" in capsys.readouterr().err

@@ -14,9 +14,9 @@ from opacus_lastiterate.analysis import (
     LastIterateHeuristic,
     RobustLastIterateHeuristic,
     StandardComposition,
-    heuristic_epsilon,
     standard_epsilon,
 )
+from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.cli import main
 
@@ -50,8 +50,8 @@ def test_calibration_meets_the_target(capsys: pytest.CaptureFixture[str]) -> Non
     assert set(rows) == {"heuristic", "standard"}
     kw = {"steps": 20, "sample_rate": 0.05}
     h = rows["heuristic"]["noise_multiplier"]
-    assert rows["heuristic"]["heuristic"] == heuristic_epsilon(1e-5, noise_multiplier=h, **kw) <= 3
-    assert heuristic_epsilon(1e-5, noise_multiplier=h / 1.0002, **kw) > 3
+    assert rows["heuristic"]["heuristic"] == privacy_model("heuristic", DPSGDRun.constant(noise_multiplier=h, **kw)).epsilon(1e-5) <= 3
+    assert privacy_model("heuristic", DPSGDRun.constant(noise_multiplier=h / 1.0002, **kw)).epsilon(1e-5) > 3
     s = rows["standard"]["noise_multiplier"]
     assert rows["standard"]["standard"] == standard_epsilon(
         1e-5, noise_multiplier=s, value_discretization_interval=1e-3, **kw) <= 3
@@ -107,13 +107,13 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 def test_warnings_are_one_line_opening_with_the_command(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     import opacus_lastiterate.analysis.comparison as comparison
 
-    original = comparison.compare_epsilons
+    original = comparison.compare_epsilons_for_history
 
     def noisy(*args, **kwargs):  # type: ignore[no-untyped-def]
         warnings.warn("something the user should know", UserWarning, stacklevel=2)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(comparison, "compare_epsilons", noisy)
+    monkeypatch.setattr(comparison, "compare_epsilons_for_history", noisy)
     assert main([*BASE, "--noise-multiplier", "1", "--delta", "1e-5", "--json"]) == 0
     captured = capsys.readouterr()
     json.loads(captured.out)  # stdout stays one JSON object
@@ -148,3 +148,16 @@ def test_interval_default_is_the_standard_models_default() -> None:
 
     assert DEFAULT_INTERVAL == DEFAULT_DISCRETIZATION == 1e-4
     assert PRIVACY_MODELS["standard"].defaults["value_discretization_interval"] == 1e-4
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--sampling", "shuffled"], "--sampling shuffled needs --dataset-size"),
+    (["--dataset-size", "100"], "--dataset-size describes shuffled or deterministic"),
+    (["--sampling", "balls-in-bins", "--momentum", "0.9"], "leave out --plot, --lr-schedule"),
+    (["--sampling", "shuffled", "--dataset-size", "7"], "--sample-rate"),
+])
+def test_sampling_options_are_checked_before_any_computation(extra, message, capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as stop:
+        main([*BASE, "--noise-multiplier", "1", "--delta", "1e-5", *extra])
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err

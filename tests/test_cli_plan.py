@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from opacus_lastiterate.analysis import heuristic_epsilon, standard_epsilon
+from opacus_lastiterate.analysis import standard_epsilon
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.cli import main
 
 ARGS = ["plan", "--dataset-size", "5000", "--batch-sizes", "500,100", "--epochs", "4",
@@ -22,8 +24,8 @@ def test_json_rows(capsys: pytest.CaptureFixture[str]) -> None:
         assert r["steps"] == 4 * 5000 // r["batch_size"] and r["sample_rate"] == r["batch_size"] / 5000
         kw = {"steps": r["steps"], "sample_rate": r["sample_rate"],
               "noise_multiplier": r["noise_multiplier"]}
-        assert r["heuristic"] == heuristic_epsilon(1e-5, **kw) <= 2.0
-        assert heuristic_epsilon(1e-5, **{**kw, "noise_multiplier": r["noise_multiplier"] / 1.0002}) > 2
+        assert r["heuristic"] == privacy_model("heuristic", DPSGDRun.constant(**kw)).epsilon(1e-5) <= 2.0
+        assert privacy_model("heuristic", DPSGDRun.constant(**{**kw, "noise_multiplier": r["noise_multiplier"] / 1.0002})).epsilon(1e-5) > 2
         assert r["standard"] == standard_epsilon(1e-5, value_discretization_interval=1e-3, **kw)
     assert out["rows"][1]["standard"] > out["rows"][0]["standard"]
 

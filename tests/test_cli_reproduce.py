@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from opacus_lastiterate.analysis import full_batch_epsilon, heuristic_epsilon, standard_epsilon
+from opacus_lastiterate.analysis import full_batch_epsilon, standard_epsilon
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.cli import main
 from opacus_lastiterate.figures import FIGURES
 from tests.analysis._reference import ClosedFormMixture, gaussian_mechanism_epsilon
@@ -88,8 +90,8 @@ def test_fig1_json_values_are_the_epsilons_and_the_png_is_written(
         # the CLI prints the analysis functions' numbers
         kw = {"steps": row["steps"], "sample_rate": row["sample_rate"],
               "noise_multiplier": row["noise_multiplier"]}
-        assert row["heuristic"] == heuristic_epsilon(delta, **kw)
-        assert row["robust_heuristic"] == heuristic_epsilon(delta, robust=True, **kw)
+        assert row["heuristic"] == privacy_model("heuristic", DPSGDRun.constant(**kw)).epsilon(delta)
+        assert row["robust_heuristic"] == privacy_model("robust_heuristic", DPSGDRun.constant(**kw)).epsilon(delta)
         assert row["standard"] == standard_epsilon(
             delta, value_discretization_interval=interval, **kw
         )
@@ -124,7 +126,7 @@ def test_fig1_table_prints_the_same_values(capsys: pytest.CaptureFixture[str]) -
         for t in (1, 1000):
             kw = {"steps": t, "sample_rate": q, "noise_multiplier": sigma}
             values = [
-                f"{heuristic_epsilon(1e-6, **kw):.4f}",
+                f"{privacy_model('heuristic', DPSGDRun.constant(**kw)).epsilon(1e-6):.4f}",
                 f"{standard_epsilon(1e-6, value_discretization_interval=1e-3, **kw):.4f}",
                 f"{full_batch_epsilon(1e-6, **kw):.4f}",
             ]

@@ -7,10 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
     weighted_heuristic_epsilon_result,
 )
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.cli import main
 
 BASE = ["--sample-rate", "0.05", "--noise-multiplier", "1.0", "--delta", "1e-6"]
@@ -64,7 +65,7 @@ def test_counterexample_reproduces_the_paper(capsys):
     assert round(out["one_step"], 3) == 2.182
     assert out["quadratic"] > 2.274 and out["exceeds_heuristic"] is True
     assert out["robust_heuristic"] == pytest.approx(
-        heuristic_epsilon(1e-6, steps=3, sample_rate=0.1, noise_multiplier=1.0, robust=True)
+        privacy_model("robust_heuristic", DPSGDRun.constant(steps=3, sample_rate=0.1, noise_multiplier=1.0)).epsilon(1e-6)
     )
     assert out["ratio_to_robust"] == pytest.approx(out["quadratic"] / out["robust_heuristic"])
 

@@ -36,10 +36,12 @@ import opacus_lastiterate.analysis.normalisation
 import opacus_lastiterate.exceptions
 assert not loaded(*HEAVY), ("analysis subpackages", loaded(*HEAVY))
 
-from opacus_lastiterate import heuristic_epsilon  # a lazy root name of the mathematics
+from opacus_lastiterate import DPSGDRun  # a lazy root name of the mathematics
+from opacus_lastiterate.analysis.privacy_models import privacy_model
 import opacus_lastiterate.analysis.normalisation as norm
 
-assert abs(heuristic_epsilon(1e-6, steps=3, sample_rate=0.1, noise_multiplier=1.0) - 2.222) < 1e-3
+run = DPSGDRun.constant(steps=3, sample_rate=0.1, noise_multiplier=1.0)
+assert abs(privacy_model("heuristic", run).epsilon(1e-6) - 2.222) < 1e-3
 norm.asgm_epsilon(1e-5, dataset_size=100, sample_rate=0.1, noise_multiplier=1.0, steps=3)
 norm.feasgm_epsilon(
     1e-5, dataset_size=500, batch_size=10, noise_multiplier=1.0, steps=2, dimension=10
@@ -144,7 +146,7 @@ def test_lazy_root_attributes_resolve() -> None:
     assert pkg.LastIterateAccountant is accountants.LastIterateAccountant
     assert pkg.FEASGMAccountant is accountants.FEASGMAccountant
     assert pkg.use_public_divisor is accountants.use_public_divisor
-    assert pkg.heuristic_epsilon is analysis.heuristic_epsilon
+    assert pkg.DPSGDRun is analysis.DPSGDRun
     assert pkg.OpacusLastIterateWarning is exceptions.OpacusLastIterateWarning
     assert pkg.analysis is analysis and pkg.exceptions is exceptions
     assert set(pkg.__all__) <= set(dir(pkg))

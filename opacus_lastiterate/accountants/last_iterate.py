@@ -10,8 +10,10 @@ for a history of segments (sigma_i, q_i, T_i) at a constant learning rate,
 It is exact for linear losses and a *heuristic* otherwise: it is not a proven
 differential-privacy bound for deep networks, and it describes the release of the final
 model only (intermediate checkpoints are covered only by a standard composition bound).
-The mathematics lives in :mod:`opacus_lastiterate.analysis.last_iterate.heuristic`; this module only
-keeps Opacus's bookkeeping.
+The mathematics lives in :mod:`opacus_lastiterate.analysis`; which computation answers is
+decided there, by :func:`~opacus_lastiterate.analysis.privacy_models.choose` through the
+accountant's :class:`~opacus_lastiterate.analysis.kept_model.KeptModel`. This module only keeps
+Opacus's bookkeeping (the history, the optimizer trace, the warnings).
 """
 
 from __future__ import annotations
@@ -39,23 +41,9 @@ from opacus_lastiterate.analysis._validation import (
     check_int,
     check_sample_rate,
 )
-from opacus_lastiterate.analysis.last_iterate.heuristic import (
-    LastIterateHeuristic,
-    RobustLastIterateHeuristic,
-)
-from opacus_lastiterate.analysis.last_iterate.incremental import IncrementalHeuristic
-from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
-    IncrementalWeightedHeuristic,
-)
-from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings, sgd_weights
+from opacus_lastiterate.analysis.kept_model import KeptModel
+from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import WeightedHeuristicResult
-from opacus_lastiterate.analysis.privacy_model import PrivacyModel
-from opacus_lastiterate.analysis.run import DPSGDRun
-from opacus_lastiterate.analysis.sampling import PoissonSampling, effective_sampling
-from opacus_lastiterate.analysis.sampling_heuristic import (
-    RobustSamplingHeuristic,
-    SamplingHeuristic,
-)
 from opacus_lastiterate.exceptions import (
     HeuristicCalibrationWarning,
     OptimizerTraceWarning,
@@ -82,9 +70,9 @@ class LastIterateAccountant(RunAccountant):
     (``PrivacyEngine(accountant="last_iterate")``), or assign an instance to
     ``engine.accountant`` before ``make_private``.
 
-    Per-step accounting is incremental (:class:`~opacus_lastiterate.analysis.last_iterate.incremental.
-    IncrementalHeuristic`): asking for epsilon after every step costs a warm-started root
-    find, not a computation from scratch.
+    Per-step accounting is incremental (:class:`~opacus_lastiterate.analysis.kept_model.
+    KeptModel`): asking for epsilon after every step costs a warm-started root find, not a
+    computation from scratch.
 
     Attributes:
         history: ``(noise_multiplier, sample_rate, num_steps)`` segments, oldest first,
@@ -106,15 +94,10 @@ class LastIterateAccountant(RunAccountant):
                 epsilon, in (0, 1) (:attr:`weight_accuracy`).
         """
         accuracy = check_in_interval("weight_accuracy", weight_accuracy, 0.0, 1.0)
-        self._engine = IncrementalHeuristic()
+        self._kept = KeptModel(accuracy=accuracy)
         self._calibration_warned = False
         self._trace = SettingsTrace()
         self._trace_disabled = False
-        self._weighted_cache: tuple[tuple[int, float], WeightedHeuristicResult] | None = None
-        self._weighted_engine: IncrementalWeightedHeuristic | None = None
-        # the weighted engine's characteristic function from a loaded state, taken up when
-        # the engine is next built (ignored unless saved for the same run)
-        self._saved_characteristic: Mapping[str, Any] | None = None
         self._monotonicity = MonotonicityWatch()
         self.weight_accuracy = accuracy
         """Requested relative accuracy of the schedule/momentum-weighted epsilon."""
@@ -124,27 +107,19 @@ class LastIterateAccountant(RunAccountant):
     # -- bookkeeping hooks (see RunAccountant) ----------------------------------------------
 
     def _after_step(self, noise_multiplier: float, sample_rate: float) -> None:
-        self._engine.append(noise_multiplier, sample_rate)
-        engine = self._weighted_engine
-        if engine is not None:  # keep the weighted engine in step with the trace
-            if self._trace_disabled or engine.num_steps + 1 != self._steps() or not self._trace:
-                self._weighted_engine = None
-            else:
-                last = self._trace.last
-                assert last is not None  # the trace is not empty
-                engine.append(noise_multiplier, sample_rate, *last)
-        elif self._weights_in_use():
-            # from the first step whose weights matter the engine follows the steps (O(1)
-            # each), so that the first query does not take in the whole trace (O(T))
-            self._weighted_engine_in_sync()
+        self._kept.append(noise_multiplier, sample_rate, 1, self._step_settings())
+
+    def _step_settings(self) -> SGDSettings | None:
+        """The settings of the step just recorded: None unless the trace covers every step."""
+        if self._trace_disabled or not self._trace or self._trace.covered != self._steps():
+            return None
+        return self.last_settings
 
     def _after_reset(self) -> None:
-        self._engine = IncrementalHeuristic.from_run(self.run)
-        self._trace = SettingsTrace()  # a history written from outside has no optimizer settings
+        # a history written from outside has no optimizer settings
+        self._kept = KeptModel.from_run(self.run, accuracy=self.weight_accuracy)
+        self._trace = SettingsTrace()
         self._last_settings = None
-        self._weighted_cache = None
-        self._weighted_engine = None
-        self._saved_characteristic = None
         self._monotonicity = MonotonicityWatch()
 
     def _steps(self) -> int:
@@ -188,54 +163,25 @@ class LastIterateAccountant(RunAccountant):
     def _weights_in_use(self) -> bool:
         """True if the recorded settings change the weights of the steps in the final model
         (varying learning rate, momentum or weight decay) and cover every recorded step."""
-        if self._trace_disabled or not self._trace:
-            return False
-        steps, varies = self._trace_summary()
-        return steps == self._steps() and varies
+        return self._kept_model().uses_weights
 
-    def _trace_summary(self) -> tuple[int, bool]:
-        """(steps covered by the trace, whether its settings change the weights), kept up to
-        date as the trace grows, so that a step does not rescan the whole trace."""
-        return self._trace.covered, self._trace.varies
+    def _kept_model(self) -> KeptModel:
+        """The kept model of the recorded run, with the current sampling scheme and
+        weighted accuracy."""
+        kept = self._kept
+        kept.sampling = self.sampling
+        kept.accuracy = self.weight_accuracy
+        return kept
 
-    def _weighted_run(self) -> DPSGDRun:
-        """The recorded run with the per-step weights of the recorded SGD settings."""
-        c = self._trace.columns()
-        weights = sgd_weights(
-            np.repeat(c.lr, c.steps),
-            momentum=np.repeat(c.momentum, c.steps),
-            dampening=np.repeat(c.dampening, c.steps),
-            nesterov=bool(c.nesterov.any()),
-            weight_decay=np.repeat(c.weight_decay, c.steps),
-        )
-        weights.setflags(write=False)
-        return DPSGDRun._trusted(self.run.segments, weights)
-
-    def _weighted_engine_in_sync(self) -> IncrementalWeightedHeuristic:
-        """The incremental weighted engine for the recorded trace; rebuilt from the trace
-        and the run when it is missing (loaded state, assigned history) or out of step."""
-        engine = self._weighted_engine
-        if (
-            engine is None
-            or engine.num_steps != self._steps()
-            or engine.accuracy != self.weight_accuracy
-        ):
-            engine = IncrementalWeightedHeuristic(self.weight_accuracy)
-            sigma, q = self.run.per_step()
-            if len(self._trace):
-                columns = self._trace.columns()
-                first = columns.settings_at(0)
-                engine.append(float(sigma[0]), float(q[0]), *first)
-                counts = columns.steps.copy()
-                fields = list(columns[:5])
-                total = int(counts.sum())
-                counts[0] -= 1
-                engine.extend(sigma[1:total], q[1:total], *(np.repeat(f, counts) for f in fields))
-            saved, self._saved_characteristic = self._saved_characteristic, None
-            if saved is not None:
-                engine.restore_characteristic(saved)
-            self._weighted_engine = engine
-        return engine
+    @property
+    @synchronized
+    def kept_model(self) -> KeptModel:
+        """The recorded run as the analysis keeps it (:class:`~opacus_lastiterate.analysis.
+        kept_model.KeptModel`, with the current sampling scheme and weighted accuracy): ask it
+        for any registry number of the run, ``kept_model.epsilon(delta, "standard")``, chosen
+        for the run's scheme and weights as :meth:`get_epsilon` is. Read it; the accountant
+        appends the steps."""
+        return self._kept_model()
 
     # -- the incremental API: what a replica of the accountant is fed ----------------------
 
@@ -264,8 +210,7 @@ class LastIterateAccountant(RunAccountant):
             return False
         if settings is None or self._trace_disabled:
             return True
-        steps, _ = self._trace_summary()
-        if steps != self._steps():  # the trace does not cover the run
+        if self._trace.covered != self._steps():  # the trace does not cover the run
             return True
         last = self._trace.last
         same_rate = last is None or last[0] == settings.lr
@@ -336,26 +281,14 @@ class LastIterateAccountant(RunAccountant):
         if not ready:
             return None
         self._note_settings(settings, n)
+        covered = not self._trace_disabled and self._trace.covered == self._steps() + n
         self._extend_segments(sigma, q, n)
-        self._weighted_engine = None  # rebuilt from the trace if ever needed
-        peak = self._engine.suffix_peak(d)
-        eps = self._advance(sigma, q, n, d)
+        kept = self._kept_model()
+        peak = kept.suffix_peak(d)
+        eps = kept.advance(sigma, q, n, d, settings if covered else None)
         if sweep is not None:  # get_epsilon's single-segment check, every step at once
             self._monotonicity.check(d, eps, self._num_steps - n + 1, peak, sweep)
         return eps
-
-    def _advance(self, sigma: float, q: float, steps: int, delta: float) -> np.ndarray:
-        """:meth:`IncrementalHeuristic.advance` for the last ``steps`` recorded steps, in
-        batches of at most as many steps as came before (at least 16): the batch solve
-        extrapolates from the last solves, which holds over a batch as long as the run so far
-        but not over a much longer one (a batch of 10^4 steps from the first step went one
-        step at a time: 0.59 ms a step, against 57 us in doubling batches)."""
-        parts, done, before = [], 0, self._num_steps - steps
-        while done < steps:
-            chunk = min(steps - done, max(16, before + done))
-            parts.append(self._engine.advance(sigma, q, chunk, delta))
-            done += chunk
-        return np.concatenate(parts)
 
     def _trimmed_state(self, state: dict[str, Any], steps: int) -> dict[str, Any]:
         state = super()._trimmed_state(state, steps)
@@ -382,10 +315,7 @@ class LastIterateAccountant(RunAccountant):
                 "no optimizer settings that change the weights were recorded for every step; "
                 "get_epsilon uses the constant-rate formula."
             )
-        key = (self._steps(), d)
-        if self._weighted_cache is None or self._weighted_cache[0] != key:
-            self._weighted_cache = (key, self._weighted_engine_in_sync().epsilon(d))
-        return self._weighted_cache[1]
+        return self._kept_model().weighted_result(d)
 
     def _extra_state(self) -> dict[str, Any]:
         # a trace that does not cover every step (steps recorded without the optimizer)
@@ -395,10 +325,7 @@ class LastIterateAccountant(RunAccountant):
             "optimizer_trace": encode_trace([] if partial else self._trace.columns()),
             "optimizer_trace_disabled": self._trace_disabled or partial,
         }
-        engine = self._weighted_engine
-        saved = self._saved_characteristic
-        if engine is not None and engine.num_steps == self._steps():
-            saved = engine.characteristic_state()
+        saved = self._kept.characteristic_state()
         if saved is not None:  # a cache: restored only onto the same run (its fingerprint)
             out["weighted_characteristic"] = saved
         return out
@@ -424,17 +351,21 @@ class LastIterateAccountant(RunAccountant):
         return trace, disabled, saved
 
     def _load_extra_state(self, checked: Any) -> None:
-        columns, self._trace_disabled, self._saved_characteristic = checked
+        columns, self._trace_disabled, saved = checked
         self._trace = SettingsTrace(columns)
         self._last_settings = None
         self._calibration_warned = False
-        if self._saved_characteristic is not None:
-            # the saved accountant was answering weighted queries: restore its engine now
-            # (O(T) bookkeeping, with the rest of the load), so that the next query costs
-            # what it would have cost without the checkpoint
-            if self._weights_in_use():
-                self._weighted_engine_in_sync()
-            self._saved_characteristic = None
+        covers = not self._trace_disabled and len(self._trace) and (
+            self._trace.covered == self._steps()
+        )
+        settings = (
+            [(SGDSettings(*e[:5]), e[5]) for e in self._trace.entries()] if covers else None
+        )
+        self._kept = KeptModel.from_run(self.run, settings, accuracy=self.weight_accuracy)
+        # the saved accountant was answering weighted queries: restore its engine now (O(T)
+        # bookkeeping, with the rest of the load), so that the next query costs what it
+        # would have cost without the checkpoint
+        self._kept.restore_characteristic(saved)
 
     # -- privacy ----------------------------------------------------------------------------
 
@@ -462,19 +393,7 @@ class LastIterateAccountant(RunAccountant):
     def uses_epoch_sampling(self) -> bool:
         """Whether the run's batches come in epochs (shuffled, deterministic, balls-in-bins),
         so the heuristic is the per-scheme one and not the Poisson formula."""
-        scheme = effective_sampling(self.sampling)
-        return scheme is not None and not isinstance(scheme, PoissonSampling)
-
-    def _epoch_scheme_model(self, robust: bool) -> PrivacyModel | None:
-        """The heuristic of a run whose batches come in epochs (shuffled, deterministic,
-        balls-in-bins: :attr:`sampling`, ``docs/samplers.md``); None for Poisson."""
-        if not self.uses_epoch_sampling:
-            return None
-        if robust:
-            return RobustSamplingHeuristic(self.run)
-        weights = self._weighted_run().weights if self._weights_in_use() else None
-        run = DPSGDRun._trusted(self.run.segments, weights, sampling=self.sampling)
-        return SamplingHeuristic(run, accuracy=self.weight_accuracy)
+        return self._kept_model().choice("heuristic").kept is None
 
     @synchronized
     def get_epsilon(
@@ -516,19 +435,17 @@ class LastIterateAccountant(RunAccountant):
         if not isinstance(check_monotone, bool):
             raise TypeError(f"`check_monotone` must be a bool, got {check_monotone!r}.")
         self._warn_if_calibrating(robust)
-        if self._num_steps == 0:
-            return 0.0
-        epoch_model = self._epoch_scheme_model(robust)
-        if epoch_model is not None:
-            return float(epoch_model.epsilon(d))
-        if robust:
-            return float(RobustLastIterateHeuristic(self.run).epsilon(d))
-        if self._weights_in_use():
-            return float(self.weighted_result(d).epsilon)
-        eps = self._engine.epsilon(d)
-        if check_monotone and not self._externally_assigned:
-            self._monotonicity.after_query(d, eps, self._segments, self._num_steps, self._engine)
-        return float(eps)
+        kept = self._kept_model()
+        name = "robust_heuristic" if robust else "heuristic"
+        eps = kept.epsilon(d, name)
+        if (
+            check_monotone
+            and not self._externally_assigned
+            and self._num_steps
+            and kept.choice(name).kept == "constant"
+        ):
+            self._monotonicity.after_query(d, eps, self._segments, self._num_steps, kept)
+        return eps
 
     @synchronized
     def get_delta(self, epsilon: float) -> float:
@@ -542,15 +459,7 @@ class LastIterateAccountant(RunAccountant):
         """
         eps = check_epsilon(epsilon)
         self._warn_if_calibrating(False)
-        if self._num_steps == 0:
-            return 0.0
-        epoch_model = self._epoch_scheme_model(False)
-        if epoch_model is not None:
-            return float(epoch_model.delta(eps))
-        if self._weights_in_use():
-            model = LastIterateHeuristic(self._weighted_run(), accuracy=self.weight_accuracy)
-            return float(model.delta(eps))
-        return float(self._engine.delta(eps))
+        return self._kept_model().delta(eps)
 
     # -- display ----------------------------------------------------------------------------
 

@@ -8,9 +8,12 @@ Everything in this subpackage uses numpy, scipy and dp_accounting only, so it ca
   balls-in-bins, unknown), part of the run description; :mod:`.sampling_heuristic` and
   :mod:`.sampling_standard` the numbers per scheme (:mod:`.sampling_allocation`: the
   balls-in-bins standard number, random allocation via pld-accounting);
-* :mod:`.privacy_models`: the registry of privacy models (one name each;
-  ``privacy_models.privacy_model(name, run)`` builds one: it is not re-exported here, where
-  ``privacy_model`` is the module of the :class:`PrivacyModel` protocol);
+* :mod:`.privacy_models`: the registry of privacy models (one name each) and the chooser:
+  ``privacy_models.choose(name, ...)`` decides how each number is computed for a run (its
+  sampling scheme, its per-step weights), ``privacy_models.privacy_model(name, run)`` builds
+  that model (not re-exported here, where ``privacy_model`` is the module of the
+  :class:`PrivacyModel` protocol); :mod:`.kept_model`: :class:`KeptModel`, the same choice for
+  a run kept as it grows (per-step accounting);
 * :mod:`.last_iterate`: the last-iterate heuristic, its robust and weighted forms, per-step
   accounting and the known counterexamples;
 * :mod:`.baselines`: standard composition and full-batch DP-GD;
@@ -63,6 +66,7 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         LastIterateHeuristicAccountant,
     )
     from opacus_lastiterate.analysis.hyperparameter_plan import BatchSizePlan, plan_batch_sizes
+    from opacus_lastiterate.analysis.kept_model import KeptModel
     from opacus_lastiterate.analysis.last_iterate.counterexamples import (
         MonotonicityCheck,
         QuadraticComparison,
@@ -76,12 +80,7 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     from opacus_lastiterate.analysis.last_iterate.heuristic import (
         LastIterateHeuristic,
         RobustLastIterateHeuristic,
-        heuristic_delta,
-        heuristic_epsilon,
-        robust_heuristic_delta,
-        robust_heuristic_epsilon,
     )
-    from opacus_lastiterate.analysis.last_iterate.incremental import IncrementalHeuristic
     from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
         builtin_schedule,
         check_optimizer_supported,
@@ -93,9 +92,7 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     )
     from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
         WeightedHeuristicResult,
-        weighted_heuristic_delta,
         weighted_heuristic_delta_result,
-        weighted_heuristic_epsilon,
         weighted_heuristic_epsilon_result,
     )
     from opacus_lastiterate.analysis.normalisation import (
@@ -196,9 +193,6 @@ _LAZY: dict[str, str] = {
     "standard_delta": "baselines.composition",
     "standard_rdp_delta": "baselines.composition",
     "standard_rdp_epsilon": "baselines.composition",
-    "heuristic_delta": "last_iterate.heuristic",
-    "robust_heuristic_delta": "last_iterate.heuristic",
-    "robust_heuristic_epsilon": "last_iterate.heuristic",
     "weighted_heuristic_delta_result": "last_iterate.weighted_heuristic",
     "weighted_heuristic_epsilon_result": "last_iterate.weighted_heuristic",
     "Normalisation": "run",
@@ -207,7 +201,7 @@ _LAZY: dict[str, str] = {
     "StandardComposition": "baselines.composition",
     "FullBatchGaussian": "baselines.composition",
     "ASGM": "normalisation.asgm",
-    "IncrementalHeuristic": "last_iterate.incremental",
+    "KeptModel": "kept_model",
     "SuffixMaximum": "last_iterate.suffix_maximum",
     "certified_suffix_maximum": "last_iterate.suffix_maximum",
     "DivisorVerdict": "normalisation",
@@ -230,7 +224,6 @@ _LAZY: dict[str, str] = {
     "full_batch_epsilon": "baselines.composition",
     "gaussian_delta": "baselines.gaussian_mechanism",
     "gaussian_epsilon": "baselines.gaussian_mechanism",
-    "heuristic_epsilon": "last_iterate.heuristic",
     "heuristic_monotonicity": "last_iterate.counterexamples",
     "heuristic_monotonicity_for_history": "last_iterate.counterexamples",
     "opacus1x_batch_arithmetic": "normalisation",
@@ -239,8 +232,6 @@ _LAZY: dict[str, str] = {
     "quadratic_regulariser_epsilon": "last_iterate.counterexamples",
     "sgd_weights": "last_iterate.optimizer_weights",
     "standard_epsilon": "baselines.composition",
-    "weighted_heuristic_delta": "last_iterate.weighted_heuristic",
-    "weighted_heuristic_epsilon": "last_iterate.weighted_heuristic",
 }
 
 __all__ = [
@@ -260,7 +251,7 @@ __all__ = [
     "DivisorVerdict",
     "EpsilonComparison",
     "FullBatchGaussian",
-    "IncrementalHeuristic",
+    "KeptModel",
     "LastIterateHeuristic",
     "LastIterateHeuristicAccountant",
     "MonotonicityCheck",
@@ -307,8 +298,6 @@ __all__ = [
     "full_batch_epsilon",
     "gaussian_delta",
     "gaussian_epsilon",
-    "heuristic_delta",
-    "heuristic_epsilon",
     "heuristic_monotonicity",
     "heuristic_monotonicity_for_history",
     "opacus1x_batch_arithmetic",
@@ -317,17 +306,13 @@ __all__ = [
     "quadratic_regulariser_comparison",
     "quadratic_regulariser_epsilon",
     "random_allocation_pld",
-    "robust_heuristic_delta",
-    "robust_heuristic_epsilon",
     "sampling_from_dict",
     "sgd_weights",
     "standard_delta",
     "standard_epsilon",
     "standard_rdp_delta",
     "standard_rdp_epsilon",
-    "weighted_heuristic_delta",
     "weighted_heuristic_delta_result",
-    "weighted_heuristic_epsilon",
     "weighted_heuristic_epsilon_result",
 ]
 

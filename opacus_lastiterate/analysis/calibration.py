@@ -7,7 +7,8 @@ answer is returned on the safe side: the model's epsilon at the returned sigma i
 target, and sigma is within a relative ``rtol`` of the exact crossing.
 
 Accountants, by their names in the registry of privacy models
-(:mod:`opacus_lastiterate.analysis.privacy_models`): ``"heuristic"`` (last-iterate
+(:mod:`opacus_lastiterate.analysis.privacy_models`, whose :func:`~.privacy_models.choose`
+picks the model for the run's sampling scheme): ``"heuristic"`` (last-iterate
 heuristic, final model only, not a proven bound for deep networks), ``"robust_heuristic"``
 (its max over the last t <= T steps), ``"standard"`` (composition over all iterates, dp_accounting PLD, an
 upper bound) and ``"full_batch"`` (full-batch DP-GD with the same expected step and noise,
@@ -29,8 +30,9 @@ from opacus_lastiterate.analysis._validation import (
 )
 from opacus_lastiterate.analysis.baselines.composition import DEFAULT_DISCRETIZATION
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
-from opacus_lastiterate.analysis.privacy_models import privacy_model
-from opacus_lastiterate.analysis.run import DPSGDRun
+from opacus_lastiterate.analysis.privacy_models import choose
+from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment
+from opacus_lastiterate.analysis.sampling import SamplingScheme
 
 __all__ = ["CALIBRATED_ACCOUNTANTS", "calibrate_noise_multiplier", "canonical_accountant"]
 
@@ -58,13 +60,20 @@ def canonical_accountant(accountant: object, name: str = "accountant") -> str:
 
 
 def _model(
-    accountant: str, steps: int, sample_rate: float, interval: float
+    accountant: str, steps: int, sample_rate: float, interval: float,
+    sampling: SamplingScheme | None,
 ) -> Callable[[float], PrivacyModel]:
+    """The registry's model ``accountant`` of the run at noise multiplier sigma, as
+    :func:`~.privacy_models.choose` decides it for the scheme (the run is checked once)."""
     params = {"value_discretization_interval": interval} if accountant == "standard" else {}
+    run = DPSGDRun.constant(
+        steps=steps, sample_rate=sample_rate, noise_multiplier=1.0, sampling=sampling
+    )
+    choice = choose(accountant, sampling=run.sampling, weighted=False)
 
     def build(sigma: float) -> PrivacyModel:
-        run = DPSGDRun.constant(steps=steps, sample_rate=sample_rate, noise_multiplier=sigma)
-        return privacy_model(accountant, run, **params)
+        segment = TrainingSegment(sigma, sample_rate, steps)
+        return choice.build(DPSGDRun.from_history([segment], sampling=run.sampling), **params)
 
     return build
 
@@ -76,6 +85,7 @@ def calibrate_noise_multiplier(
     steps: int,
     sample_rate: float,
     accountant: Accountant = "heuristic",
+    sampling: SamplingScheme | None = None,
     value_discretization_interval: float = DEFAULT_DISCRETIZATION,
     rtol: float = 1e-4,
 ) -> float:
@@ -86,8 +96,11 @@ def calibrate_noise_multiplier(
         target_epsilon: the epsilon to meet, > 0.
         delta: delta in (0, 1).
         steps: T >= 1.
-        sample_rate: Poisson sampling rate q in (0, 1].
+        sample_rate: the sampling rate q in (0, 1] (the expected batch size over the
+            dataset size).
         accountant: one of :data:`CALIBRATED_ACCOUNTANTS` (module docstring).
+        sampling: how the batches are drawn (:mod:`~.sampling`; None: Poisson at
+            ``sample_rate``); the number is the registry's for that scheme.
         value_discretization_interval: PLD value discretisation interval of the standard
             accountant (default 1e-4, :mod:`~.privacy_models`).
         rtol: relative accuracy of the returned sigma, in (0, 0.1].
@@ -102,7 +115,7 @@ def calibrate_noise_multiplier(
     accountant = canonical_accountant(accountant)  # type: ignore[assignment]
     interval = check_positive("value_discretization_interval", value_discretization_interval)
     tol = check_in_interval("rtol", rtol, 0.0, 0.1, high_open=False)
-    build = _model(accountant, t, q, interval)
+    build = _model(accountant, t, q, interval, sampling)
 
     seen: dict[float, float] = {}
 
@@ -115,14 +128,16 @@ def calibrate_noise_multiplier(
         # the fine PLD is slow at small sigma: locate the root on a coarse grid first (its
         # pessimistic epsilon is about the fine one, a little above), then refine nearby
         coarse = calibrate_noise_multiplier(
-            target, d, steps=t, sample_rate=q, accountant="standard",
+            target, d, steps=t, sample_rate=q, accountant="standard", sampling=sampling,
             value_discretization_interval=_COARSE_INTERVAL, rtol=tol,
         )
         lo, hi = _bracket(excess, math.log(coarse), growth=0.002)
     elif accountant in ("robust_heuristic", "standard"):
         # both are >= the heuristic at every sigma, so their sigma is >= the heuristic's:
         # start there and grow slowly (the PLD accountant is slow at small sigma)
-        start = math.log(calibrate_noise_multiplier(target, d, steps=t, sample_rate=q, rtol=tol))
+        start = math.log(calibrate_noise_multiplier(
+            target, d, steps=t, sample_rate=q, sampling=sampling, rtol=tol
+        ))
         lo, hi = _bracket(excess, start - math.log1p(tol), growth=0.25)
     else:
         lo, hi = _bracket(excess, 0.0, growth=1.0)

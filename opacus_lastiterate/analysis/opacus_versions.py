@@ -361,9 +361,11 @@ def corrected_epsilon(rel: OpacusRelease | str, config: VersionConfig) -> tuple[
 
 @lru_cache(maxsize=256)
 def _heuristic(q: float, sigma: float, steps: int, delta: float) -> float:
-    from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
+    from opacus_lastiterate.analysis.privacy_models import privacy_model
+    from opacus_lastiterate.analysis.run import DPSGDRun
 
-    return float(heuristic_epsilon(delta, steps=steps, sample_rate=q, noise_multiplier=sigma))
+    run = DPSGDRun.constant(steps=steps, sample_rate=q, noise_multiplier=sigma)
+    return float(privacy_model("heuristic", run).epsilon(delta))
 
 
 @lru_cache(maxsize=64)

@@ -1,9 +1,19 @@
-"""The registry of privacy models: one name per model, one place that builds them.
+"""The registry of privacy models and the chooser: one name per number, one place that decides
+how it is computed for a run.
 
 Every privacy number of this package comes from a :class:`~.privacy_model.PrivacyModel`
 built from a :class:`~.run.DPSGDRun` (``docs/run_description.md``, "Privacy models"); this
-module names them once and :func:`privacy_model` builds one by name. Calibration, the
-side-by-side comparison, the batch-size plan and the CLI build their models here.
+module names them once. :func:`choose` decides, from the name, the run's sampling scheme and
+whether the run has per-step weights, which model computes the number (and which kept engine
+follows it step by step, :class:`~.kept_model.KeptModel`); :func:`privacy_model` builds that
+model. Calibration, the side-by-side comparison, the batch-size plan, the CLI and
+``LastIterateAccountant`` (through :class:`~.kept_model.KeptModel`) take their numbers here.
+
+A new computation is one place here: a new number is an entry of the table below; a new
+sampling scheme or privacy unit with its own model is a row of ``_EPOCH_CLASSES`` /
+``_SCHEME_CLASSES`` read by :func:`choose`; a new optimizer's weights are one entry of
+:data:`~.kept_model.OPTIMIZER_WEIGHTS` (a run from scratch carries its weights in
+``DPSGDRun.weights``, whatever optimizer made them).
 
 ========================  ===================================  =============  ==================
 name                      class                                kind           keyword parameters
@@ -61,10 +71,11 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
-from opacus_lastiterate.analysis.run import RunLike, as_run
+from opacus_lastiterate.analysis.run import DPSGDRun, RunLike, as_run
 from opacus_lastiterate.analysis.sampling import (
     BallsInBins,
     DeterministicBatches,
+    SamplingScheme,
     ShuffledBatches,
     effective_sampling,
 )
@@ -72,8 +83,10 @@ from opacus_lastiterate.analysis.sampling import (
 __all__ = [
     "PRIVACY_MODELS",
     "PRIVACY_MODEL_NAMES",
+    "Choice",
     "ModelName",
     "PrivacyModelEntry",
+    "choose",
     "privacy_model",
 ]
 
@@ -121,8 +134,15 @@ class PrivacyModelEntry:
         })
 
     def build(self, run: RunLike, **params: Any) -> PrivacyModel:
-        """The model of ``run`` (:func:`privacy_model`), for its sampling scheme (module
-        docstring)."""
+        """The model of ``run`` (:func:`privacy_model`), as :func:`choose` decides it."""
+        checked = as_run(run)
+        choice = choose(self.name, sampling=checked.sampling, weighted=checked.weights is not None)
+        return choice.build(checked, **params)
+
+    def check_params(self, params: Mapping[str, Any]) -> None:
+        """TypeError naming the keyword parameters of ``params`` the model does not take."""
+        if not params:
+            return
         allowed = self.defaults
         unknown = sorted(set(params) - set(allowed))
         if unknown:
@@ -131,16 +151,66 @@ class PrivacyModelEntry:
                 f"privacy model {self.name!r} got unknown parameter(s) {', '.join(unknown)}; "
                 f"its parameters: {known}."
             )
-        checked = as_run(run)
-        scheme = effective_sampling(checked.sampling)
-        epoch_class = _SCHEME_CLASSES.get((self.name, type(scheme)), _EPOCH_CLASSES.get(self.name))
-        if epoch_class is not None and isinstance(
-            scheme, (ShuffledBatches, DeterministicBatches, BallsInBins)
-        ):
-            module, _, cls_name = epoch_class.partition(":")
-            cls = getattr(importlib.import_module(module), cls_name)
-            return cls(checked, **params)  # type: ignore[no-any-return]
-        return self.cls(checked, **params)  # type: ignore[call-arg]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """How one registry name is computed for a run (:func:`choose`).
+
+    Attributes:
+        name: the registry name.
+        class_path: ``"module:ClassName"`` of the model that computes it from scratch.
+        weights: whether the model reads the run's per-step weights (False: the robust
+            maximum, computed for the constant-rate formula).
+        kept: the kept engine that follows the run step by step and gives the same number
+            (:class:`~.kept_model.KeptModel`): ``"constant"``
+            (:class:`~.last_iterate.incremental.IncrementalHeuristic`), ``"weighted"``
+            (:class:`~.last_iterate.incremental_weighted.IncrementalWeightedHeuristic`, within
+            the requested accuracy), or None (from scratch).
+    """
+
+    name: str
+    class_path: str
+    weights: bool
+    kept: Literal["constant", "weighted"] | None
+
+    @property
+    def cls(self) -> type[PrivacyModel]:
+        """The :class:`~.privacy_model.PrivacyModel` subclass (imported on first use)."""
+        module, _, name = self.class_path.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        assert issubclass(cls, PrivacyModel)
+        return cls
+
+    def build(self, run: DPSGDRun, **params: Any) -> PrivacyModel:
+        """The model of the validated ``run`` with the keyword ``params`` of its entry."""
+        PRIVACY_MODELS[self.name].check_params(params)
+        return self.cls(run, **params)  # type: ignore[call-arg]
+
+
+def choose(
+    name: ModelName | str, *, sampling: SamplingScheme | None, weighted: bool
+) -> Choice:
+    """How the number ``name`` is computed for a run whose batches are drawn by ``sampling``
+    (None: Poisson) and that has per-step weights (``weighted``: learning-rate schedules,
+    momentum, weight decay) or not: the one place where that is decided (module docstring,
+    "Sampling schemes"), for a run from scratch (:func:`privacy_model`) and for a run kept
+    as it grows (:class:`~.kept_model.KeptModel`).
+
+    Raises:
+        TypeError: ``name`` is not a string.
+        ValueError: an unknown ``name``.
+    """
+    entry = _entry(name)
+    scheme = effective_sampling(sampling)
+    epoch = isinstance(scheme, (ShuffledBatches, DeterministicBatches, BallsInBins))
+    path = entry.class_path
+    if epoch and entry.name in _EPOCH_CLASSES:
+        path = _SCHEME_CLASSES.get((entry.name, type(scheme)), _EPOCH_CLASSES[entry.name])
+    kept: Literal["constant", "weighted"] | None = None
+    if entry.name == "heuristic" and not epoch:
+        kept = "weighted" if weighted else "constant"
+    return Choice(entry.name, path, entry.name not in _CONSTANT_RATE_ONLY, kept)
 
 
 _PREFIX = "opacus_lastiterate.analysis."
@@ -197,6 +267,9 @@ _ENTRIES = (
         _PREFIX + "normalisation.divisor_leak:FEASGM",
     ),
 )
+
+# The names computed for the constant-rate formula only (their models refuse weights).
+_CONSTANT_RATE_ONLY = frozenset({"robust_heuristic"})
 
 # The class each name builds for a run with an epoch scheme (module docstring).
 _EPOCH_CLASSES = {

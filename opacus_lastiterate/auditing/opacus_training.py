@@ -39,8 +39,8 @@ from opacus_lastiterate.analysis._validation import (
     check_noise_multiplier,
     check_positive,
 )
-from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
-from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 
 __all__ = [
     "CanaryKind",
@@ -124,7 +124,9 @@ def train_dp_sgd(
 
 
 class ConstantRunEpsilons:
-    """heuristic_epsilon / standard_epsilon of a trainer's constant (T, q, sigma) run."""
+    """The epsilons of a trainer's constant (T, q, sigma) run of Poisson-sampled plain SGD,
+    by the registry of privacy models (:func:`~opacus_lastiterate.analysis.privacy_models.
+    privacy_model`)."""
 
     steps: int
     noise_multiplier: float
@@ -133,23 +135,20 @@ class ConstantRunEpsilons:
     def sample_rate(self) -> float:
         raise NotImplementedError
 
+    @property
+    def run(self) -> DPSGDRun:
+        """The run the trainer takes: T steps at (q, sigma), Poisson-sampled, plain SGD."""
+        return DPSGDRun.constant(
+            steps=self.steps, sample_rate=self.sample_rate, noise_multiplier=self.noise_multiplier
+        )
+
     def heuristic_epsilon(self, delta: float) -> float:
         """The last-iterate heuristic epsilon of this training (not a DP guarantee)."""
-        return heuristic_epsilon(
-            delta,
-            steps=self.steps,
-            sample_rate=self.sample_rate,
-            noise_multiplier=self.noise_multiplier,
-        )
+        return privacy_model("heuristic", self.run).epsilon(delta)
 
     def standard_epsilon(self, delta: float) -> float:
         """The standard composition epsilon (all iterates released): a DP upper bound."""
-        return standard_epsilon(
-            delta,
-            steps=self.steps,
-            sample_rate=self.sample_rate,
-            noise_multiplier=self.noise_multiplier,
-        )
+        return privacy_model("standard", self.run).epsilon(delta)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,10 @@ Three questions, one per option set (``docs/cli.md``, "epsilon"):
 * ``--target-epsilon E --delta D``: the noise multiplier that meets E for each accountant.
 
 Every model is built by its registry name (:mod:`opacus_lastiterate.analysis.privacy_models`,
-through :func:`~opacus_lastiterate.analysis.comparison.compared_models`); the JSON keys are
-those names.
+through :func:`~opacus_lastiterate.analysis.comparison.compared_models`), for the run the
+options describe: :func:`~opacus_lastiterate.analysis.privacy_models.choose` picks each model
+for its sampling scheme (``--sampling``: Poisson unless told otherwise) and its per-step
+weights (``--lr-schedule``, ``--momentum``); the JSON keys are those names.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ CALIBRATION_LABELS = {
 }
 """Short labels of the calibrated accountants (registry names), for the text table."""
 _CALIBRATE_CHOICES = ("heuristic", "robust_heuristic", "standard", "full_batch")
+_SAMPLINGS = ("poisson", "shuffled", "deterministic", "balls-in-bins")
 _DEFAULT_CALIBRATIONS = ("heuristic", "robust_heuristic", "standard")
 
 
@@ -119,14 +122,13 @@ def _read_rates(name: str, builtin: Any) -> Any:
 
 
 def _weighted(args: dict[str, Any], quantity: str, argument: float) -> Any:
-    """The weighted heuristic (a WeightedHeuristicResult) when schedule/momentum are set."""
+    """The weighted heuristic (a WeightedHeuristicResult) when schedule/momentum are set: the
+    registry's ``"heuristic"`` of the run with the per-step weights of the SGD settings."""
     if not _weighted_requested(args):
         return None
     from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
-    from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
-        weighted_heuristic_delta_result,
-        weighted_heuristic_epsilon_result,
-    )
+    from opacus_lastiterate.analysis.privacy_models import privacy_model
+    from opacus_lastiterate.analysis.run import DPSGDRun
 
     weights = sgd_weights(
         args["learning_rates"],
@@ -134,22 +136,79 @@ def _weighted(args: dict[str, Any], quantity: str, argument: float) -> Any:
         dampening=args["dampening"],
         nesterov=args["nesterov"],
     )
-    solve = (
-        weighted_heuristic_epsilon_result if quantity == "epsilon"
-        else weighted_heuristic_delta_result
+    run = DPSGDRun.from_history(
+        [(args["noise_multiplier"], args["sample_rate"], args["steps"])], weights=weights
     )
-    return solve(
-        argument,
-        weights=weights,
-        sample_rates=args["sample_rate"],
-        noise_multipliers=args["noise_multiplier"],
-        accuracy=args["accuracy"],
+    model = privacy_model("heuristic", run, accuracy=args["accuracy"])
+    if quantity == "epsilon":
+        return model.epsilon_result(argument)  # type: ignore[attr-defined]
+    return model.delta_result(argument)  # type: ignore[attr-defined]
+
+
+def _scheme(args: dict[str, Any]) -> Any:
+    """The sampling scheme of ``--sampling`` (None for Poisson), checked against
+    ``--sample-rate`` and ``--dataset-size`` before anything is computed."""
+    name, n, q = args["sampling"], args["dataset_size"], args["sample_rate"]
+    if name in ("poisson", "balls-in-bins"):
+        if n is not None:
+            raise click.UsageError(
+                "--dataset-size describes shuffled or deterministic batches: pass "
+                "--sampling shuffled or --sampling deterministic."
+            )
+        if name == "poisson":
+            return None
+    elif n is None:
+        raise click.UsageError(f"--sampling {name} needs --dataset-size.")
+    from opacus_lastiterate.analysis.run import DPSGDRun
+    from opacus_lastiterate.analysis.sampling import (
+        BallsInBins,
+        DeterministicBatches,
+        ShuffledBatches,
     )
+
+    if name == "balls-in-bins":
+        size, what = round(1 / q), "1 / (steps per epoch) with --sampling balls-in-bins"
+    else:
+        size, what = round(q * n), f"(batch size) / --dataset-size = B / {n}"
+    try:
+        if name == "balls-in-bins":
+            scheme: Any = BallsInBins(steps_per_epoch=max(size, 1))
+        else:
+            cls = ShuffledBatches if name == "shuffled" else DeterministicBatches
+            scheme = cls(dataset_size=n, batch_size=max(size, 1))
+        DPSGDRun.constant(steps=1, sample_rate=q, noise_multiplier=1.0, sampling=scheme)
+    except ValueError as err:
+        raise click.BadParameter(f"must be {what}: {err}", param_hint="'--sample-rate'") from None
+    return scheme
+
+
+def _run(args: dict[str, Any], noise_multiplier: float | None = None) -> Any:
+    """The run the options describe (at ``noise_multiplier`` when given)."""
+    from opacus_lastiterate.analysis.run import DPSGDRun
+
+    sigma = args["noise_multiplier"] if noise_multiplier is None else noise_multiplier
+    return DPSGDRun.constant(
+        steps=args["steps"], sample_rate=args["sample_rate"], noise_multiplier=sigma,
+        sampling=args["scheme"],
+    )
+
+
+def _labels(run: Any) -> dict[str, str]:
+    """The label of each compared model of ``run``: the registry's description, or for
+    another scheme than Poisson the label of the model chosen for it (it names the scheme)."""
+    from opacus_lastiterate.analysis.comparison import EpsilonComparison, compared_models
+
+    labels = dict(EpsilonComparison.LABELS)
+    if run.sampling is not None:
+        for name, model in compared_models(run).items():
+            labels[name] = model.label or labels[name]
+    return labels
 
 
 def _header(args: dict[str, Any], last: str) -> str:
+    scheme = "" if args["scheme"] is None else f"{args['scheme'].describe()}, "
     return (
-        f"DP-SGD, T = {args['steps']} steps, q = {args['sample_rate']:g}, "
+        f"DP-SGD, T = {args['steps']} steps, q = {args['sample_rate']:g}, {scheme}"
         f"sigma = {args['noise_multiplier']:g}, {last}"
     )
 
@@ -161,23 +220,20 @@ def _comparison(args: dict[str, Any], quantity: str) -> dict[str, Any]:
     from opacus_lastiterate.cli._cache import cached
 
     def compute() -> dict[str, Any]:
-        from opacus_lastiterate.analysis.comparison import EpsilonComparison, compare_epsilons
+        from opacus_lastiterate.analysis.comparison import compare_epsilons_for_history
 
         if quantity == "epsilon":
-            values = compare_epsilons(
-                args["delta"],
-                steps=args["steps"],
-                sample_rate=args["sample_rate"],
-                noise_multiplier=args["noise_multiplier"],
-                value_discretization_interval=args["discretization"],
+            values = compare_epsilons_for_history(
+                args["run"], args["delta"], value_discretization_interval=args["discretization"]
             ).as_dict()
         else:
             values = {k: m.delta(args["epsilon"]) for k, m in _models(args).items()}
-        return {"values": values, "keys": list(_keys()),
-                "labels": dict(EpsilonComparison.LABELS)}
+        return {"values": values, "keys": list(_keys()), "labels": _labels(args["run"])}
 
     inputs = {name: args[name] for name in ("steps", "sample_rate", "noise_multiplier",
                                             "discretization")}
+    if args["scheme"] is not None:
+        inputs["sampling"] = args["scheme"].as_dict()
     inputs.update(quantity=quantity, argument=args["delta" if quantity == "epsilon" else
                                                   "epsilon"])
     extra = _EPSILON_EXTRA if quantity == "epsilon" else ()
@@ -215,6 +271,7 @@ def _epsilon_for_delta(args: dict[str, Any]) -> None:
             "quantity": "epsilon",
             "steps": args["steps"],
             "sample_rate": args["sample_rate"],
+            **_sampling_key(args),
             "noise_multiplier": args["noise_multiplier"],
             **result,
             "labels": dict(labels),
@@ -249,13 +306,8 @@ def _label(key: str, args: dict[str, Any], labels: dict[str, str] | None = None)
 def _models(args: dict[str, Any]) -> dict[str, Any]:
     """The compared privacy models of the configuration (for delta at epsilon)."""
     from opacus_lastiterate.analysis.comparison import compared_models
-    from opacus_lastiterate.analysis.run import DPSGDRun
 
-    run = DPSGDRun.constant(
-        steps=args["steps"], sample_rate=args["sample_rate"],
-        noise_multiplier=args["noise_multiplier"],
-    )
-    return compared_models(run, value_discretization_interval=args["discretization"])
+    return compared_models(args["run"], value_discretization_interval=args["discretization"])
 
 
 def _delta_for_epsilon(args: dict[str, Any]) -> None:
@@ -268,6 +320,7 @@ def _delta_for_epsilon(args: dict[str, Any]) -> None:
             "quantity": "delta",
             "steps": args["steps"],
             "sample_rate": args["sample_rate"],
+            **_sampling_key(args),
             "noise_multiplier": args["noise_multiplier"],
             "epsilon": eps,
             **deltas,
@@ -293,7 +346,7 @@ def _delta_for_epsilon(args: dict[str, Any]) -> None:
 
 def _calibrate(args: dict[str, Any], accountants: tuple[str, ...]) -> None:
     from opacus_lastiterate.analysis.calibration import calibrate_noise_multiplier
-    from opacus_lastiterate.analysis.comparison import EpsilonComparison, compare_epsilons
+    from opacus_lastiterate.analysis.comparison import compare_epsilons_for_history
 
     target, delta = args["target_epsilon"], args["delta"]
     rows = []
@@ -304,14 +357,12 @@ def _calibrate(args: dict[str, Any], accountants: tuple[str, ...]) -> None:
             steps=args["steps"],
             sample_rate=args["sample_rate"],
             accountant=accountant,  # type: ignore[arg-type]
+            sampling=args["scheme"],
             value_discretization_interval=args["discretization"],
         )
-        result = compare_epsilons(
-            delta,
-            steps=args["steps"],
-            sample_rate=args["sample_rate"],
-            noise_multiplier=sigma,
-            value_discretization_interval=args["discretization"],
+        run = _run(args, sigma)
+        result = compare_epsilons_for_history(
+            run, delta, value_discretization_interval=args["discretization"]
         )
         rows.append(ordered({"accountant": accountant, "noise_multiplier": sigma,
                              **{k: getattr(result, k) for k in _keys()}}))
@@ -322,9 +373,10 @@ def _calibrate(args: dict[str, Any], accountants: tuple[str, ...]) -> None:
             "delta": delta,
             "steps": args["steps"],
             "sample_rate": args["sample_rate"],
+            **_sampling_key(args),
             "standard_discretization": args["discretization"],
             "calibrations": rows,
-            "labels": {**EpsilonComparison.LABELS,
+            "labels": {**_labels(run),
                        "noise_multiplier": "smallest sigma (to 1e-4 relative, rounded up) "
                        "whose epsilon under `accountant` is at most the target"},
         })
@@ -351,6 +403,11 @@ def _calibrate(args: dict[str, Any], accountants: tuple[str, ...]) -> None:
         },
     )
     click.echo(table.table())
+
+
+def _sampling_key(args: dict[str, Any]) -> dict[str, Any]:
+    """``{"sampling": scheme as a dict}`` for another scheme than Poisson, else nothing."""
+    return {} if args["scheme"] is None else {"sampling": args["scheme"].as_dict()}
 
 
 def _plot_curve(args: dict[str, Any], weighted: Any) -> None:
@@ -396,6 +453,14 @@ def _plot_curve(args: dict[str, Any], weighted: Any) -> None:
                  "Any interval gives an upper bound; a coarser one "
                  "is faster but can be much looser when the per-step privacy loss is small "
                  "(1e-3 is 29% above 1e-4 at q = 0.001, sigma = 2).")
+@click.option("--sampling", type=click.Choice(list(_SAMPLINGS)), default="poisson",
+              show_default=True,
+              help="How the batches are drawn (docs/samplers.md): Poisson at --sample-rate, "
+              "shuffled or deterministic batches of --sample-rate x --dataset-size records, or "
+              "balls-in-bins with 1 / --sample-rate steps an epoch; every number is the one of "
+              "that scheme.")
+@click.option("--dataset-size", type=STEPS, default=None,
+              help="Number of records N (with --sampling shuffled or deterministic).")
 @click.option("--lr-schedule", default=None, metavar="NAME|FILE",
               help="Learning-rate schedule: constant, step (StepLR: --step-size, --gamma), "
               "cosine (CosineAnnealingLR over T), or a text file with one rate per step "
@@ -430,6 +495,14 @@ def epsilon(**args: Any) -> None:
     noise, delta, eps, target = (
         args["noise_multiplier"], args["delta"], args["epsilon"], args["target_epsilon"]
     )
+    args["scheme"] = _scheme(args)
+    if args["scheme"] is not None and (args["plot"] is not None or _weighted_requested(args)):
+        raise click.UsageError(
+            f"--sampling {args['sampling']} gives the numbers of that scheme for a constant "
+            "learning rate: leave out --plot, --lr-schedule, --momentum, --dampening and "
+            "--nesterov (the weighted heuristic of an epoch scheme: "
+            "privacy_model('heuristic', run) in Python)."
+        )
     if target is not None:
         if noise is not None or eps is not None:
             raise click.UsageError(
@@ -461,6 +534,7 @@ def epsilon(**args: Any) -> None:
         args["learning_rates"] = _learning_rates(
             args["lr_schedule"], args["steps"], args["step_size"], args["gamma"]
         )
+    args["run"] = _run(args)
     if delta is not None:
         _epsilon_for_delta(args)
     else:

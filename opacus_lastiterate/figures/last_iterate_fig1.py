@@ -12,8 +12,8 @@ three of our choosing:
 * (c) q = 0.01, sigma = 0.5: the heuristic falls, then rises with T (the non-monotone case
   the paper shows in its Figure 1c); the robust heuristic, max over t <= T, is drawn too.
 
-Every number is computed by the analysis functions (:func:`heuristic_epsilon`,
-:func:`standard_epsilon`, :func:`full_batch_epsilon`), nothing is simulated.
+Every number is the registry's (``privacy_model(name, run)``,
+:mod:`opacus_lastiterate.analysis.privacy_models`); nothing is simulated.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from typing import Any
 
 from opacus_lastiterate.analysis.baselines.composition import (
     DEFAULT_DISCRETIZATION,
-    full_batch_epsilon,
-    standard_epsilon,
 )
 from opacus_lastiterate.analysis.comparison import EpsilonComparison
-from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.figures._base import Column, FigureResult
 from opacus_lastiterate.figures._plotting import OKABE_ITO, legend_below, panel_axes, pyplot, save
 
@@ -85,18 +84,19 @@ def curve(
     """Heuristic, robust heuristic, standard and full-batch epsilon at each T of ``steps``."""
     rows: list[dict[str, Any]] = []
     for t in steps:
-        kw: dict[str, Any] = {"steps": t, "sample_rate": sample_rate, "noise_multiplier": noise_multiplier}
+        run = DPSGDRun.constant(steps=t, sample_rate=sample_rate, noise_multiplier=noise_multiplier)
+        standard = privacy_model(
+            "standard", run, value_discretization_interval=value_discretization_interval
+        )
         rows.append(
             {
                 "sample_rate": sample_rate,
                 "noise_multiplier": noise_multiplier,
                 "steps": t,
-                "heuristic": heuristic_epsilon(delta, **kw),
-                "robust_heuristic": heuristic_epsilon(delta, robust=True, **kw),
-                "standard": standard_epsilon(
-                    delta, value_discretization_interval=value_discretization_interval, **kw
-                ),
-                "full_batch": full_batch_epsilon(delta, **kw),
+                "heuristic": privacy_model("heuristic", run).epsilon(delta),
+                "robust_heuristic": privacy_model("robust_heuristic", run).epsilon(delta),
+                "standard": standard.epsilon(delta),
+                "full_batch": privacy_model("full_batch", run).epsilon(delta),
             }
         )
     return rows

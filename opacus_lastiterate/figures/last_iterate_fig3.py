@@ -31,7 +31,8 @@ from opacus_lastiterate.analysis.baselines.composition import (
     standard_epsilon,
 )
 from opacus_lastiterate.analysis.calibration import calibrate_noise_multiplier
-from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.figures._base import Column, FigureResult
 from opacus_lastiterate.figures._plotting import (
     OKABE_ITO,
@@ -96,7 +97,9 @@ def compute(
                     **model,
                     "bound": audit.bound.epsilon,
                     "estimate": audit.estimate.epsilon,
-                    "heuristic": heuristic_epsilon(DELTA, **model),
+                    "heuristic": privacy_model(
+                        "heuristic", DPSGDRun.constant(**model)
+                    ).epsilon(DELTA),
                     "standard": standard_epsilon(
                         DELTA, value_discretization_interval=_INTERVAL[size], **model
                     ),

@@ -17,6 +17,8 @@ from opacus_lastiterate.accountants import HeuristicCalibrationWarning, LastIter
 from opacus_lastiterate.accountants import last_iterate as last_iterate_module
 from opacus_lastiterate.analysis.baselines import composition
 from opacus_lastiterate.analysis.last_iterate import heuristic
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.exceptions import NonMonotoneHeuristicWarning
 from tests.analysis._reference import ClosedFormMixture
 
@@ -132,7 +134,7 @@ def test_epsilon_and_delta_equal_the_analysis_functions_on_the_same_history() ->
     # A one-segment history is the constant-parameter heuristic.
     single = _stepped([(0.9, 0.05)] * 12)
     assert single.get_epsilon(1e-5) == pytest.approx(
-        heuristic.heuristic_epsilon(1e-5, steps=12, sample_rate=0.05, noise_multiplier=0.9),
+        privacy_model("heuristic", DPSGDRun.constant(steps=12, sample_rate=0.05, noise_multiplier=0.9)).epsilon(1e-5),
         rel=1e-12,
     )
 
@@ -400,7 +402,7 @@ def test_multi_segment_non_monotonicity_is_found_by_the_spread_out_check() -> No
 def _brute_force_robust(sigma: float, q: float, steps: int, delta: float) -> float:
     """max over t <= T of the heuristic epsilon of t steps, every t evaluated."""
     return max(
-        heuristic.heuristic_epsilon(delta, steps=t, sample_rate=q, noise_multiplier=sigma)
+        privacy_model("heuristic", DPSGDRun.constant(steps=t, sample_rate=q, noise_multiplier=sigma)).epsilon(delta)
         for t in range(1, steps + 1)
     )
 
@@ -428,7 +430,7 @@ def test_calibration_meets_the_target_on_the_value_asked_for(target, q, steps) -
         )
     robust = _brute_force_robust(sigma, q, steps, delta)
     assert target - 0.05 <= robust <= target * (1 + 1e-6)  # Opacus stops within 0.01
-    plain = heuristic.heuristic_epsilon(delta, steps=steps, sample_rate=q, noise_multiplier=sigma_plain)
+    plain = privacy_model("heuristic", DPSGDRun.constant(steps=steps, sample_rate=q, noise_multiplier=sigma_plain)).epsilon(delta)
     assert target - 0.05 <= plain <= target * (1 + 1e-9)
     assert _brute_force_robust(sigma_plain, q, steps, delta) > target * 1.05  # what robust fixes
 

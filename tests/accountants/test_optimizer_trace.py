@@ -15,10 +15,9 @@ from torch.utils.data import DataLoader
 
 from opacus_lastiterate.accountants import LastIterateAccountant
 from opacus_lastiterate.accountants.optimizer_trace import encode_trace
-from opacus_lastiterate.analysis.last_iterate.heuristic import (
-    LastIterateHeuristic,
-    heuristic_epsilon,
-)
+from opacus_lastiterate.analysis.last_iterate.heuristic import LastIterateHeuristic
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.exceptions import NonMonotoneHeuristicWarning, OptimizerTraceWarning
 
 DELTA = 1e-5
@@ -67,9 +66,7 @@ def test_plain_sgd_at_constant_rate_uses_the_exact_formula(digits_dataset):
     engine, q = _engine(digits_dataset, lambda p: torch.optim.SGD(p, lr=0.1), 5)
     acc = engine.accountant
     assert acc.optimizer_trace == [(0.1, 0.0, 0.0, False, 0.0, 5)]
-    assert engine.get_epsilon(DELTA) == heuristic_epsilon(
-        DELTA, steps=5, sample_rate=q, noise_multiplier=SIGMA
-    )
+    assert engine.get_epsilon(DELTA) == privacy_model("heuristic", DPSGDRun.constant(steps=5, sample_rate=q, noise_multiplier=SIGMA)).epsilon(DELTA)
     assert "Constant-rate formula" in acc.describe()
 
 
@@ -89,7 +86,7 @@ def test_momentum_changes_the_weights_and_epsilon(digits_dataset):
     eps = engine.get_epsilon(DELTA)
     assert eps == pytest.approx(expected.epsilon, rel=2 * acc.weight_accuracy)
     assert eps >= expected.lower_bound
-    assert eps != heuristic_epsilon(DELTA, steps=steps, sample_rate=q, noise_multiplier=SIGMA)
+    assert eps != privacy_model("heuristic", DPSGDRun.constant(steps=steps, sample_rate=q, noise_multiplier=SIGMA)).epsilon(DELTA)
     assert "weighted heuristic" in acc.describe()
 
 

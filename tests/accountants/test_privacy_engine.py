@@ -14,7 +14,8 @@ from torch import nn
 
 from opacus_lastiterate.accountants import HeuristicCalibrationWarning, LastIterateAccountant
 from opacus_lastiterate.analysis.baselines import composition
-from opacus_lastiterate.analysis.last_iterate import heuristic
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")
 
@@ -51,7 +52,7 @@ def test_training_records_steps_and_reports_the_heuristic(make_setup: Setup, tra
     assert acc.num_steps == steps == 6 and len(acc) == 1
     eps = engine.get_epsilon(DELTA)
     assert eps == pytest.approx(
-        heuristic.heuristic_epsilon(DELTA, steps=steps, sample_rate=q, noise_multiplier=SIGMA),
+        privacy_model("heuristic", DPSGDRun.constant(steps=steps, sample_rate=q, noise_multiplier=SIGMA)).epsilon(DELTA),
         rel=1e-12,
     )
     standard = composition.standard_epsilon(
@@ -92,7 +93,7 @@ def test_make_private_with_epsilon_calibrates_to_the_robust_heuristic_when_asked
     sigma = optimizer.noise_multiplier
     steps = int(epochs / q)  # what Opacus's get_noise_multiplier uses
     robust = max(  # every suffix length, brute force
-        heuristic.heuristic_epsilon(DELTA, steps=t, sample_rate=q, noise_multiplier=sigma)
+        privacy_model("heuristic", DPSGDRun.constant(steps=t, sample_rate=q, noise_multiplier=sigma)).epsilon(DELTA)
         for t in range(1, steps + 1)
     )
     assert target - 0.01 <= robust <= target * (1 + 1e-6)  # Opacus's epsilon_tolerance

@@ -21,7 +21,8 @@ from opacus_lastiterate.accountants import (
     registered_accountants,
     registration,
 )
-from opacus_lastiterate.analysis.last_iterate import heuristic
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 
 OPACUS_VERSION = tuple(int(part) for part in opacus.__version__.split(".")[:2])
 
@@ -175,7 +176,7 @@ def test_get_noise_multiplier_uses_our_accountant_and_warns() -> None:
             robust=False,  # forwarded by Opacus to get_epsilon
         )
     steps = int(epochs / q)
-    eps = heuristic.heuristic_epsilon(1e-5, steps=steps, sample_rate=q, noise_multiplier=sigma)
+    eps = privacy_model("heuristic", DPSGDRun.constant(steps=steps, sample_rate=q, noise_multiplier=sigma)).epsilon(1e-5)
     assert target - 0.01 <= eps <= target
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -11,9 +11,10 @@ from opacus_lastiterate.analysis import (
     calibrate_noise_multiplier,
     full_batch_epsilon,
     gaussian_epsilon,
-    heuristic_epsilon,
     standard_epsilon,
 )
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 
 DELTA = 1e-5
 
@@ -21,9 +22,9 @@ DELTA = 1e-5
 def _epsilon(accountant: str, sigma: float, steps: int, q: float) -> float:
     kw = {"steps": steps, "sample_rate": q, "noise_multiplier": sigma}
     if accountant == "heuristic":
-        return heuristic_epsilon(DELTA, **kw)
+        return privacy_model("heuristic", DPSGDRun.constant(**kw)).epsilon(DELTA)
     if accountant == "robust_heuristic":
-        return heuristic_epsilon(DELTA, robust=True, **kw)
+        return privacy_model("robust_heuristic", DPSGDRun.constant(**kw)).epsilon(DELTA)
     if accountant == "standard":
         return standard_epsilon(DELTA, value_discretization_interval=1e-3, **kw)
     return full_batch_epsilon(DELTA, **kw)

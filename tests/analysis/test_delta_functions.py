@@ -1,5 +1,5 @@
-"""The function-style delta twins of the epsilon functions, the weighted functions' floats
-and the discretisation method keyword."""
+"""The function-style delta twins of the epsilon functions, the weighted model's results and
+the discretisation method keyword."""
 
 from __future__ import annotations
 
@@ -15,19 +15,13 @@ from opacus_lastiterate.analysis.baselines.composition import (
     standard_rdp_delta,
     standard_rdp_epsilon,
 )
-from opacus_lastiterate.analysis.last_iterate.heuristic import (
-    heuristic_delta,
-    heuristic_epsilon,
-    robust_heuristic_delta,
-    robust_heuristic_epsilon,
-)
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
-    weighted_heuristic_delta,
     weighted_heuristic_delta_result,
-    weighted_heuristic_epsilon,
     weighted_heuristic_epsilon_result,
 )
 from opacus_lastiterate.analysis.normalisation import asgm_epsilon
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 
 KW = {"steps": 12, "sample_rate": 0.1, "noise_multiplier": 1.3}
 
@@ -40,30 +34,36 @@ def _gaussian_delta(eps: float, mu: float) -> float:
 def test_delta_twins_against_closed_forms() -> None:
     # q = 1: the heuristic pair is N(T, sigma^2 T) against N(0, sigma^2 T), mu = sqrt(T)/sigma
     full = {"steps": 9, "sample_rate": 1.0, "noise_multiplier": 2.0}
-    assert heuristic_delta(1.0, **full) == pytest.approx(_gaussian_delta(1.0, 1.5), rel=1e-9)
+    assert privacy_model("heuristic", DPSGDRun.constant(**full)).delta(1.0) == pytest.approx(_gaussian_delta(1.0, 1.5), rel=1e-9)
     mu = 0.1 * math.sqrt(12) / 1.3
     assert full_batch_delta(0.7, **KW) == pytest.approx(_gaussian_delta(0.7, mu), rel=1e-9)
 
 
 def test_delta_twins_invert_the_epsilon_functions() -> None:
+    for name, rel in [("heuristic", 1e-9), ("robust_heuristic", 1e-5)]:
+        model = privacy_model(name, DPSGDRun.constant(**KW))
+        assert model.delta(model.epsilon(1e-6)) == pytest.approx(1e-6, rel=rel), name
     for eps_fn, delta_fn, rel in [
-        (heuristic_epsilon, heuristic_delta, 1e-9),
-        (robust_heuristic_epsilon, robust_heuristic_delta, 1e-5),
         (standard_epsilon, standard_delta, 1e-6),
         (standard_rdp_epsilon, standard_rdp_delta, 1e-9),
     ]:
         eps = eps_fn(1e-6, **KW)
         assert delta_fn(eps, **KW) == pytest.approx(1e-6, rel=rel), eps_fn.__name__
-    assert robust_heuristic_epsilon(1e-6, **KW) == heuristic_epsilon(1e-6, robust=True, **KW)
 
 
-def test_weighted_functions_return_plain_floats() -> None:
-    kw = {"weights": [1.0, 0.5, 0.25, 2.0], "sample_rates": 0.2, "noise_multipliers": 1.0}
-    result = weighted_heuristic_epsilon_result(1e-5, **kw)
-    value = weighted_heuristic_epsilon(1e-5, **kw)
-    assert type(value) is float and value == result.value
-    delta = weighted_heuristic_delta(1.0, **kw)
-    assert type(delta) is float and delta == weighted_heuristic_delta_result(1.0, **kw).value
+def test_weighted_model_results_are_the_registry_numbers() -> None:
+    run = DPSGDRun.from_history([(1.0, 0.2, 4)], weights=[1.0, 0.5, 0.25, 2.0])
+    model = privacy_model("heuristic", run)
+    assert model.epsilon_result(1e-5).value == model.epsilon(1e-5)  # type: ignore[attr-defined]
+    assert model.delta_result(1.0).value == model.delta(1.0)  # type: ignore[attr-defined]
+    assert weighted_heuristic_epsilon_result(
+        1e-5, weights=run.weights, sample_rates=0.2, noise_multipliers=1.0
+    ).value == model.epsilon(1e-5)
+    assert weighted_heuristic_delta_result(
+        1.0, weights=run.weights, sample_rates=0.2, noise_multipliers=1.0
+    ).value == model.delta(1.0)
+    with pytest.raises(ValueError, match="no per-step weights"):
+        privacy_model("heuristic", DPSGDRun.constant(**KW)).epsilon_result(1e-5)  # type: ignore[attr-defined]
 
 
 def test_discretization_method_keyword() -> None:

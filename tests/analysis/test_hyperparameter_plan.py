@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from opacus_lastiterate.analysis import (
-    full_batch_epsilon,
-    heuristic_epsilon,
-    plan_batch_sizes,
-    standard_epsilon,
-)
+from opacus_lastiterate.analysis import full_batch_epsilon, plan_batch_sizes, standard_epsilon
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 
 DELTA = 1e-5
 
@@ -26,11 +23,11 @@ def test_rows_meet_the_target_at_equal_epochs() -> None:
         assert r.sample_rate == r.batch_size / n
         assert r.steps == round(epochs * n / r.batch_size) and r.epochs == pytest.approx(epochs)
         kw = {"steps": r.steps, "sample_rate": r.sample_rate, "noise_multiplier": r.noise_multiplier}
-        assert r.heuristic == heuristic_epsilon(DELTA, **kw) <= target
+        assert r.heuristic == privacy_model("heuristic", DPSGDRun.constant(**kw)).epsilon(DELTA) <= target
         # minimal: 2 rtol less noise misses the target
         smaller = {**kw, "noise_multiplier": r.noise_multiplier / 1.002}
-        assert heuristic_epsilon(DELTA, **smaller) > target
-        assert r.robust_heuristic == heuristic_epsilon(DELTA, robust=True, **kw)
+        assert privacy_model("heuristic", DPSGDRun.constant(**smaller)).epsilon(DELTA) > target
+        assert r.robust_heuristic == privacy_model("robust_heuristic", DPSGDRun.constant(**kw)).epsilon(DELTA)
         assert r.standard == standard_epsilon(DELTA, value_discretization_interval=1e-3, **kw)
         assert r.full_batch == full_batch_epsilon(DELTA, **kw)
         assert r.noise_per_example == r.noise_multiplier / r.batch_size

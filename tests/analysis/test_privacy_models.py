@@ -13,9 +13,9 @@ from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_de
 from opacus_lastiterate.analysis.last_iterate.heuristic import (
     LastIterateHeuristic,
     RobustLastIterateHeuristic,
-    heuristic_epsilon,
 )
 from opacus_lastiterate.analysis.normalisation.asgm import ASGM, asgm_epsilon
+from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun, Normalisation
 
 CASES = [(20, 0.1, 1.0), (200, 0.02, 0.8), (3, 0.5, 2.0)]
@@ -75,7 +75,7 @@ def test_robust_model_is_at_least_the_plain_value_and_inverts() -> None:
     plain, robust = LastIterateHeuristic(run), RobustLastIterateHeuristic(run)
     eps = robust.epsilon(1e-6)
     assert eps >= plain.epsilon(1e-6)
-    assert eps >= heuristic_epsilon(1e-6, steps=1, sample_rate=0.05, noise_multiplier=0.6)
+    assert eps >= privacy_model("heuristic", DPSGDRun.constant(steps=1, sample_rate=0.05, noise_multiplier=0.6)).epsilon(1e-6)
     delta = robust.delta(eps)
     assert delta == pytest.approx(1e-6, rel=1e-5) and delta >= plain.delta(eps)
 

@@ -16,9 +16,9 @@ Iterate Advantage" (arXiv 2410.06186):
   exactly by enumerating the 2^T support (T <= 20), or with the paper's rounding for large T.
 * **Zeroing regulariser** r(m) = ||m||^2 / (2 eta): the final model is one step of DP-SGD,
   so its epsilon is eps_1 (:func:`zeroing_regulariser_epsilon`). The robust variant
-  ``heuristic_epsilon(..., robust=True)`` (max over the last t <= T steps) covers it and
+  ``privacy_model("robust_heuristic", run)`` (max over the last t <= T steps) covers it and
   every regulariser that forgets all but the last t steps; it is the number to report beside
-  eps_T (:func:`~.heuristic.robust_heuristic_epsilon` is that call).
+  eps_T.
 * **Non-monotonicity**: more steps add signal and noise, so eps_T can be below eps_t for
   some t < T. :func:`heuristic_monotonicity` reports where.
 
@@ -43,16 +43,14 @@ from opacus_lastiterate.analysis._validation import (
     check_steps,
 )
 from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
-from opacus_lastiterate.analysis.last_iterate.heuristic import (
-    LastIterateHeuristic,
-    heuristic_epsilon,
-)
+from opacus_lastiterate.analysis.last_iterate.heuristic import LastIterateHeuristic
 from opacus_lastiterate.analysis.last_iterate.suffix_maximum import certified_suffix_maximum
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
     weighted_heuristic_epsilon_result,
     weighted_sum_distribution,
 )
-from opacus_lastiterate.analysis.run import HistoryLike, as_segments, total_steps
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun, HistoryLike, as_segments, total_steps
 
 __all__ = [
     "EXACT_MAX_STEPS",
@@ -240,9 +238,10 @@ def quadratic_regulariser_epsilon(
 
     if method == "auto":
         if a in (0.0, 1.0):
-            eps = heuristic_epsilon(
-                d, steps=n if a == 0.0 else 1, sample_rate=q, noise_multiplier=sigma
+            run = DPSGDRun.constant(
+                steps=n if a == 0.0 else 1, sample_rate=q, noise_multiplier=sigma
             )
+            eps = privacy_model("heuristic", run).epsilon(d)
             return result(eps, eps, "linear" if a == 0.0 else "one-step")
         method = "exact" if n <= _AUTO_EXACT_STEPS else "grid"
     if method == "grid":
@@ -313,9 +312,10 @@ def quadratic_regulariser_comparison(
         sample_rate=quad.sample_rate,
         noise_multiplier=quad.noise_multiplier,
     )
-    one = heuristic_epsilon(
-        quad.delta, steps=1, sample_rate=quad.sample_rate, noise_multiplier=quad.noise_multiplier
+    one_step = DPSGDRun.constant(
+        steps=1, sample_rate=quad.sample_rate, noise_multiplier=quad.noise_multiplier
     )
+    one = privacy_model("heuristic", one_step).epsilon(quad.delta)
     return QuadraticComparison(
         quad, mono.epsilon_at_steps, one, mono.max_epsilon_bound, mono.argmax_steps
     )
@@ -330,11 +330,10 @@ def zeroing_regulariser_epsilon(
     """Epsilon of the final model under r(m) = ||m||^2 / (2 eta): one step of DP-SGD, eps_1.
 
     Whatever T is, the final model equals the last step alone; the robust variant
-    :func:`~.heuristic.robust_heuristic_epsilon` (max over t <= T) is never below this.
+    ``privacy_model("robust_heuristic", run)`` (max over t <= T) is never below this.
     """
-    return heuristic_epsilon(
-        delta, steps=1, sample_rate=sample_rate, noise_multiplier=noise_multiplier
-    )
+    run = DPSGDRun.constant(steps=1, sample_rate=sample_rate, noise_multiplier=noise_multiplier)
+    return privacy_model("heuristic", run).epsilon(delta)
 
 
 # -- non-monotonicity -----------------------------------------------------------------------------
@@ -406,7 +405,11 @@ def one_step_noise_multiplier(epsilon: float, delta: float, sample_rate: float) 
 
     def gap(log_sigma: float) -> float:
         return (
-            heuristic_epsilon(d, steps=1, sample_rate=q, noise_multiplier=math.exp(log_sigma)) - eps
+            privacy_model(
+                "heuristic",
+                DPSGDRun.constant(steps=1, sample_rate=q, noise_multiplier=math.exp(log_sigma)),
+            ).epsilon(d)
+            - eps
         )
 
     lo, hi = -1.0, 1.0

@@ -14,11 +14,15 @@ Poisson-binomial sum of Binomial(T_i, q_i) and the noise variance is sum_i T_i s
 
 The number is exact for linear losses and a *heuristic* for real networks: it is not a
 proven differential-privacy guarantee for deep models, and it describes the release of the
-final model only. The robust form (:class:`RobustLastIterateHeuristic`,
-:func:`robust_heuristic_epsilon`, registry name ``"robust_heuristic"``) returns max over the
+final model only. The robust form (:class:`RobustLastIterateHeuristic`, registry name
+``"robust_heuristic"``) returns max over the
 last t <= T steps, the value a
 regulariser that zeroes the model would expose (``docs/last_iterate.md``, "Robust variant"), as a
 certified upper bound (:mod:`.suffix_maximum`).
+
+Build either by its registry name, ``privacy_model("heuristic", run)``
+(:mod:`~opacus_lastiterate.analysis.privacy_models`), which picks the model of the run's
+sampling scheme: these classes describe Poisson-sampled batches and refuse other runs.
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ import math
 
 from opacus_lastiterate.analysis._validation import (
     check_delta,
+    check_epsilon,
     check_in_interval,
-    check_noise_multiplier,
 )
 from opacus_lastiterate.analysis.last_iterate.heuristic_pair import (
     has_noiseless_step,
@@ -42,77 +46,16 @@ from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
 )
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel, poisson_run
 from opacus_lastiterate.analysis.run import (
-    DPSGDRun,
     RunLike,
     TrainingSegment,
 )
 
-__all__ = [
-    "LastIterateHeuristic",
-    "RobustLastIterateHeuristic",
-    "heuristic_delta",
-    "heuristic_epsilon",
-    "robust_heuristic_delta",
-    "robust_heuristic_epsilon",
-]
-
-def _segment(steps: object, sample_rate: object, noise_multiplier: object) -> tuple[TrainingSegment, ...]:
-    sigma = check_noise_multiplier(noise_multiplier)  # the free functions want sigma > 0
-    return (TrainingSegment(sigma, sample_rate, steps),)  # type: ignore[arg-type]
-
+__all__ = ["LastIterateHeuristic", "RobustLastIterateHeuristic"]
 
 def _robust_epsilon(segments: tuple[TrainingSegment, ...], delta: float) -> float:
     """Certified upper bound on max over t <= T of the heuristic epsilon of the last t steps,
     within a relative 1e-6 of an attained eps_t (:mod:`.suffix_maximum`)."""
     return certified_suffix_maximum(segments, delta).epsilon
-
-
-def heuristic_epsilon(
-    delta: float,
-    *,
-    steps: int,
-    sample_rate: float,
-    noise_multiplier: float,
-    robust: bool = False,
-) -> float:
-    """Heuristic epsilon for T = ``steps`` steps at constant (q, sigma > 0): the one-line
-    form of ``LastIterateHeuristic(DPSGDRun.constant(...)).epsilon(delta)``. ``robust=True``
-    is :func:`robust_heuristic_epsilon` (the registry name ``"robust_heuristic"``)."""
-    d = check_delta(delta)
-    segments = _segment(steps, sample_rate, noise_multiplier)
-    return _robust_epsilon(segments, d) if robust else segments_epsilon(segments, d)
-
-
-def heuristic_delta(
-    epsilon: float, *, steps: int, sample_rate: float, noise_multiplier: float
-) -> float:
-    """Heuristic delta(epsilon) for T steps at constant (q, sigma > 0) (the twin of
-    :func:`heuristic_epsilon`)."""
-    segments = _segment(steps, sample_rate, noise_multiplier)
-    return LastIterateHeuristic(DPSGDRun._trusted(segments)).delta(epsilon)
-
-
-def robust_heuristic_epsilon(
-    delta: float, *, steps: int, sample_rate: float, noise_multiplier: float
-) -> float:
-    """max_{t<=T} eps_t for T steps at constant (q, sigma > 0) (``docs/last_iterate.md``,
-    "Robust variant"): ``RobustLastIterateHeuristic(DPSGDRun.constant(...)).epsilon(delta)``.
-
-    A regulariser that zeroes the model makes the final model equal to the last step(s), so
-    this is the value to report beside eps_T when such regularisers cannot be ruled out.
-    """
-    return heuristic_epsilon(
-        delta, steps=steps, sample_rate=sample_rate, noise_multiplier=noise_multiplier, robust=True
-    )
-
-
-def robust_heuristic_delta(
-    epsilon: float, *, steps: int, sample_rate: float, noise_multiplier: float
-) -> float:
-    """max_{t<=T} delta_t(epsilon) for T steps at constant (q, sigma > 0) (the twin of
-    :func:`robust_heuristic_epsilon`)."""
-    segments = _segment(steps, sample_rate, noise_multiplier)
-    return RobustLastIterateHeuristic(DPSGDRun._trusted(segments)).delta(epsilon)
 
 
 # -- privacy models ------------------------------------------------------------------------
@@ -149,6 +92,22 @@ class LastIterateHeuristic(PrivacyModel):
         assert w is not None
         keep = w > 0
         return solve_trusted(quantity, argument, w[keep], q[keep], sigma[keep], self.accuracy)
+
+    def epsilon_result(self, delta: float) -> WeightedHeuristicResult:
+        """:meth:`epsilon` of a run with per-step weights, with the accuracy achieved
+        (``value`` the epsilon, an upper bound; ``lower_bound`` a certified lower bound)."""
+        return self._result("epsilon", check_delta(delta))
+
+    def delta_result(self, epsilon: float) -> WeightedHeuristicResult:
+        """:meth:`delta` of a run with per-step weights, with the accuracy achieved."""
+        return self._result("delta", check_epsilon(epsilon))
+
+    def _result(self, quantity: str, argument: float) -> WeightedHeuristicResult:
+        if self.run.weights is None:
+            raise ValueError("`run` has no per-step weights: epsilon and delta are exact here.")
+        if self.run.has_zero_noise:
+            raise ValueError("`run` has a step without noise: epsilon is inf, delta 1.")
+        return self._weighted(quantity, argument)
 
     def _epsilon(self, delta: float) -> float:
         """Never below the exact epsilon of the pair."""

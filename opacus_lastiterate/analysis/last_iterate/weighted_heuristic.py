@@ -73,9 +73,7 @@ from opacus_lastiterate.exceptions import WeightedAccuracyWarning
 
 __all__ = [
     "WeightedHeuristicResult",
-    "weighted_heuristic_delta",
     "weighted_heuristic_delta_result",
-    "weighted_heuristic_epsilon",
     "weighted_heuristic_epsilon_result",
     "weighted_heuristic_pair",
     "weighted_sum_distribution",
@@ -471,39 +469,3 @@ def weighted_heuristic_delta_result(
     excess."""
     e = check_epsilon(epsilon)
     return _solve("delta", e, weights, sample_rates, noise_multipliers, accuracy)
-
-
-def weighted_heuristic_epsilon(
-    delta: float,
-    *,
-    weights: ArrayLike,
-    sample_rates: PerStep,
-    noise_multipliers: PerStep,
-    accuracy: float = 1e-3,
-) -> float:
-    """Heuristic epsilon of the final model for per-step weights, a float like its siblings
-    (``heuristic_epsilon``, ``standard_epsilon``): ``weighted_heuristic_epsilon_result(...)
-    .value``, an upper bound within ``accuracy`` relative of the exact weighted heuristic."""
-    result = weighted_heuristic_epsilon_result(
-        delta, weights=weights, sample_rates=sample_rates,
-        noise_multipliers=noise_multipliers, accuracy=accuracy,
-    )
-    return float(result.value)
-
-
-def weighted_heuristic_delta(
-    epsilon: float,
-    *,
-    weights: ArrayLike,
-    sample_rates: PerStep,
-    noise_multipliers: PerStep,
-    accuracy: float = 1e-3,
-) -> float:
-    """Heuristic delta(eps) for per-step weights, a float: ``weighted_heuristic_delta_result(
-    ...).value``."""
-    result = weighted_heuristic_delta_result(
-        epsilon, weights=weights, sample_rates=sample_rates,
-        noise_multipliers=noise_multipliers, accuracy=accuracy,
-    )
-    return float(result.value)
-

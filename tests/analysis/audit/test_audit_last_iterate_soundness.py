@@ -24,9 +24,8 @@ from opacus_lastiterate.analysis.audit import (
     audit_gaussian_dp,
     audit_one_run,
 )
-
-heuristic = pytest.importorskip("opacus_lastiterate.analysis.last_iterate.heuristic")
-heuristic_epsilon = heuristic.heuristic_epsilon
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 
 NOMINAL = 0.05
 CONFIGS = [(1000, 0.01, 1.0), (10, 0.1, 0.5), (1, 0.5, 0.5)]
@@ -43,15 +42,13 @@ def sample(
 
 def test_heuristic_matches_anchor_value() -> None:
     # docs/last_iterate.md, "Baselines" (also dp_accounting's mixture PLD): T=1000, q=0.01, sigma=1.
-    assert heuristic_epsilon(
-        1e-5, steps=1000, sample_rate=0.01, noise_multiplier=1.0
-    ) == pytest.approx(1.2778, abs=2e-4)
+    assert privacy_model("heuristic", DPSGDRun.constant(steps=1000, sample_rate=0.01, noise_multiplier=1.0)).epsilon(1e-5) == pytest.approx(1.2778, abs=2e-4)
 
 
 @pytest.mark.parametrize("steps,q,sigma", CONFIGS)
 def test_bounds_stay_below_heuristic(steps: int, q: float, sigma: float) -> None:
     delta, n, reps = 1e-5, 2000, 20
-    eps_h = heuristic_epsilon(delta, steps=steps, sample_rate=q, noise_multiplier=sigma)
+    eps_h = privacy_model("heuristic", DPSGDRun.constant(steps=steps, sample_rate=q, noise_multiplier=sigma)).epsilon(delta)
     rng = np.random.default_rng(steps * 1000 + int(q * 100))
     exceed = {"cp": 0, "one-run": 0}
     for _ in range(reps):
@@ -79,7 +76,7 @@ def test_bounds_grow_towards_heuristic(steps: int, q: float, sigma: float) -> No
     """Same pair, 2,000 / 20,000 / 200,000 trials per side: the Clopper-Pearson bound grows
     and stays below; the GDP estimate (not a bound) is reported, not asserted."""
     delta = 1e-5
-    eps_h = heuristic_epsilon(delta, steps=steps, sample_rate=q, noise_multiplier=sigma)
+    eps_h = privacy_model("heuristic", DPSGDRun.constant(steps=steps, sample_rate=q, noise_multiplier=sigma)).epsilon(delta)
     rng = np.random.default_rng(12345)
     bounds = []
     for n in (2_000, 20_000, 200_000):
@@ -96,7 +93,7 @@ def test_bounds_grow_towards_heuristic(steps: int, q: float, sigma: float) -> No
 
 def test_one_run_with_many_canaries_stays_below() -> None:
     steps, q, sigma, delta = 10, 0.1, 0.5, 1e-6
-    eps_h = heuristic_epsilon(delta, steps=steps, sample_rate=q, noise_multiplier=sigma)
+    eps_h = privacy_model("heuristic", DPSGDRun.constant(steps=steps, sample_rate=q, noise_multiplier=sigma)).epsilon(delta)
     rng = np.random.default_rng(99)
     m = 20_000
     coins = rng.random(m) < 0.5

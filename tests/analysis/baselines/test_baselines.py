@@ -19,7 +19,8 @@ from opacus_lastiterate.analysis.baselines.gaussian_mechanism import (
     gaussian_epsilon,
 )
 from opacus_lastiterate.analysis.comparison import compare_epsilons, compare_epsilons_for_history
-from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 
 
 @pytest.mark.parametrize("mu", [0.05, 0.5, 1.0, 3.0, 10.0])
@@ -147,7 +148,7 @@ def test_standard_epsilon_is_pld_upper_bound_and_heuristic_is_below(T, q, sigma,
     assert eps_lo - 1e-9 <= ours <= eps_hi + 1e-9
     assert ours == pytest.approx(eps_hi, rel=1e-3)  # we report the pessimistic side
     # Heuristic <= standard, even against the optimistic (lower) estimate of the standard.
-    assert heuristic_epsilon(delta, steps=T, sample_rate=q, noise_multiplier=sigma) <= eps_lo
+    assert privacy_model("heuristic", DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).epsilon(delta) <= eps_lo
 
 
 def test_standard_history_composes_segments():
@@ -160,7 +161,7 @@ def test_standard_history_composes_segments():
 
 def test_comparison_holds_all_four_numbers():
     c = compare_epsilons(1e-5, steps=1000, sample_rate=0.01, noise_multiplier=1.0)
-    assert c.heuristic == heuristic_epsilon(1e-5, steps=1000, sample_rate=0.01, noise_multiplier=1.0)
+    assert c.heuristic == privacy_model("heuristic", DPSGDRun.constant(steps=1000, sample_rate=0.01, noise_multiplier=1.0)).epsilon(1e-5)
     assert c.robust_heuristic >= c.heuristic
     assert c.heuristic < c.standard
     assert c.full_batch == full_batch_epsilon(1e-5, steps=1000, sample_rate=0.01, noise_multiplier=1.0)
@@ -181,7 +182,7 @@ def test_heuristic_within_dp_accounting_mixture_sandwich(T, q, sigma, delta):
               value_discretization_interval=1e-3)
     upper = pld.from_mixture_gaussian_mechanism(pessimistic_estimate=True, **kw).get_epsilon_for_delta(delta)
     lower = pld.from_mixture_gaussian_mechanism(pessimistic_estimate=False, **kw).get_epsilon_for_delta(delta)
-    ours = heuristic_epsilon(delta, steps=T, sample_rate=q, noise_multiplier=sigma)
+    ours = privacy_model("heuristic", DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).epsilon(delta)
     assert lower - 1e-7 <= ours <= upper + 1e-7
     # The pessimistic (connect-the-dots) estimate is tight; the optimistic one (privacy
     # buckets) can be loose, so closeness is asserted against the upper side only.

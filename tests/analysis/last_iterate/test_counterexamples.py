@@ -20,11 +20,9 @@ from opacus_lastiterate.analysis.last_iterate.counterexamples import (
     quadratic_regulariser_weights,
     zeroing_regulariser_epsilon,
 )
-from opacus_lastiterate.analysis.last_iterate.heuristic import (
-    LastIterateHeuristic,
-    heuristic_epsilon,
-    robust_heuristic_epsilon,
-)
+from opacus_lastiterate.analysis.last_iterate.heuristic import LastIterateHeuristic
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 from tests.analysis._reference import QuadratureHeuristic
 
 pytestmark = pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")
@@ -81,7 +79,7 @@ def test_alpha_one_is_one_step_and_alpha_zero_is_the_heuristic():
             1e-5, steps=T, sample_rate=0.05, noise_multiplier=0.9, alpha=1.0, method="exact"
         )
         assert one.epsilon == pytest.approx(
-            heuristic_epsilon(1e-5, steps=1, sample_rate=0.05, noise_multiplier=0.9), rel=1e-9
+            privacy_model("heuristic", DPSGDRun.constant(steps=1, sample_rate=0.05, noise_multiplier=0.9)).epsilon(1e-5), rel=1e-9
         )
         assert one.epsilon == pytest.approx(
             zeroing_regulariser_epsilon(1e-5, sample_rate=0.05, noise_multiplier=0.9), rel=1e-9
@@ -90,7 +88,7 @@ def test_alpha_one_is_one_step_and_alpha_zero_is_the_heuristic():
             1e-5, steps=T, sample_rate=0.05, noise_multiplier=0.9, alpha=0.0, method="exact"
         )
         assert lin.epsilon == pytest.approx(
-            heuristic_epsilon(1e-5, steps=T, sample_rate=0.05, noise_multiplier=0.9), rel=1e-9
+            privacy_model("heuristic", DPSGDRun.constant(steps=T, sample_rate=0.05, noise_multiplier=0.9)).epsilon(1e-5), rel=1e-9
         )
 
 
@@ -134,7 +132,7 @@ def test_paper_rounding_keeps_powers_of_the_ratio():
     kw = dict(steps=20, sample_rate=0.1, noise_multiplier=1.0, alpha=1.0)
     paper = quadratic_regulariser_epsilon(1e-6, method="paper", **kw)
     assert paper.epsilon == pytest.approx(
-        heuristic_epsilon(1e-6, steps=1, sample_rate=0.1, noise_multiplier=1.0), rel=1e-9
+        privacy_model("heuristic", DPSGDRun.constant(steps=1, sample_rate=0.1, noise_multiplier=1.0)).epsilon(1e-6), rel=1e-9
     )
 
 
@@ -155,8 +153,8 @@ def test_auto_uses_the_grid_for_large_T_and_it_is_consistent_with_the_paper_roun
 
 def test_robust_wrapper_is_the_robust_heuristic():
     kw = dict(steps=60, sample_rate=0.01, noise_multiplier=0.5)
-    assert robust_heuristic_epsilon(1e-5, **kw) == heuristic_epsilon(1e-5, robust=True, **kw)
-    assert robust_heuristic_epsilon(1e-5, **kw) >= zeroing_regulariser_epsilon(
+    assert privacy_model("robust_heuristic", DPSGDRun.constant(**kw)).epsilon(1e-5) == privacy_model("robust_heuristic", DPSGDRun.constant(**kw)).epsilon(1e-5)
+    assert privacy_model("robust_heuristic", DPSGDRun.constant(**kw)).epsilon(1e-5) >= zeroing_regulariser_epsilon(
         1e-5, sample_rate=0.01, noise_multiplier=0.5
     )
 
@@ -164,16 +162,14 @@ def test_robust_wrapper_is_the_robust_heuristic():
 def test_non_monotone_configuration():
     T, q, sigma, delta = 60, 0.01, 0.5, 1e-5
     per_t = [
-        heuristic_epsilon(delta, steps=t, sample_rate=q, noise_multiplier=sigma)
+        privacy_model("heuristic", DPSGDRun.constant(steps=t, sample_rate=q, noise_multiplier=sigma)).epsilon(delta)
         for t in range(1, T + 1)
     ]
     m = heuristic_monotonicity(delta, steps=T, sample_rate=q, noise_multiplier=sigma)
     assert m.non_monotone
     assert m.max_epsilon == max(per_t) and m.argmax_steps == 1 + int(np.argmax(per_t))
     assert m.epsilon_at_steps == per_t[-1] < m.max_epsilon
-    assert m.max_epsilon == heuristic_epsilon(
-        delta, steps=T, sample_rate=q, noise_multiplier=sigma, robust=True
-    )
+    assert m.max_epsilon == privacy_model("robust_heuristic", DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).epsilon(delta)
 
 
 def test_monotone_configuration():
@@ -204,7 +200,7 @@ def test_monotonicity_beyond_the_exhaustive_range():
     T, q, sigma, delta = 3000, 0.002, 0.6, 1e-6
     m = heuristic_monotonicity(delta, steps=T, sample_rate=q, noise_multiplier=sigma)
     per_t = [
-        heuristic_epsilon(delta, steps=t, sample_rate=q, noise_multiplier=sigma)
+        privacy_model("heuristic", DPSGDRun.constant(steps=t, sample_rate=q, noise_multiplier=sigma)).epsilon(delta)
         for t in range(1, T + 1)
     ]
     assert m.max_epsilon == pytest.approx(max(per_t), rel=1e-9)
@@ -216,7 +212,7 @@ def test_monotonicity_beyond_the_exhaustive_range():
 @pytest.mark.parametrize("eps,q", [(1.0, 0.01), (2.0, 0.1), (1.0, 0.5)])
 def test_one_step_calibration(eps, q):
     sigma = one_step_noise_multiplier(eps, 1e-6, q)
-    assert heuristic_epsilon(1e-6, steps=1, sample_rate=q, noise_multiplier=sigma) == pytest.approx(
+    assert privacy_model("heuristic", DPSGDRun.constant(steps=1, sample_rate=q, noise_multiplier=sigma)).epsilon(1e-6) == pytest.approx(
         eps, rel=1e-9
     )
 

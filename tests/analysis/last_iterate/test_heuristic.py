@@ -15,8 +15,8 @@ from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_ep
 from opacus_lastiterate.analysis.last_iterate.heuristic import (
     LastIterateHeuristic,
     RobustLastIterateHeuristic,
-    heuristic_epsilon,
 )
+from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
 from tests.analysis._reference import QuadratureHeuristic
 
@@ -47,7 +47,7 @@ GRID = _grid()
 
 
 def _check_against_quadrature(T: int, q: float, sigma: float, delta: float) -> None:
-    ours = heuristic_epsilon(delta, steps=T, sample_rate=q, noise_multiplier=sigma)
+    ours = privacy_model("heuristic", DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).epsilon(delta)
     ref = QuadratureHeuristic(T, q, sigma).epsilon(delta)
     if ref == 0.0:
         assert ours == pytest.approx(0.0, abs=1e-9)
@@ -71,7 +71,7 @@ def test_matches_independent_quadrature_extended(T, q, sigma, delta):
 
 @pytest.mark.parametrize("T,expected", [(3, 2.222), (1, 2.182)])
 def test_paper_values(T, expected):
-    eps = heuristic_epsilon(1e-6, steps=T, sample_rate=0.1, noise_multiplier=1.0)
+    eps = privacy_model("heuristic", DPSGDRun.constant(steps=T, sample_rate=0.1, noise_multiplier=1.0)).epsilon(1e-6)
     assert round(eps, 3) == expected
 
 
@@ -83,7 +83,7 @@ def test_paper_values(T, expected):
 )
 def test_full_sampling_is_the_gaussian_mechanism(T, sigma, delta):
     """q = 1: K = T exactly, so the pair is N(T, s^2) vs N(0, s^2), mu = sqrt(T) / sigma."""
-    ours = heuristic_epsilon(delta, steps=T, sample_rate=1.0, noise_multiplier=sigma)
+    ours = privacy_model("heuristic", DPSGDRun.constant(steps=T, sample_rate=1.0, noise_multiplier=sigma)).epsilon(delta)
     closed = gaussian_epsilon(mu=math.sqrt(T) / sigma, delta=delta)
     assert ours == pytest.approx(closed, rel=1e-9, abs=1e-12)
 
@@ -98,8 +98,8 @@ def test_full_sampling_is_the_gaussian_mechanism(T, sigma, delta):
 )
 def test_epsilon_decreases_as_delta_grows(T, q, sigma, d1, d2):
     lo, hi = sorted((d1, d2))
-    e_lo = heuristic_epsilon(lo, steps=T, sample_rate=q, noise_multiplier=sigma)
-    e_hi = heuristic_epsilon(hi, steps=T, sample_rate=q, noise_multiplier=sigma)
+    e_lo = privacy_model("heuristic", DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).epsilon(lo)
+    e_hi = privacy_model("heuristic", DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).epsilon(hi)
     assert e_hi <= e_lo + 1e-9 * max(1.0, e_lo)
 
 
@@ -111,7 +111,7 @@ def test_epsilon_decreases_as_delta_grows(T, q, sigma, d1, d2):
     delta=st.floats(1e-10, 0.1),
 )
 def test_delta_and_epsilon_are_inverse(T, q, sigma, delta):
-    eps = heuristic_epsilon(delta, steps=T, sample_rate=q, noise_multiplier=sigma)
+    eps = privacy_model("heuristic", DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).epsilon(delta)
     if eps > 0:
         back = LastIterateHeuristic(DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).delta(eps)
         assert back == pytest.approx(delta, rel=1e-6)
@@ -120,7 +120,7 @@ def test_delta_and_epsilon_are_inverse(T, q, sigma, delta):
 
 
 def test_zero_steps_is_perfectly_private():
-    assert heuristic_epsilon(1e-5, steps=0, sample_rate=0.1, noise_multiplier=1.0) == 0.0
+    assert privacy_model("heuristic", DPSGDRun.constant(steps=0, sample_rate=0.1, noise_multiplier=1.0)).epsilon(1e-5) == 0.0
     assert LastIterateHeuristic(DPSGDRun.constant(steps=0, sample_rate=0.1, noise_multiplier=1.0)).delta(0.0) == 0.0
     assert LastIterateHeuristic([]).epsilon(1e-5) == 0.0
 
@@ -130,9 +130,7 @@ def test_zero_steps_is_perfectly_private():
 
 def test_history_of_one_segment_equals_scalar_form():
     h = [(1.1, 0.01, 500)]
-    assert LastIterateHeuristic(h).epsilon(1e-5) == heuristic_epsilon(
-        1e-5, steps=500, sample_rate=0.01, noise_multiplier=1.1
-    )
+    assert LastIterateHeuristic(h).epsilon(1e-5) == privacy_model("heuristic", DPSGDRun.constant(steps=500, sample_rate=0.01, noise_multiplier=1.1)).epsilon(1e-5)
 
 
 def test_split_segments_equal_the_merged_one():
@@ -165,8 +163,8 @@ def test_poisson_binomial_history_against_enumeration():
 def test_robust_is_max_over_suffixes_exhaustive():
     """Small sigma: eps_1 > eps_T (non-monotone), so the robust value is attained early."""
     T, q, sigma, delta = 60, 0.01, 0.5, 1e-5
-    per_t = [heuristic_epsilon(delta, steps=t, sample_rate=q, noise_multiplier=sigma) for t in range(1, T + 1)]
-    robust = heuristic_epsilon(delta, steps=T, sample_rate=q, noise_multiplier=sigma, robust=True)
+    per_t = [privacy_model("heuristic", DPSGDRun.constant(steps=t, sample_rate=q, noise_multiplier=sigma)).epsilon(delta) for t in range(1, T + 1)]
+    robust = privacy_model("robust_heuristic", DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).epsilon(delta)
     assert robust == max(per_t)
     assert robust > per_t[-1]  # this configuration is one where the heuristic is not monotone
 
@@ -174,8 +172,8 @@ def test_robust_is_max_over_suffixes_exhaustive():
 @pytest.mark.slow
 def test_robust_grid_search_finds_exhaustive_max():
     T, q, sigma, delta = 3000, 0.002, 0.6, 1e-6
-    per_t = [heuristic_epsilon(delta, steps=t, sample_rate=q, noise_multiplier=sigma) for t in range(1, T + 1)]
-    robust = heuristic_epsilon(delta, steps=T, sample_rate=q, noise_multiplier=sigma, robust=True)
+    per_t = [privacy_model("heuristic", DPSGDRun.constant(steps=t, sample_rate=q, noise_multiplier=sigma)).epsilon(delta) for t in range(1, T + 1)]
+    robust = privacy_model("robust_heuristic", DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).epsilon(delta)
     assert robust == pytest.approx(max(per_t), rel=1e-9)
 
 
@@ -194,7 +192,6 @@ BAD = [
     (dict(delta=float("nan")), ValueError, "delta"),
     (dict(delta=0.0), ValueError, "delta"),
     (dict(delta=1.0), ValueError, "delta"),
-    (dict(noise_multiplier=0.0), ValueError, "noise_multiplier"),
     (dict(noise_multiplier=-1.0), ValueError, "noise_multiplier"),
     (dict(noise_multiplier=float("nan")), ValueError, "noise_multiplier"),
     (dict(sample_rate=0.0), ValueError, "sample_rate"),
@@ -211,7 +208,7 @@ def test_bad_input_names_the_parameter(override, exc, name):
     kwargs = dict(delta=1e-5, steps=10, sample_rate=0.1, noise_multiplier=1.0) | override
     delta = kwargs.pop("delta")
     with pytest.raises(exc, match=f"`{name}`"):
-        heuristic_epsilon(delta, **kwargs)
+        privacy_model("heuristic", DPSGDRun.constant(**kwargs)).epsilon(delta)
 
 
 def test_bad_history_entry_is_named():

@@ -16,11 +16,9 @@ from scipy import stats
 from opacus_lastiterate.analysis.last_iterate.heuristic import (
     LastIterateHeuristic,
     RobustLastIterateHeuristic,
-    heuristic_delta,
-    robust_heuristic_delta,
-    robust_heuristic_epsilon,
 )
 from opacus_lastiterate.analysis.last_iterate.heuristic_pair import segments_delta
+from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment
 from opacus_lastiterate.analysis.sampling import ShuffledBatches
 from tests.analysis._reference import ClosedFormMixture, enumerate_weighted_shifts
@@ -39,7 +37,7 @@ def _tv_gaussian(mu: float) -> float:
 @pytest.mark.parametrize(("T", "q", "sigma"), [(10, 0.1, 1.0), (200, 0.02, 0.8), (1, 1.0, 2.0)])
 @pytest.mark.parametrize("eps", [0.0, 0.5, 2.0])
 def test_heuristic_delta_is_the_binomial_pairs_delta(T, q, sigma, eps) -> None:
-    ours = heuristic_delta(eps, steps=T, sample_rate=q, noise_multiplier=sigma)
+    ours = privacy_model("heuristic", DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).delta(eps)
     ref = ClosedFormMixture.binomial(T, q, sigma).delta(eps)
     assert ours == pytest.approx(ref, rel=REL, abs=1e-15)
     assert ours >= ref * (1 - 1e-9)  # an upper bound on the exact delta
@@ -51,7 +49,7 @@ def test_robust_heuristic_delta_is_the_max_over_suffixes() -> None:
     T, q, sigma = 30, 0.01, 0.5
     for eps in (0.0, 1.0, 3.0):
         ref = max(ClosedFormMixture.binomial(t, q, sigma).delta(eps) for t in range(1, T + 1))
-        ours = robust_heuristic_delta(eps, steps=T, sample_rate=q, noise_multiplier=sigma)
+        ours = privacy_model("robust_heuristic", DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).delta(eps)
         assert ref * (1 - 1e-9) <= ours <= ref * (1 + 2e-6)
         assert ours > ClosedFormMixture.binomial(T, q, sigma).delta(eps)
 
@@ -60,8 +58,8 @@ def test_robust_delta_when_every_delta_is_tiny_is_the_bisections_floor() -> None
     """Above the robust epsilon at delta = 1e-300 (the bisection's lower end) the answer is
     that floor, and each suffix's exact delta lies below it."""
     T, q, sigma = 10, 0.01, 1.0
-    eps = robust_heuristic_epsilon(1e-300, steps=T, sample_rate=q, noise_multiplier=sigma) + 1.0
-    d = robust_heuristic_delta(eps, steps=T, sample_rate=q, noise_multiplier=sigma)
+    eps = privacy_model("robust_heuristic", DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).epsilon(1e-300) + 1.0
+    d = privacy_model("robust_heuristic", DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).delta(eps)
     assert d == pytest.approx(1e-300, rel=1e-12)  # exp(log(1e-300)), rounded
     assert max(ClosedFormMixture.binomial(t, q, sigma).delta(eps) for t in range(1, T + 1)) <= d
 
@@ -71,7 +69,7 @@ def test_robust_delta_of_a_near_deterministic_release_stays_a_probability() -> N
     eps = 0 is TV = 1 - 2 Phi(-z), close to 1: the answer lies between TV and 1."""
     z = 6.0
     tv = _tv_gaussian(2 * z)
-    d = robust_heuristic_delta(0.0, steps=1, sample_rate=1.0, noise_multiplier=1 / (2 * z))
+    d = privacy_model("robust_heuristic", DPSGDRun.constant(steps=1, sample_rate=1.0, noise_multiplier=1 / (2 * z))).delta(0.0)
     assert tv * (1 - 1e-12) <= d <= 1.0
     assert d == pytest.approx(tv, rel=2e-6)
 
@@ -80,14 +78,14 @@ def test_robust_delta_above_the_largest_epsilon_is_one() -> None:
     """mu = 200: the total variation is 1 in double precision, so even the largest delta
     below 1 needs eps > 0; delta(0) is 1."""
     assert _tv_gaussian(200.0) == 1.0
-    assert robust_heuristic_delta(0.0, steps=1, sample_rate=1.0, noise_multiplier=0.005) == 1.0
-    assert heuristic_delta(0.0, steps=1, sample_rate=1.0, noise_multiplier=0.005) == 1.0
+    assert privacy_model("robust_heuristic", DPSGDRun.constant(steps=1, sample_rate=1.0, noise_multiplier=0.005)).delta(0.0) == 1.0
+    assert privacy_model("heuristic", DPSGDRun.constant(steps=1, sample_rate=1.0, noise_multiplier=0.005)).delta(0.0) == 1.0
 
 
 def test_robust_delta_and_epsilon_are_inverse() -> None:
     T, q, sigma = 30, 0.01, 0.5
-    eps = robust_heuristic_epsilon(1e-5, steps=T, sample_rate=q, noise_multiplier=sigma)
-    back = robust_heuristic_delta(eps, steps=T, sample_rate=q, noise_multiplier=sigma)
+    eps = privacy_model("robust_heuristic", DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).epsilon(1e-5)
+    back = privacy_model("robust_heuristic", DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).delta(eps)
     assert back == pytest.approx(1e-5, rel=1e-5)
 
 

@@ -9,16 +9,14 @@ import pytest
 
 from opacus_lastiterate.analysis.last_iterate import suffix_maximum
 from opacus_lastiterate.analysis.last_iterate.counterexamples import heuristic_monotonicity
-from opacus_lastiterate.analysis.last_iterate.heuristic import (
-    RobustLastIterateHeuristic,
-    heuristic_epsilon,
-)
+from opacus_lastiterate.analysis.last_iterate.heuristic import RobustLastIterateHeuristic
 from opacus_lastiterate.analysis.last_iterate.heuristic_pair import segments_epsilon
 from opacus_lastiterate.analysis.last_iterate.suffix_maximum import (
     SuffixMaximum,
     certified_suffix_maximum,
 )
-from opacus_lastiterate.analysis.run import TrainingSegment, suffix
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment, suffix
 
 RTOL = 1e-6
 ENGINE = 1e-12  # the search builds the same pairs as heuristic._epsilon; allow float noise
@@ -60,7 +58,7 @@ def _check_against_brute(segments: tuple[TrainingSegment, ...], delta: float) ->
 
 def test_reproducer_peak_at_a_segment_boundary():
     history = [(0.5334702641641362, 0.05, 1000), (2.0, 0.05, 200), (0.6, 0.05, 1503)]
-    last = heuristic_epsilon(1e-6, steps=1503, sample_rate=0.05, noise_multiplier=0.6)
+    last = privacy_model("heuristic", DPSGDRun.constant(steps=1503, sample_rate=0.05, noise_multiplier=0.6)).epsilon(1e-6)
     assert round(last, 5) == 22.45498  # the grid search of old gave 22.41965
     robust = RobustLastIterateHeuristic(history).epsilon(1e-6)
     assert robust >= last
@@ -127,7 +125,7 @@ def _dense_check(steps: int, q: float, sigma: float, delta: float) -> SuffixMaxi
     r = certified_suffix_maximum(segments, delta)
 
     def eps(t: int) -> float:
-        return heuristic_epsilon(delta, steps=t, sample_rate=q, noise_multiplier=sigma)
+        return privacy_model("heuristic", DPSGDRun.constant(steps=t, sample_rate=q, noise_multiplier=sigma)).epsilon(delta)
 
     assert r.attained == eps(r.argmax_steps)
     near = range(max(1, r.argmax_steps - 60), min(steps, r.argmax_steps + 60) + 1)

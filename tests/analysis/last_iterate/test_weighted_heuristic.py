@@ -18,10 +18,7 @@ import pytest
 from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
 from opacus_lastiterate.analysis.last_iterate import weighted_heuristic as wh
 from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
-from opacus_lastiterate.analysis.last_iterate.heuristic import (
-    LastIterateHeuristic,
-    heuristic_epsilon,
-)
+from opacus_lastiterate.analysis.last_iterate.heuristic import LastIterateHeuristic
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
     weighted_heuristic_delta_result,
@@ -29,6 +26,7 @@ from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
     weighted_heuristic_pair,
     weighted_sum_distribution,
 )
+from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.exceptions import WeightedAccuracyWarning
 from tests.analysis._reference import QuadratureHeuristic
@@ -76,7 +74,7 @@ def _exact_epsilon(weights, rates, sigmas, delta, *, quadrature=True):
 )
 def test_constant_weights_equal_the_constant_rate_heuristic(T, q, sigma, delta, w):
     r = weighted_heuristic_epsilon_result(delta, weights=[w] * T, sample_rates=q, noise_multipliers=sigma)
-    ref = heuristic_epsilon(delta, steps=T, sample_rate=q, noise_multiplier=sigma)
+    ref = privacy_model("heuristic", DPSGDRun.constant(steps=T, sample_rate=q, noise_multiplier=sigma)).epsilon(delta)
     assert r.exact and r.relative_accuracy == 0.0
     assert r.epsilon == pytest.approx(ref, rel=1e-9, abs=1e-12)
     eps = max(ref, 0.5)
@@ -98,7 +96,7 @@ def test_constant_weights_with_varying_rates_and_noise_equal_the_history_form():
 
 
 def test_zero_weights_are_ignored_and_all_zero_is_perfectly_private():
-    ref = heuristic_epsilon(1e-6, steps=4, sample_rate=0.1, noise_multiplier=1.0)
+    ref = privacy_model("heuristic", DPSGDRun.constant(steps=4, sample_rate=0.1, noise_multiplier=1.0)).epsilon(1e-6)
     r = weighted_heuristic_epsilon_result(
         1e-6, weights=[0, 2, 2, 0, 2, 2], sample_rates=0.1, noise_multipliers=1.0
     )
@@ -229,7 +227,7 @@ def test_momentum_full_batch_is_the_gaussian_mechanism_and_lowers_epsilon():
     r = weighted_heuristic_epsilon_result(delta, weights=w, sample_rates=1.0, noise_multipliers=sigma)
     closed = gaussian_epsilon(mu=mu, delta=delta)
     assert closed <= r.epsilon <= closed * (1 + r.relative_accuracy) + 1e-12
-    assert r.epsilon < heuristic_epsilon(delta, steps=T, sample_rate=1.0, noise_multiplier=sigma)
+    assert r.epsilon < privacy_model("heuristic", DPSGDRun.constant(steps=T, sample_rate=1.0, noise_multiplier=sigma)).epsilon(delta)
 
 
 @pytest.mark.parametrize(

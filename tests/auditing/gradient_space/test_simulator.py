@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.auditing import (
     AdversarialDataset,
     DPSGDArithmetic,
@@ -176,7 +177,7 @@ def test_worst_case_first_step_and_tightness_at_large_batch() -> None:
 def test_audits_of_exact_pair_stay_below_heuristic() -> None:
     """Scores with exactly the heuristic's law: the 95% bound exceeds eps_heur at most at ~5%."""
     steps, q, sigma, delta, n, reps = 100, 0.1, 1.0, 1e-5, 3_000, 20
-    eps_h = heuristic_epsilon(delta, steps=steps, sample_rate=q, noise_multiplier=sigma)
+    eps_h = privacy_model("heuristic", DPSGDRun.constant(steps=steps, sample_rate=q, noise_multiplier=sigma)).epsilon(delta)
     attack, arith = AdversarialDataset(PoissonInsertion(q)), DPSGDArithmetic(sigma)
     rng = np.random.default_rng(21)
     exceed = 0
@@ -189,7 +190,7 @@ def test_audits_of_exact_pair_stay_below_heuristic() -> None:
 
 def test_audit_bound_grows_towards_heuristic() -> None:
     steps, q, sigma, delta = 100, 0.1, 1.0, 1e-5
-    eps_h = heuristic_epsilon(delta, steps=steps, sample_rate=q, noise_multiplier=sigma)
+    eps_h = privacy_model("heuristic", DPSGDRun.constant(steps=steps, sample_rate=q, noise_multiplier=sigma)).epsilon(delta)
     attack, arith = AdversarialDataset(PoissonInsertion(q)), DPSGDArithmetic(sigma)
     rng = np.random.default_rng(8)
     bounds = []
@@ -203,7 +204,7 @@ def test_audit_bound_grows_towards_heuristic() -> None:
 def test_malicious_attack_beats_heuristic() -> None:
     """Appendix C: a valid 95% lower bound above the heuristic (small configuration)."""
     steps, q, sigma, delta, n = 100, 0.01, 0.4, 1e-5, 20_000
-    eps_h = heuristic_epsilon(delta, steps=steps, sample_rate=q, noise_multiplier=sigma)
+    eps_h = privacy_model("heuristic", DPSGDRun.constant(steps=steps, sample_rate=q, noise_multiplier=sigma)).epsilon(delta)
     attack = MaliciousDataset(steps=steps, insertion=PoissonInsertion(q), last_threshold=2.0)
     arith = DPSGDArithmetic(sigma)
     rng = np.random.default_rng(2024)

@@ -14,9 +14,10 @@ DELTA = 1e-5
 
 @functools.cache
 def _heuristic(t: int, q: float, sigma: float) -> float:
-    from opacus_lastiterate.analysis.last_iterate.heuristic import heuristic_epsilon
+    from opacus_lastiterate.analysis.privacy_models import privacy_model
+    from opacus_lastiterate.analysis.run import DPSGDRun
 
-    return float(heuristic_epsilon(DELTA, steps=t, sample_rate=q, noise_multiplier=sigma))
+    return float(privacy_model("heuristic", DPSGDRun.constant(steps=t, sample_rate=q, noise_multiplier=sigma)).epsilon(DELTA))
 
 
 @functools.cache

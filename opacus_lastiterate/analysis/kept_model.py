@@ -1,0 +1,350 @@
+"""A run kept as it grows: the incremental form of the registry of privacy models.
+
+:class:`KeptModel` records steps as training takes them (runs of steps at one (sigma, q),
+each with the optimizer settings it used, or with settings unknown) and answers
+``epsilon(delta, name)`` and ``delta(epsilon, name)`` for any registry name
+(:mod:`.privacy_models`). Which computation answers is decided by
+:func:`~.privacy_models.choose`, the one place that decides it for a run from scratch too:
+
+* ``"heuristic"`` on Poisson batches without per-step weights: the kept constant-rate engine
+  (:class:`~.last_iterate.incremental.IncrementalHeuristic`: a warm-started root find per
+  query, not a computation from scratch);
+* ``"heuristic"`` on Poisson batches with weights (a learning rate that changes, momentum or
+  weight decay recorded for every step): the kept weighted engine
+  (:class:`~.last_iterate.incremental_weighted.IncrementalWeightedHeuristic`), an upper bound
+  within :attr:`KeptModel.accuracy` relative;
+* everything else (epoch schemes, the robust maximum, the standard bounds, delta of a
+  weighted run): the registry's model of :attr:`KeptModel.run`, built from scratch.
+
+**The per-step weights** of the recorded settings come from :data:`OPTIMIZER_WEIGHTS`: the
+settings class of an optimizer mapped to the function that turns a run-length list of its
+settings into the weights w_t of the steps in the final model. A new optimizer is one entry
+there (its settings class, recorded by the accountant's hook, and its weights function); the
+kept weighted engine follows SGD only, other optimizers are answered from scratch.
+
+The number is what the model of the registry says it is: the heuristic is exact for linear
+losses and not a proven bound for deep networks, and describes the final model only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from opacus_lastiterate.analysis._validation import check_delta, check_epsilon
+from opacus_lastiterate.analysis.last_iterate.incremental import IncrementalHeuristic, SuffixPeak
+from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
+    IncrementalWeightedHeuristic,
+)
+from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings, sgd_weights
+from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import WeightedHeuristicResult
+from opacus_lastiterate.analysis.privacy_model import PrivacyModel
+from opacus_lastiterate.analysis.privacy_models import PRIVACY_MODELS, Choice, ModelName, choose
+from opacus_lastiterate.analysis.run import DPSGDRun
+from opacus_lastiterate.analysis.sampling import SamplingScheme, check_sampling
+
+__all__ = ["OPTIMIZER_WEIGHTS", "KeptModel"]
+
+SettingsRuns = Sequence[tuple[Any, int]]
+"""Run-length encoded optimizer settings: (settings, steps), oldest first."""
+
+
+def _sgd_run_weights(runs: SettingsRuns) -> np.ndarray:
+    counts = [n for _, n in runs]
+    lr, momentum, dampening, nesterov, weight_decay = (
+        np.repeat(np.asarray(column), counts)
+        for column in zip(*(s.as_tuple() for s, _ in runs), strict=True)
+    )
+    return sgd_weights(
+        lr, momentum=momentum, dampening=dampening, nesterov=bool(nesterov.any()),
+        weight_decay=weight_decay,
+    )  # fmt: skip
+
+
+def _sgd_varies(first: SGDSettings, settings: SGDSettings) -> bool:
+    return settings.lr != first.lr or settings.momentum != 0.0 or settings.weight_decay != 0.0
+
+
+OPTIMIZER_WEIGHTS: Mapping[type, tuple[Callable[[SettingsRuns], np.ndarray],
+                                       Callable[[Any, Any], bool]]] = {
+    SGDSettings: (_sgd_run_weights, _sgd_varies),
+}
+"""Settings class of an optimizer -> (weights of a run-length list of its settings, whether
+settings differ from the first step's in a way that changes the weights: (first, settings)
+-> bool). The one place a new optimizer's weights are added (module docstring)."""
+
+
+class KeptModel:
+    """The privacy numbers of a run that grows step by step (module docstring).
+
+    Inputs to :meth:`append` and :meth:`advance` are trusted (validated by the caller, the
+    accountant at its boundary); the queries validate their argument.
+
+    Args:
+        sampling: the sampling scheme of the batches (:mod:`.sampling`), None for Poisson.
+        accuracy: requested relative accuracy of the weighted heuristic, in (0, 1).
+    """
+
+    def __init__(self, *, sampling: SamplingScheme | None = None, accuracy: float = 1e-3) -> None:
+        self._sampling = check_sampling(sampling)
+        self.accuracy = float(accuracy)
+        """Requested relative accuracy of the weighted heuristic (a change rebuilds it)."""
+        self._constant = IncrementalHeuristic()
+        self._runs: list[list[Any]] = []  # [settings, steps], run-length; [] when unknown
+        self._known = True  # every step's settings recorded
+        self._varies = False
+        self._weighted: IncrementalWeightedHeuristic | None = None
+        self._saved: Mapping[str, Any] | None = None  # a characteristic to restore
+        self._run: DPSGDRun | None = None
+
+    @classmethod
+    def from_run(
+        cls,
+        run: DPSGDRun,
+        settings: SettingsRuns | None = None,
+        *,
+        accuracy: float = 1e-3,
+    ) -> KeptModel:
+        """The kept model of an existing run: its segments with ``settings`` (run-length
+        (settings, steps) covering every step), or settings unknown when None."""
+        kept = cls(sampling=run.sampling, accuracy=accuracy)
+        runs = [] if settings is None else [[s, int(n)] for s, n in settings if n > 0]
+        if settings is not None and sum(n for _, n in runs) != run.num_steps:
+            raise ValueError(
+                f"`settings` must cover the run's {run.num_steps} steps, got "
+                f"{sum(n for _, n in runs)}."
+            )
+        i = 0
+        for seg in run.segments:
+            left = seg.steps
+            while left:
+                if settings is None:
+                    take, st = left, None
+                else:
+                    take = min(left, runs[i][1])
+                    st = runs[i][0]
+                    runs[i][1] -= take
+                    i += runs[i][1] == 0
+                kept.append(seg.noise_multiplier, seg.sample_rate, take, st)
+                left -= take
+        return kept
+
+    # -- the run ------------------------------------------------------------------------------
+
+    @property
+    def sampling(self) -> SamplingScheme | None:
+        """How the batches are drawn (None: Poisson at the recorded rates)."""
+        return self._sampling
+
+    @sampling.setter
+    def sampling(self, scheme: SamplingScheme | None) -> None:
+        checked = check_sampling(scheme)
+        if checked != self._sampling:
+            self._sampling, self._run = checked, None
+
+    @property
+    def num_steps(self) -> int:
+        return self._constant.num_steps
+
+    @property
+    def uses_weights(self) -> bool:
+        """Whether the recorded settings cover every step and change the weights of the steps
+        in the final model (a learning rate that changes, momentum, weight decay)."""
+        return self._known and self._varies
+
+    @property
+    def settings(self) -> list[tuple[Any, int]] | None:
+        """The recorded settings, run-length encoded; None when some step's are unknown."""
+        return [(s, n) for s, n in self._runs] if self._known else None
+
+    @property
+    def run(self) -> DPSGDRun:
+        """The recorded run: segments, the per-step weights when :attr:`uses_weights`, and
+        the sampling scheme (built on first use after a change)."""
+        if self._run is None:
+            self._run = DPSGDRun._trusted(
+                self._constant.segments, self.weights() if self.uses_weights else None,
+                sampling=self._sampling,
+            )  # fmt: skip
+        return self._run
+
+    def weights(self) -> np.ndarray:
+        """The per-step weights of the recorded settings (:data:`OPTIMIZER_WEIGHTS`)."""
+        if not self._known or not self._runs:
+            raise ValueError("no optimizer settings were recorded for every step.")
+        runs = [(settings, steps) for settings, steps in self._runs]
+        weights = OPTIMIZER_WEIGHTS[type(runs[0][0])][0](runs)
+        weights.setflags(write=False)
+        return weights
+
+    def append(
+        self, noise_multiplier: float, sample_rate: float, steps: int = 1, settings: Any = None
+    ) -> None:
+        """Record ``steps`` steps at (sigma, q) that used the optimizer ``settings`` (an
+        instance of a class of :data:`OPTIMIZER_WEIGHTS`), or settings unknown (None: the
+        weights are then unknown for good, and the constant-rate formula answers)."""
+        if steps <= 0:
+            return
+        self._constant.append(noise_multiplier, sample_rate, steps)
+        self._note(settings, steps)
+        engine = self._weighted
+        if engine is not None and settings is not None and self.uses_weights:
+            for _ in range(steps):  # the kept engine follows the steps, O(1) each
+                engine.append(noise_multiplier, sample_rate, *settings.as_tuple())
+        elif self._kept_weighted():
+            # from the first step whose weights matter the engine follows the steps, so that
+            # the first query does not take in the whole run (O(T))
+            self._weighted_engine()
+        else:
+            self._weighted = None
+
+    def advance(
+        self, noise_multiplier: float, sample_rate: float, steps: int, delta: float,
+        settings: Any = None,
+    ) -> np.ndarray:
+        """Record ``steps`` steps at (sigma, q) with ``settings`` that keep the run on the
+        constant-rate formula (not :attr:`uses_weights` after them), and return the
+        heuristic epsilon at (validated) ``delta`` after each, solved together
+        (:meth:`IncrementalHeuristic.advance`) in batches of at most as many steps as came
+        before (at least 16): the batch solve extrapolates from the last solves, which holds
+        over a batch as long as the run so far but not over a much longer one."""
+        self._note(settings, steps)
+        if self.uses_weights:
+            raise ValueError("`settings` change the weights: record the steps with append.")
+        self._weighted = None
+        parts, done, before = [], 0, self.num_steps
+        while done < steps:
+            chunk = min(steps - done, max(16, before + done))
+            parts.append(self._constant.advance(noise_multiplier, sample_rate, chunk, delta))
+            done += chunk
+        return np.concatenate(parts)
+
+    def _note(self, settings: Any, steps: int) -> None:
+        self._run = None
+        if settings is None:
+            self._known, self._runs, self._varies = False, [], False
+            return
+        if not self._known:
+            return
+        if self._runs and self._runs[-1][0] == settings:
+            self._runs[-1][1] += steps
+            return
+        if self._runs and type(settings) is not type(self._runs[0][0]):
+            raise TypeError(
+                f"`settings` must be of one optimizer, got {type(settings).__name__} after "
+                f"{type(self._runs[0][0]).__name__}."
+            )
+        if type(settings) not in OPTIMIZER_WEIGHTS:
+            raise TypeError(
+                f"`settings` must be one of {', '.join(c.__name__ for c in OPTIMIZER_WEIGHTS)} "
+                f"or None, got {type(settings).__name__}."
+            )
+        first = self._runs[0][0] if self._runs else settings
+        self._varies = self._varies or OPTIMIZER_WEIGHTS[type(settings)][1](first, settings)
+        self._runs.append([settings, steps])
+
+    # -- the kept weighted engine ------------------------------------------------------------
+
+    def _weighted_engine(self) -> IncrementalWeightedHeuristic:
+        """The kept weighted engine, built from the recorded run when missing or out of step
+        (SGD settings only)."""
+        engine = self._weighted
+        if engine is None or engine.num_steps != self.num_steps or engine.accuracy != self.accuracy:
+            engine = IncrementalWeightedHeuristic(self.accuracy)
+            sigma, q = self._constant.run.per_step()
+            counts = [n for _, n in self._runs]
+            fields = [np.repeat(np.asarray(c), counts)
+                      for c in zip(*(s.as_tuple() for s, _ in self._runs), strict=True)]
+            engine.extend(sigma, q, *fields)
+            saved, self._saved = self._saved, None
+            if saved is not None:
+                engine.restore_characteristic(saved)
+            self._weighted = engine
+        return engine
+
+    def characteristic_state(self) -> Mapping[str, Any] | None:
+        """The kept weighted engine's characteristic function (a cache for a checkpoint), or
+        the one restored and not yet taken up; None when there is none."""
+        engine = self._weighted
+        if engine is not None and engine.num_steps == self.num_steps:
+            got = engine.characteristic_state()
+            if got is not None:
+                return got
+        return self._saved
+
+    def restore_characteristic(self, state: Mapping[str, Any] | None) -> None:
+        """Take up a :meth:`characteristic_state` saved for this run (ignored if it is not
+        for this run): the weighted engine is built now when the weights are in use."""
+        self._saved = state
+        if state is not None and self.uses_weights and self._runs and isinstance(
+            self._runs[0][0], SGDSettings
+        ):
+            self._weighted = None
+            self._weighted_engine()
+        self._saved = None
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def choice(self, name: ModelName | str = "heuristic") -> Choice:
+        """How ``name`` is computed for the run as it stands (:func:`~.privacy_models.choose`)."""
+        return choose(name, sampling=self._sampling, weighted=self.uses_weights)
+
+    def epsilon(self, delta: float, name: ModelName | str = "heuristic", **params: Any) -> float:
+        """Epsilon at ``delta`` of the registry model ``name`` for the recorded run."""
+        d = check_delta(delta)
+        choice = self.choice(name)
+        if self.num_steps == 0:
+            return 0.0
+        if choice.kept == "constant" and not params:
+            return float(self._constant.epsilon(d))
+        if choice.kept == "weighted" and not params and self._kept_weighted():
+            return float(self.weighted_result(d).epsilon)
+        return float(self._build(choice, params).epsilon(d))
+
+    def delta(self, epsilon: float, name: ModelName | str = "heuristic", **params: Any) -> float:
+        """delta(``epsilon``) of the registry model ``name`` for the recorded run (the kept
+        weighted engine answers epsilon only: delta of a weighted run is from scratch)."""
+        e = check_epsilon(epsilon)
+        choice = self.choice(name)
+        if self.num_steps == 0:
+            return 0.0
+        if choice.kept == "constant" and not params:
+            return float(self._constant.delta(e))
+        return float(self._build(choice, params).delta(e))
+
+    def weighted_result(self, delta: float) -> WeightedHeuristicResult:
+        """The weighted heuristic at ``delta`` with its achieved accuracy, by the kept engine
+        (cached per step). Requires :attr:`uses_weights` with SGD settings."""
+        d = check_delta(delta)
+        if not self._kept_weighted():
+            raise ValueError(
+                "the kept weighted engine needs SGD settings that change the weights, "
+                "recorded for every step."
+            )
+        return self._weighted_engine().epsilon(d)
+
+    def suffix_peak(self, delta: float) -> SuffixPeak | None:
+        """The largest eps_t of the constant-rate formula seen for t steps of the current
+        (single) segment (:meth:`IncrementalHeuristic.suffix_peak`)."""
+        return self._constant.suffix_peak(delta)
+
+    def _kept_weighted(self) -> bool:
+        return self.uses_weights and isinstance(self._runs[0][0], SGDSettings)
+
+    def _build(self, choice: Choice, params: Mapping[str, Any]) -> PrivacyModel:
+        """The from-scratch model of ``choice`` for the recorded run (without its weights
+        where the model does not read them), at :attr:`accuracy` where it takes one."""
+        run = self.run
+        if run.weights is not None and not choice.weights:
+            run = DPSGDRun._trusted(run.segments, sampling=run.sampling)
+        if "accuracy" in PRIVACY_MODELS[choice.name].defaults and "accuracy" not in params:
+            params = {**params, "accuracy": self.accuracy}
+        return choice.build(run, **params)
+
+    def __repr__(self) -> str:
+        return (
+            f"KeptModel(steps={self.num_steps}, weights={self.uses_weights}, "
+            f"sampling={self._sampling!r})"
+        )
