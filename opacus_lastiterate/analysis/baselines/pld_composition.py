@@ -14,12 +14,27 @@ result is an upper bound on the exact composition (it differs from dp_accounting
 composition only by one skipped truncation per one-step segment, which makes it tighter by
 at most ``tail_mass_truncation`` in delta per such segment). :class:`PLDComposer` keeps the
 running PMFs, so that a growing run adds one convolution per new segment.
+
+Two things make a noise multiplier that changes at every step affordable:
+
+* :func:`group_noise` merges consecutive segments with the same sample rate whose noise
+  multipliers lie within a factor ``1 + noise_grouping`` of each other into one segment at
+  the smallest of them. Less noise at the same rate can only lose privacy (the mechanism
+  with the larger noise multiplier is the one with the smaller followed by independent
+  extra Gaussian noise, a post-processing), so the composition of the merged run is an
+  upper bound on that of the run. The groups are formed greedily from the first step, so
+  the groups of a prefix of a run are those of the run, except that the last may grow.
+* :class:`CompositionCache` keeps the composer after the last run it composed, and after
+  all of that run's segments but the last: a run that extends it (new segments, or more
+  steps of its last one) composes only what is new, with the same floating-point
+  operations as a composition from scratch, so the result is the same float.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from dp_accounting.pld import common, pld_pmf
@@ -32,7 +47,14 @@ from opacus_lastiterate.analysis.baselines.subsampled_gaussian_pld import (
     subsampled_gaussian_pmfs,
 )
 
-__all__ = ["TAIL_MASS_TRUNCATION", "PLDComposer", "compose_subsampled_gaussian"]
+__all__ = [
+    "TAIL_MASS_TRUNCATION",
+    "CompositionCache",
+    "PLDComposer",
+    "compose_subsampled_gaussian",
+    "group_noise",
+    "incremental_pld",
+]
 
 TAIL_MASS_TRUNCATION = 1e-15
 """dp_accounting's default ``tail_mass_truncation`` of ``compose`` and ``self_compose``."""
@@ -51,6 +73,31 @@ def compose_subsampled_gaussian(
     return composer.pld()
 
 
+def group_noise(
+    history: Iterable[tuple[float, float, int]], noise_grouping: float
+) -> list[tuple[float, float, int]]:
+    """The run ``[(sigma > 0, q, steps), ...]`` with consecutive segments of the same ``q``
+    whose noise multipliers lie within a factor ``1 + noise_grouping`` of each other (the
+    largest over the smallest of the group) merged into one segment at the smallest
+    (module docstring: its composition is an upper bound on the run's). Segments without
+    steps are dropped; ``noise_grouping = 0`` merges only equal noise multipliers."""
+    out: list[tuple[float, float, int]] = []
+    low = high = 0.0
+    limit = 1.0 + noise_grouping
+    for sigma, q, steps in history:
+        if steps <= 0:
+            continue
+        if out and out[-1][1] == q:
+            lo, hi = min(low, sigma), max(high, sigma)
+            if hi <= lo * limit:
+                low, high = lo, hi
+                out[-1] = (lo, q, out[-1][2] + steps)
+                continue
+        low = high = sigma
+        out.append((sigma, q, steps))
+    return out
+
+
 class PLDComposer:
     """The composition of :func:`compose_subsampled_gaussian`, added to one segment at a
     time: a growing run costs one one-step build and one convolution per new segment, not a
@@ -64,6 +111,13 @@ class PLDComposer:
         self.tail = tail_mass_truncation
         self._remove = self._add = LossPmf(0, np.ones(1), 0.0)
         self._symmetric = True
+
+    def copy(self) -> PLDComposer:
+        """An independent composer with the same steps (the PMF arrays are never modified in
+        place, so they are shared)."""
+        out = PLDComposer(self.interval, self.tail)
+        out._remove, out._add, out._symmetric = self._remove, self._add, self._symmetric
+        return out
 
     def add(self, noise_multiplier: float, sample_rate: float, steps: int = 1) -> None:
         """Compose ``steps`` more steps at (sigma, q)."""
@@ -82,6 +136,88 @@ class PLDComposer:
         if self._symmetric:
             return PrivacyLossDistribution(remove)
         return PrivacyLossDistribution(remove, _dense(self._add, self.interval))
+
+
+class CompositionCache:
+    """The composers of the last runs composed (at most ``size``), so that a run extending
+    one of them composes only its new segments (module docstring). Thread-safe; the result
+    is the float a composition from scratch gives."""
+
+    def __init__(self, size: int = 2) -> None:
+        self.size = size
+        self._entries: list[_Entry] = []  # the most recently used last
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def pld(
+        self, segments: Sequence[tuple[float, float, int]], value_discretization_interval: float,
+        tail_mass_truncation: float = TAIL_MASS_TRUNCATION,
+    ) -> PrivacyLossDistribution:
+        """:func:`compose_subsampled_gaussian` of ``segments`` (sigma > 0, q in (0, 1],
+        steps > 0 each), starting from the longest kept composition it extends."""
+        segments = tuple(segments)
+        key = (value_discretization_interval, tail_mass_truncation)
+        if not segments:
+            return PLDComposer(*key).pld()
+        with self._lock:
+            start, done = None, 0
+            for entry in self._entries:
+                got = entry.start(key, segments)
+                if got is not None and got[1] >= done:
+                    start, done = got
+        composer = start.copy() if start is not None else PLDComposer(*key)
+        if done < len(segments):
+            for sigma, q, steps in segments[done:-1]:
+                composer.add(sigma, q, steps)
+            before_last = composer.copy()
+            composer.add(*segments[-1])
+            entry = _Entry(key, segments, before_last, composer.copy())
+            with self._lock:
+                kept = [e for e in self._entries if e.segments != segments]
+                self._entries = (kept + [entry])[-self.size :]
+        return composer.pld()
+
+
+class _Entry:
+    """A composed run: its segments, the composer after all of them but the last, and the
+    composer after all of them."""
+
+    def __init__(
+        self, key: tuple[float, float], segments: tuple[tuple[float, float, int], ...],
+        before_last: PLDComposer, full: PLDComposer,
+    ) -> None:
+        self.key, self.segments, self.before_last, self.full = key, segments, before_last, full
+
+    def start(
+        self, key: tuple[float, float], segments: tuple[tuple[float, float, int], ...]
+    ) -> tuple[PLDComposer, int] | None:
+        """(composer, number of ``segments`` it has composed) to continue ``segments`` from,
+        or None when this entry is not a prefix of them."""
+        k = len(self.segments)
+        if key != self.key or k == 0 or len(segments) < k - 1:
+            return None
+        if len(segments) >= k and segments[:k] == self.segments:
+            return self.full, k
+        if segments[: k - 1] == self.segments[: k - 1]:
+            return self.before_last, k - 1
+        return None
+
+
+_CACHE = CompositionCache()
+
+
+def incremental_pld(
+    history: Iterable[tuple[float, float, int]], value_discretization_interval: float,
+    noise_grouping: float = 0.0,
+) -> PrivacyLossDistribution:
+    """:func:`compose_subsampled_gaussian` of ``history`` with its noise grouped
+    (:func:`group_noise`), through the process's :class:`CompositionCache`: called again
+    with a longer run, it composes only the steps added since (the last group is composed
+    again when it has grown)."""
+    return _CACHE.pld(group_noise(history, noise_grouping), value_discretization_interval)
 
 
 def _dense(pmf: LossPmf, interval: float) -> pld_pmf.DensePLDPmf:
