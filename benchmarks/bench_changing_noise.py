@@ -19,7 +19,17 @@ each on one core), else reported as skipped. The standard value itself is comput
 grows from 57,000 points (sigma = 1) to 950,000, and the composition with it. Prints seconds per value, the ratio
 reference / ours and the relative difference of the two values.
 
+``--incremental K`` adds, for each T of ``--sizes``, the standard value asked on the growing
+run every K steps (as a monitor asks it; each call composes only the steps added since the
+last, ``pld_composition.incremental_pld``): the total seconds of all the calls, the slowest
+call and the last one (the final record after K more steps); ``--noise-grouping G ...`` adds
+the standard value with the noise multipliers grouped within a factor 1 + G
+(``StandardComposition(noise_grouping=G)``, an upper bound) and its excess over the exact
+one. ``--decay D`` sets sigma_t = D^t for ``--sizes`` (default 0.999).
+
     python benchmarks/bench_changing_noise.py [--sizes 300 2000] [--robust-sizes 100000]
+    python benchmarks/bench_changing_noise.py --sizes 2000 --robust-sizes --decay 0.9999 \
+        --incremental 10 --noise-grouping 0.001 0.01 --reference-max-standard 0
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import dp_accounting
 from dp_accounting.rdp import RdpAccountant
 
 from opacus_lastiterate.analysis.baselines.composition import RDPComposition, StandardComposition
+from opacus_lastiterate.analysis.baselines.pld_composition import group_noise
 from opacus_lastiterate.analysis.last_iterate.heuristic import (
     LastIterateHeuristic,
     RobustLastIterateHeuristic,
@@ -43,8 +54,9 @@ REFERENCE_MAX = {"standard_rdp": 2000, "standard": 300, "robust_heuristic": 300}
 STANDARD_MAX = 1000  # beyond, sigma_t = 0.999^t falls below 0.37 and one-step PLD grids pass 250k points
 
 
-def history(steps: int) -> list[tuple[float, float, int]]:
-    decay = 0.999 if steps <= 10_000 else 0.99999
+def history(steps: int, decay: float | None = None) -> list[tuple[float, float, int]]:
+    if decay is None:
+        decay = 0.999 if steps <= 10_000 else 0.99999
     return [(decay**t, Q, 1) for t in range(steps)]
 
 
@@ -92,6 +104,23 @@ def row(name: str, steps: int, ours: Callable[[], float], ref: Callable[[], floa
     print(f"{name:<17} {steps:>7} {v_ours:>10.5f} {t_ours:>10.3f} {tail}", flush=True)
 
 
+def clear_cache() -> None:
+    from opacus_lastiterate.analysis.baselines import pld_composition
+
+    pld_composition._CACHE.clear()  # a cold composition (the benchmark's own reset)
+
+
+def incremental(h: list[tuple[float, float, int]], every: int) -> None:
+    """The standard value of the growing run asked every ``every`` steps."""
+    clear_cache()
+    times = []
+    for end in list(range(every, len(h), every)) + [len(h)]:
+        t, v = timed(lambda end=end: StandardComposition(h[:end]).epsilon(DELTA))
+        times.append(t)
+    print(f"{f'standard every {every}':<17} {len(h):>7} {v:>10.5f} {sum(times):>10.3f} "
+          f"total of {len(times)} calls; slowest {max(times):.3f} s, last {times[-1]:.3f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="*", default=[300, 2000])
@@ -100,6 +129,9 @@ def main() -> None:
                         help="largest T at which the standard (PLD) value is computed at all")
     for name, limit in REFERENCE_MAX.items():
         parser.add_argument(f"--reference-max-{name.replace('_', '-')}", type=int, default=limit)
+    parser.add_argument("--decay", type=float, default=None)
+    parser.add_argument("--incremental", type=int, default=0, metavar="K")
+    parser.add_argument("--noise-grouping", type=float, nargs="*", default=[], metavar="G")
     args = parser.parse_args()
     limits = {n: getattr(args, f"reference_max_{n}") for n in REFERENCE_MAX}
     warm = DPSGDRun.from_history([(1.0, Q, 1), (0.9, Q, 1)])  # imports and tables, untimed
@@ -110,7 +142,7 @@ def main() -> None:
     print(f"{'value':<17} {'T':>7} {'epsilon':>10} {'ours s':>10} {'reference s':>12} "
           f"{'ratio':>8} {'rel. diff':>10}")
     for steps in args.sizes:
-        h = history(steps)
+        h = history(steps, args.decay)
         run = DPSGDRun.from_history(h)
         row("heuristic", steps, lambda: LastIterateHeuristic(run).epsilon(DELTA), None, 0)
         row("robust_heuristic", steps, lambda: RobustLastIterateHeuristic(run).epsilon(DELTA),
@@ -118,8 +150,17 @@ def main() -> None:
         row("standard_rdp", steps, lambda: RDPComposition(run).epsilon(DELTA),
             lambda: ref_rdp(h), limits["standard_rdp"])
         if steps <= args.standard_max:
+            clear_cache()
             row("standard", steps, lambda: StandardComposition(run).epsilon(DELTA),
                 lambda: ref_pld(h), limits["standard"])
+            exact = StandardComposition(run).epsilon(DELTA)  # kept: no cost
+            for g in args.noise_grouping:
+                clear_cache()
+                t_g, v_g = timed(lambda g=g: StandardComposition(run, noise_grouping=g).epsilon(DELTA))
+                print(f"{f'standard g={g:g}':<17} {steps:>7} {v_g:>10.5f} {t_g:>10.3f} "
+                      f"{len(group_noise(h, g)):>8} groups, {v_g / exact - 1:+.2e} above exact")
+            if args.incremental:
+                incremental(h, args.incremental)
         else:
             print(f"{'standard':<17} {steps:>7} skipped (--standard-max {args.standard_max})")
     for steps in args.robust_sizes:
