@@ -22,6 +22,10 @@ of two routes (``docs/last_iterate.md``, "Weighted heuristic without a grid"):
 Each query is routed afresh: a decline at one delta or one step does not move later queries off
 the kept route.
 
+The run is kept as three float64 columns (rate, noise multiplier, sample rate: 24 bytes a step,
+grown by doubling) and the SGD settings as runs of equal settings, not as Python objects per
+step.
+
 Scope of the Fourier routes: ``torch.optim.SGD`` without weight decay, with one momentum beta
 in [0, 1), one dampening d and one nesterov flag for the whole run (any learning rates, sample
 rates and noise multipliers > 0 per step). Then, with R_t(T) = sum_{s=t..T} eta_s beta^(s-t),
@@ -155,7 +159,7 @@ class IncrementalWeightedHeuristic:
         char = self._characteristic
         if char is None or not self._supported:
             return None
-        return char.state(*self._steps.views())
+        return char.state(*self._steps.columns())
 
     def restore_characteristic(self, state: Mapping[str, Any]) -> bool:
         """Take up a :meth:`characteristic_state` saved for this run (the same steps, up to
@@ -163,7 +167,7 @@ class IncrementalWeightedHeuristic:
         if not self._supported or self._settings is None:
             return False
         char = IncrementalCharacteristic.from_state(
-            state, *self._steps.views(), self._settings
+            state, *self._steps.columns(), self._settings
         )
         if char is None:
             return False
@@ -201,7 +205,7 @@ class IncrementalWeightedHeuristic:
         char, new = self._characteristic, self._characteristic is None
         if char is None:
             char = self._characteristic = IncrementalCharacteristic(*self._settings)
-        eta, sigma, q = self._steps.views()
+        eta, sigma, q = self._steps.columns()
         got = char.solve(delta, eta, sigma, q, self.accuracy)
         if got is None and not new:  # a new one, built for this query alone
             fresh = IncrementalCharacteristic(*self._settings)
@@ -259,6 +263,12 @@ class _StepColumns:
         out = out.view()
         out.setflags(write=False)
         return out[0], out[1], out[2]
+
+    def columns(self) -> tuple[Any, Any, Any]:
+        """:meth:`views` for the characteristic function's methods, which take any sequence
+        of floats that numpy reads (they slice, take ``len`` and ``np.asarray``) although
+        their annotations say ``list[float]``."""
+        return self.views()
 
 
 class _SettingRuns:
