@@ -101,21 +101,30 @@ def group_noise(
 class PLDComposer:
     """The composition of :func:`compose_subsampled_gaussian`, added to one segment at a
     time: a growing run costs one one-step build and one convolution per new segment, not a
-    recomputation (trusted inputs: sigma > 0, q in (0, 1], steps >= 0)."""
+    recomputation (trusted inputs: sigma > 0, q in (0, 1], steps >= 0).
+
+    With ``squaring=True`` a segment of several steps is self-composed by repeated squaring
+    with the truncating composition (about log2(steps) convolutions, each truncated
+    pessimistically, so the mass at infinity may grow by ``tail_mass_truncation`` per
+    convolution) instead of dp_accounting's ``self_convolve`` (one FFT power over a window
+    that it does not truncate): a few times faster for tens to hundreds of steps, and a
+    narrower PMF to compose next. Still an upper bound; not dp_accounting's float.
+    """
 
     def __init__(
         self, value_discretization_interval: float,
-        tail_mass_truncation: float = TAIL_MASS_TRUNCATION,
+        tail_mass_truncation: float = TAIL_MASS_TRUNCATION, squaring: bool = False,
     ) -> None:
         self.interval = value_discretization_interval
         self.tail = tail_mass_truncation
+        self.squaring = squaring
         self._remove = self._add = LossPmf(0, np.ones(1), 0.0)
         self._symmetric = True
 
     def copy(self) -> PLDComposer:
         """An independent composer with the same steps (the PMF arrays are never modified in
         place, so they are shared)."""
-        out = PLDComposer(self.interval, self.tail)
+        out = PLDComposer(self.interval, self.tail, self.squaring)
         out._remove, out._add, out._symmetric = self._remove, self._add, self._symmetric
         return out
 
@@ -125,10 +134,12 @@ class PLDComposer:
             return
         one_remove, one_add = subsampled_gaussian_pmfs(noise_multiplier, sample_rate, self.interval)
         self._symmetric = self._symmetric and sample_rate == 1.0
-        self._remove = _compose(
-            self._remove, _self_compose(one_remove, steps, self.tail), self.tail
-        )
-        self._add = _compose(self._add, _self_compose(one_add, steps, self.tail), self.tail)
+        power = _power if self.squaring else _self_compose
+        self._remove = _compose(self._remove, power(one_remove, steps, self.tail), self.tail)
+        self._add = (
+            self._remove if one_add is one_remove and self._add is self._remove
+            else _compose(self._add, power(one_add, steps, self.tail), self.tail)
+        )  # fmt: skip
 
     def pld(self) -> PrivacyLossDistribution:
         """The PLD of the steps added so far (dp_accounting's identity PLD before any)."""
@@ -154,12 +165,13 @@ class CompositionCache:
 
     def pld(
         self, segments: Sequence[tuple[float, float, int]], value_discretization_interval: float,
-        tail_mass_truncation: float = TAIL_MASS_TRUNCATION,
+        tail_mass_truncation: float = TAIL_MASS_TRUNCATION, squaring: bool = False,
     ) -> PrivacyLossDistribution:
-        """:func:`compose_subsampled_gaussian` of ``segments`` (sigma > 0, q in (0, 1],
-        steps > 0 each), starting from the longest kept composition it extends."""
+        """``PLDComposer(value_discretization_interval, tail_mass_truncation, squaring)``
+        after ``segments`` (sigma > 0, q in (0, 1], steps > 0 each), starting from the
+        longest kept composition that they extend."""
         segments = tuple(segments)
-        key = (value_discretization_interval, tail_mass_truncation)
+        key = (value_discretization_interval, tail_mass_truncation, squaring)
         if not segments:
             return PLDComposer(*key).pld()
         with self._lock:
@@ -186,13 +198,13 @@ class _Entry:
     composer after all of them."""
 
     def __init__(
-        self, key: tuple[float, float], segments: tuple[tuple[float, float, int], ...],
+        self, key: tuple[float, float, bool], segments: tuple[tuple[float, float, int], ...],
         before_last: PLDComposer, full: PLDComposer,
     ) -> None:
         self.key, self.segments, self.before_last, self.full = key, segments, before_last, full
 
     def start(
-        self, key: tuple[float, float], segments: tuple[tuple[float, float, int], ...]
+        self, key: tuple[float, float, bool], segments: tuple[tuple[float, float, int], ...]
     ) -> tuple[PLDComposer, int] | None:
         """(composer, number of ``segments`` it has composed) to continue ``segments`` from,
         or None when this entry is not a prefix of them."""
@@ -213,11 +225,17 @@ def incremental_pld(
     history: Iterable[tuple[float, float, int]], value_discretization_interval: float,
     noise_grouping: float = 0.0,
 ) -> PrivacyLossDistribution:
-    """:func:`compose_subsampled_gaussian` of ``history`` with its noise grouped
-    (:func:`group_noise`), through the process's :class:`CompositionCache`: called again
-    with a longer run, it composes only the steps added since (the last group is composed
-    again when it has grown)."""
-    return _CACHE.pld(group_noise(history, noise_grouping), value_discretization_interval)
+    """The PLD of ``history`` through the process's :class:`CompositionCache`: called again
+    with a longer run, it composes only the steps added since (the last segment is composed
+    again when it has grown). With ``noise_grouping = 0``, :func:`compose_subsampled_gaussian`
+    of ``history`` (the same float); else of its noise grouped (:func:`group_noise`), each
+    group self-composed by squaring (``PLDComposer(squaring=True)``). An upper bound either
+    way."""
+    grouped = noise_grouping > 0
+    return _CACHE.pld(
+        group_noise(history, noise_grouping), value_discretization_interval,
+        TAIL_MASS_TRUNCATION, grouped,
+    )
 
 
 def _dense(pmf: LossPmf, interval: float) -> pld_pmf.DensePLDPmf:
@@ -231,6 +249,21 @@ def _self_compose(pmf: LossPmf, times: int, tail: float) -> LossPmf:
     low, probs = common.self_convolve(pmf.probs, times, tail)
     infinity = tail - math.expm1(times * math.log1p(-pmf.infinity_mass))
     return LossPmf(pmf.lower * times + low, np.asarray(probs, dtype=float), infinity)
+
+
+def _power(pmf: LossPmf, times: int, tail: float) -> LossPmf:
+    """``pmf`` composed with itself ``times`` times by repeated squaring with
+    :func:`_compose` (``PLDComposer(squaring=True)``); ``pmf`` itself for one step."""
+    out: LossPmf | None = None
+    base = pmf
+    while times:
+        if times & 1:
+            out = base if out is None else _compose(out, base, tail)
+        times >>= 1
+        if times:
+            base = _compose(base, base, tail)
+    assert out is not None  # times >= 1
+    return out
 
 
 def _compose(a: LossPmf, b: LossPmf, tail: float) -> LossPmf:
