@@ -5,10 +5,10 @@
   ``PLDAccountant`` composes (add/remove neighbours, pessimistic connect-the-dots
   discretisation of the privacy loss with interval ``value_discretization_interval``), each
   segment's one-step PLD built by ``subsampled_gaussian_pld``. The result is an upper bound
-  on the exact value. Optionally (``noise_grouping > 0``) consecutive steps whose noise
-  multipliers differ by at most that relative amount are composed at the smallest of them
-  (:func:`~.pld_composition.group_noise`): still an upper bound, with fewer distinct
-  one-step PLDs. Compositions are kept per process, so that the value of a run that
+  on the exact value. Consecutive steps whose noise multipliers differ by at most
+  ``noise_grouping`` (relative; default :data:`DEFAULT_NOISE_GROUPING`, 0.1%) are composed
+  at the smallest of them (:func:`~.pld_composition.group_noise`): still an upper bound,
+  with one one-step PLD per group instead of per step. Compositions are kept per process, so that the value of a run that
   extends one computed before costs only the new steps
   (:func:`~.pld_composition.incremental_pld`; the same float as from scratch).
 * Standard composition through Renyi DP (:class:`RDPComposition`, registry name
@@ -61,9 +61,12 @@ __all__ = [
     "standard_rdp_epsilon",
 ]
 
-DEFAULT_NOISE_GROUPING = 0.0
-"""Default ``noise_grouping`` of :class:`StandardComposition`: only equal noise multipliers
-are composed together (every distinct noise multiplier exactly as dp_accounting)."""
+DEFAULT_NOISE_GROUPING = 1e-3
+"""Default ``noise_grouping`` of :class:`StandardComposition`: consecutive steps whose noise
+multipliers differ by at most 0.1% are composed at the smallest of them (a noise scheduler
+that changes the noise a little at every step then costs one PLD per 0.1% of change, for
+about 0.1% on epsilon); a run whose noise stays put, or changes by more than 0.1% at a time,
+is composed exactly as dp_accounting composes it."""
 
 DEFAULT_DISCRETIZATION = 1e-4
 """Default ``value_discretization_interval`` of :class:`StandardComposition` (dp_accounting's
@@ -150,9 +153,9 @@ class StandardComposition(PrivacyModel):
         noise_grouping: consecutive steps with the same sample rate whose noise multipliers
             lie within a factor ``1 + noise_grouping`` of each other are composed at the
             smallest of them (an upper bound on the exact composition, in [0, 1); 0: only
-            equal noise multipliers). A schedule that changes the noise at every step then
-            costs one PLD per group instead of one per step; each noise multiplier is
-            lowered by at most that factor.
+            equal noise multipliers, dp_accounting's composition). A schedule that changes
+            the noise at every step then costs one PLD per group instead of one per step;
+            each noise multiplier is lowered by at most that factor.
     """
 
     kind = "upper_bound"

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 from dp_accounting.pld import common, pld_pmf
@@ -81,7 +82,14 @@ def group_noise(
     largest over the smallest of the group) merged into one segment at the smallest
     (module docstring: its composition is an upper bound on the run's). Segments without
     steps are dropped; ``noise_grouping = 0`` merges only equal noise multipliers."""
-    out: list[tuple[float, float, int]] = []
+    return [(sigma, q, steps) for sigma, q, steps, _ in _grouped(history, noise_grouping)]
+
+
+def _grouped(
+    history: Iterable[tuple[float, float, int]], noise_grouping: float
+) -> list[tuple[float, float, int, bool]]:
+    """:func:`group_noise`, each group with whether it merged distinct noise multipliers."""
+    out: list[tuple[float, float, int, bool]] = []
     low = high = 0.0
     limit = 1.0 + noise_grouping
     for sigma, q, steps in history:
@@ -91,10 +99,10 @@ def group_noise(
             lo, hi = min(low, sigma), max(high, sigma)
             if hi <= lo * limit:
                 low, high = lo, hi
-                out[-1] = (lo, q, out[-1][2] + steps)
+                out[-1] = (lo, q, out[-1][2] + steps, lo != hi)
                 continue
         low = high = sigma
-        out.append((sigma, q, steps))
+        out.append((sigma, q, steps, False))
     return out
 
 
@@ -128,13 +136,17 @@ class PLDComposer:
         out._remove, out._add, out._symmetric = self._remove, self._add, self._symmetric
         return out
 
-    def add(self, noise_multiplier: float, sample_rate: float, steps: int = 1) -> None:
-        """Compose ``steps`` more steps at (sigma, q)."""
+    def add(
+        self, noise_multiplier: float, sample_rate: float, steps: int = 1,
+        squaring: bool | None = None,
+    ) -> None:
+        """Compose ``steps`` more steps at (sigma, q), self-composed by squaring if
+        ``squaring`` (None: the composer's ``squaring``)."""
         if steps <= 0:
             return
         one_remove, one_add = subsampled_gaussian_pmfs(noise_multiplier, sample_rate, self.interval)
         self._symmetric = self._symmetric and sample_rate == 1.0
-        power = _power if self.squaring else _self_compose
+        power = _power if (self.squaring if squaring is None else squaring) else _self_compose
         self._remove = _compose(self._remove, power(one_remove, steps, self.tail), self.tail)
         self._add = (
             self._remove if one_add is one_remove and self._add is self._remove
@@ -164,14 +176,15 @@ class CompositionCache:
             self._entries.clear()
 
     def pld(
-        self, segments: Sequence[tuple[float, float, int]], value_discretization_interval: float,
-        tail_mass_truncation: float = TAIL_MASS_TRUNCATION, squaring: bool = False,
+        self, segments: Sequence[tuple[Any, ...]], value_discretization_interval: float,
+        tail_mass_truncation: float = TAIL_MASS_TRUNCATION,
     ) -> PrivacyLossDistribution:
-        """``PLDComposer(value_discretization_interval, tail_mass_truncation, squaring)``
-        after ``segments`` (sigma > 0, q in (0, 1], steps > 0 each), starting from the
-        longest kept composition that they extend."""
+        """``PLDComposer(value_discretization_interval, tail_mass_truncation)`` after
+        ``PLDComposer.add(*segment)`` for each of ``segments`` ((sigma > 0, q in (0, 1],
+        steps > 0) and optionally ``squaring``), starting from the longest kept composition
+        that they extend."""
         segments = tuple(segments)
-        key = (value_discretization_interval, tail_mass_truncation, squaring)
+        key = (value_discretization_interval, tail_mass_truncation)
         if not segments:
             return PLDComposer(*key).pld()
         with self._lock:
@@ -182,8 +195,8 @@ class CompositionCache:
                     start, done = got
         composer = start.copy() if start is not None else PLDComposer(*key)
         if done < len(segments):
-            for sigma, q, steps in segments[done:-1]:
-                composer.add(sigma, q, steps)
+            for segment in segments[done:-1]:
+                composer.add(*segment)
             before_last = composer.copy()
             composer.add(*segments[-1])
             entry = _Entry(key, segments, before_last, composer.copy())
@@ -198,13 +211,13 @@ class _Entry:
     composer after all of them."""
 
     def __init__(
-        self, key: tuple[float, float, bool], segments: tuple[tuple[float, float, int], ...],
+        self, key: tuple[float, float], segments: tuple[tuple[Any, ...], ...],
         before_last: PLDComposer, full: PLDComposer,
     ) -> None:
         self.key, self.segments, self.before_last, self.full = key, segments, before_last, full
 
     def start(
-        self, key: tuple[float, float, bool], segments: tuple[tuple[float, float, int], ...]
+        self, key: tuple[float, float], segments: tuple[tuple[Any, ...], ...]
     ) -> tuple[PLDComposer, int] | None:
         """(composer, number of ``segments`` it has composed) to continue ``segments`` from,
         or None when this entry is not a prefix of them."""
@@ -229,13 +242,10 @@ def incremental_pld(
     with a longer run, it composes only the steps added since (the last segment is composed
     again when it has grown). With ``noise_grouping = 0``, :func:`compose_subsampled_gaussian`
     of ``history`` (the same float); else of its noise grouped (:func:`group_noise`), each
-    group self-composed by squaring (``PLDComposer(squaring=True)``). An upper bound either
-    way."""
-    grouped = noise_grouping > 0
-    return _CACHE.pld(
-        group_noise(history, noise_grouping), value_discretization_interval,
-        TAIL_MASS_TRUNCATION, grouped,
-    )
+    group that merged distinct noise multipliers self-composed by squaring
+    (``PLDComposer(squaring=True)``), a segment of one noise multiplier as without grouping.
+    An upper bound either way."""
+    return _CACHE.pld(_grouped(history, noise_grouping), value_discretization_interval)
 
 
 def _dense(pmf: LossPmf, interval: float) -> pld_pmf.DensePLDPmf:

@@ -92,7 +92,9 @@ def test_grouped_noise_is_an_upper_bound_within_its_factor(grouping):
     assert exact * (1 - 1e-6) <= ours <= lowered * (1 + 1e-6)
     if grouping:  # fewer one-step PLDs, and a looser value than without grouping
         assert len(group_noise(history, grouping)) < len(history)
-        plain = StandardComposition(run, value_discretization_interval=INTERVAL).epsilon(DELTA)
+        plain = StandardComposition(
+            run, value_discretization_interval=INTERVAL, noise_grouping=0
+        ).epsilon(DELTA)
         assert ours >= plain
 
 
@@ -129,3 +131,19 @@ def test_self_composition_by_squaring_is_an_upper_bound_close_to_dp_accountings(
         exact = compose_subsampled_gaussian([(sigma, q, steps)], INTERVAL).get_delta_for_epsilon(e)
         got = ours.get_delta_for_epsilon(e)
         assert exact * (1 - 1e-9) - 1e-18 <= got <= exact * (1 + 1e-9) + 1e-13
+
+
+def test_by_default_steady_or_stepped_noise_is_composed_as_dp_accounting_composes_it():
+    for history in ([(1.1, 0.05, 20)], [(1.0, 0.05, 5), (0.95, 0.05, 4), (1.2, 0.1, 3)]):
+        ours = StandardComposition(history, value_discretization_interval=INTERVAL)
+        fresh = compose_subsampled_gaussian(history, INTERVAL)
+        assert ours.epsilon(DELTA) == fresh.get_epsilon_for_delta(DELTA)
+
+
+def test_by_default_a_drifting_noise_is_grouped_within_a_tenth_of_a_percent():
+    history = _history(40, decay=0.9999)
+    ours = StandardComposition(history, value_discretization_interval=INTERVAL).epsilon(DELTA)
+    exact = _dp_accounting(history)
+    lowered = _dp_accounting([(s / 1.001, q, n) for s, q, n in history])
+    assert len(group_noise(history, 1e-3)) == 4
+    assert exact * (1 - 1e-6) <= ours <= lowered * (1 + 1e-6)
