@@ -52,6 +52,7 @@ __all__ = [
     "TAIL_MASS_TRUNCATION",
     "CompositionCache",
     "PLDComposer",
+    "clear_kept_compositions",
     "compose_subsampled_gaussian",
     "group_noise",
     "incremental_pld",
@@ -232,6 +233,12 @@ class _Entry:
 
 
 _CACHE = CompositionCache()
+
+
+def clear_kept_compositions() -> None:
+    """Forget the compositions that :func:`incremental_pld` keeps (their memory, or a cold
+    start for a timing)."""
+    _CACHE.clear()
 
 
 def incremental_pld(
