@@ -22,6 +22,7 @@ extensions = [
     "mathml",  # docs/_ext/mathml.py: maths as MathML at build time, no CDN (works offline)
     "link_titles",  # docs/_ext/link_titles.py: a link whose text is a file name shows the title
     "public_api",
+    "identifier_breaks",  # docs/_ext/identifier_breaks.py: names in tables break between words
 ]
 html_math_renderer = "mathml"
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}

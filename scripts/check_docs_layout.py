@@ -6,7 +6,8 @@
 (``make docs-layout``.) Builds the site (``sphinx-build -W``), serves it on localhost, opens
 every page in headless Chromium (Playwright driving the system's ``chromium``: Debian's
 ``apt-get install -y chromium``; the ``layout`` extra installs Playwright) with a 1280 x 900
-window and fails when a table, a table cell, a code block or a displayed formula is clipped:
+window and fails when inline code in a table is broken inside a word (``heuristic_epsilo`` /
+``n``; names break after an underscore, a dot or a slash), when a table, a table cell, a code block or a displayed formula is clipped:
 its content is wider than its box (``scrollWidth > clientWidth``) and the box does not scroll
 (``overflow-x`` neither ``auto`` nor ``scroll``; a table must wrap, even in the theme's
 scrolling table box, whose scroll bar sits below the table's far end), or it reaches past
@@ -80,6 +81,27 @@ CLIPPED_JS = """
     }
   }
   return found;
+}
+"""
+# Inline code in a table broken inside a word (``heuristic_epsilo`` / ``n``): a run of
+# letters and digits of one text node whose characters lie on more than one line.
+MID_WORD_JS = """
+() => {
+  const found = [];
+  for (const code of document.querySelectorAll('.rst-content table code.literal')) {
+    const walker = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const m of node.data.matchAll(/[A-Za-z0-9]{2,}/g)) {
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        const tops = new Set([...range.getClientRects()].filter(r => r.width > 0)
+                             .map(r => Math.round(r.top)));
+        if (tops.size > 1) found.push(code.innerText.slice(0, 70));
+      }
+    }
+  }
+  return [...new Set(found)];
 }
 """
 RAW_LATEX_JS = """
@@ -165,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                                     f"(scrollWidth {box['scrollWidth']} > clientWidth "
                                     f"{box['clientWidth']}, right {box['right']} / column "
                                     f"{box['column']}): {box['text']!r}")
+                for text in page.evaluate(MID_WORD_JS):
+                    problems.append(f"{name}: inline code in a table broken inside a word: "
+                                    f"{text!r}")
                 maths = page.evaluate(RAW_LATEX_JS)
                 if maths["cdn"]:
                     problems.append(f"{name}: loads scripts from a CDN: {maths['cdn']}")
@@ -191,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print(f"check_docs_layout: FAILED, {len(problems)} problems")
         return 1
-    print("check_docs_layout: OK (no clipped table, cell, code block or formula; no CDN; no "
-          "raw LaTeX; no file name as a link text)")
+    print("check_docs_layout: OK (no clipped table, cell, code block or formula; no name "
+          "broken inside a word; no CDN; no raw LaTeX; no file name as a link text)")
     return 0
 
 

@@ -22,6 +22,10 @@ of two routes (``docs/last_iterate.md``, "Weighted heuristic without a grid"):
 Each query is routed afresh: a decline at one delta or one step does not move later queries off
 the kept route.
 
+The run is kept as three float64 columns (rate, noise multiplier, sample rate: 24 bytes a step,
+grown by doubling) and the SGD settings as runs of equal settings, not as Python objects per
+step.
+
 Scope of the Fourier routes: ``torch.optim.SGD`` without weight decay, with one momentum beta
 in [0, 1), one dampening d and one nesterov flag for the whole run (any learning rates, sample
 rates and noise multipliers > 0 per step). Then, with R_t(T) = sum_{s=t..T} eta_s beta^(s-t),
@@ -62,10 +66,9 @@ class IncrementalWeightedHeuristic:
 
     def __init__(self, accuracy: float = 1e-3) -> None:
         self.accuracy = float(accuracy)
-        self._eta: list[float] = []
-        self._sigma: list[float] = []
-        self._q: list[float] = []
-        self._opt: list[tuple[float, float, bool, float]] = []  # (beta, d, nesterov, lambda)
+        self._steps = _StepColumns()  # per-step (lr, sigma, q) as arrays
+        # the SGD settings (beta, dampening, nesterov, weight decay), run-length encoded
+        self._opt = _SettingRuns()
         self._settings: tuple[float, float, bool] | None = None  # (beta, dampening, nesterov)
         self._supported = True
         # the characteristic function kept step by step (built at the first query)
@@ -76,7 +79,7 @@ class IncrementalWeightedHeuristic:
 
     @property
     def num_steps(self) -> int:
-        return len(self._eta)
+        return self._steps.size
 
     @property
     def supported(self) -> bool:
@@ -106,9 +109,7 @@ class IncrementalWeightedHeuristic:
         ):
             self._supported = False
             self._characteristic = None
-        self._eta.append(float(lr))
-        self._sigma.append(float(noise_multiplier))
-        self._q.append(float(sample_rate))
+        self._steps.append(float(lr), float(noise_multiplier), float(sample_rate))
         self._opt.append((beta, float(dampening), bool(nesterov), float(weight_decay)))
 
     def extend(
@@ -142,10 +143,12 @@ class IncrementalWeightedHeuristic:
         if not (same and np.all(wd == 0.0) and b0 < 1.0 and np.all(sigma > 0.0)):
             self._supported = False
             self._characteristic = None
-        self._eta.extend(lr.tolist())
-        self._sigma.extend(sigma.tolist())
-        self._q.extend(np.asarray(sample_rates, dtype=float).tolist())
-        self._opt.extend(zip(beta.tolist(), damp.tolist(), nest.tolist(), wd.tolist(), strict=True))
+        q = np.asarray(sample_rates, dtype=float)
+        self._steps.extend(
+            lr, np.broadcast_to(sigma, lr.shape), np.broadcast_to(q, lr.shape)
+        )
+        shape = lr.shape
+        self._opt.extend(*(np.broadcast_to(v, shape) for v in (beta, damp, nest, wd)))
 
     # -- a checkpoint ---------------------------------------------------------------------------
 
@@ -156,7 +159,7 @@ class IncrementalWeightedHeuristic:
         char = self._characteristic
         if char is None or not self._supported:
             return None
-        return char.state(self._eta, self._sigma, self._q)
+        return char.state(*self._steps.columns())
 
     def restore_characteristic(self, state: Mapping[str, Any]) -> bool:
         """Take up a :meth:`characteristic_state` saved for this run (the same steps, up to
@@ -164,7 +167,7 @@ class IncrementalWeightedHeuristic:
         if not self._supported or self._settings is None:
             return False
         char = IncrementalCharacteristic.from_state(
-            state, self._eta, self._sigma, self._q, self._settings
+            state, *self._steps.columns(), self._settings
         )
         if char is None:
             return False
@@ -232,10 +235,11 @@ class IncrementalWeightedHeuristic:
         char, new = self._characteristic, self._characteristic is None
         if char is None:
             char = self._characteristic = IncrementalCharacteristic(*self._settings)
-        got = char.solve(delta, self._eta, self._sigma, self._q, self.accuracy)
+        eta, sigma, q = self._steps.columns()
+        got = char.solve(delta, eta, sigma, q, self.accuracy)
         if got is None and not new:  # a new one, built for this query alone
             fresh = IncrementalCharacteristic(*self._settings)
-            got = fresh.solve(delta, self._eta, self._sigma, self._q, self.accuracy)
+            got = fresh.solve(delta, eta, sigma, q, self.accuracy)
         if got is None:
             return None
         upper, lower, terms = got
@@ -247,11 +251,90 @@ class IncrementalWeightedHeuristic:
 
     def _grid_solve(self, delta: float) -> WeightedHeuristicResult:
         """Route 2: the weight grid from scratch, for any trace."""
-        m, d, nest, wd = (np.asarray(v) for v in zip(*self._opt, strict=True))
+        m, d, nest, wd = self._opt.per_step()
+        eta, sigma, q = self._steps.views()
         w = sgd_weights(
-            np.asarray(self._eta), momentum=m, dampening=d, nesterov=bool(np.any(nest)),
-            weight_decay=wd,
+            eta, momentum=m, dampening=d, nesterov=bool(np.any(nest)), weight_decay=wd,
         )  # fmt: skip
-        q, sigma = np.asarray(self._q), np.asarray(self._sigma)
         keep = w > 0
         return solve_trusted("epsilon", delta, w[keep], q[keep], sigma[keep], self.accuracy)
+
+
+class _StepColumns:
+    """Per-step (lr, sigma, q) in three float64 arrays grown by doubling (24 bytes a step,
+    not three Python floats)."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self._data = np.empty((3, 0), dtype=np.float64)
+
+    def _reserve(self, extra: int) -> None:
+        need = self.size + extra
+        if need > self._data.shape[1]:
+            grown = np.empty((3, max(need, 2 * self._data.shape[1], 64)), dtype=np.float64)
+            grown[:, : self.size] = self._data[:, : self.size]
+            self._data = grown
+
+    def append(self, lr: float, sigma: float, q: float) -> None:
+        self._reserve(1)
+        self._data[:, self.size] = (lr, sigma, q)
+        self.size += 1
+
+    def extend(self, lr: np.ndarray, sigma: np.ndarray, q: np.ndarray) -> None:
+        n = lr.size
+        self._reserve(n)
+        for row, values in enumerate((lr, sigma, q)):
+            self._data[row, self.size : self.size + n] = values
+        self.size += n
+
+    def views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Read-only (lr, sigma, q) views of the steps so far."""
+        out = self._data[:, : self.size]
+        out = out.view()
+        out.setflags(write=False)
+        return out[0], out[1], out[2]
+
+    def columns(self) -> tuple[Any, Any, Any]:
+        """:meth:`views` for the characteristic function's methods, which take any sequence
+        of floats that numpy reads (they slice, take ``len`` and ``np.asarray``) although
+        their annotations say ``list[float]``."""
+        return self.views()
+
+
+class _SettingRuns:
+    """The per-step SGD settings (beta, dampening, nesterov, weight decay), run-length
+    encoded: one row per run of equal settings."""
+
+    def __init__(self) -> None:
+        self._values: list[tuple[float, float, bool, float]] = []
+        self._counts: list[int] = []
+
+    def append(self, value: tuple[float, float, bool, float], count: int = 1) -> None:
+        if self._values and self._values[-1] == value:
+            self._counts[-1] += count
+        else:
+            self._values.append(value)
+            self._counts.append(count)
+
+    def extend(self, beta: np.ndarray, damp: np.ndarray, nest: np.ndarray, wd: np.ndarray) -> None:
+        n = beta.size
+        if not n:
+            return
+        change = np.flatnonzero(
+            (beta[1:] != beta[:-1]) | (damp[1:] != damp[:-1]) | (nest[1:] != nest[:-1])
+            | (wd[1:] != wd[:-1])
+        ) + 1  # fmt: skip
+        starts = np.concatenate(([0], change))
+        ends = np.append(change, n)
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+            self.append((float(beta[a]), float(damp[a]), bool(nest[a]), float(wd[a])), b - a)
+
+    def per_step(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(beta, dampening, nesterov, weight decay) per step."""
+        counts = np.asarray(self._counts, dtype=np.int64)
+        columns = list(zip(*self._values, strict=True)) if self._values else [(), (), (), ()]
+        beta, damp, nest, wd = (np.asarray(c) for c in columns)
+        return (
+            np.repeat(beta.astype(float), counts), np.repeat(damp.astype(float), counts),
+            np.repeat(nest.astype(bool), counts), np.repeat(wd.astype(float), counts),
+        )  # fmt: skip
