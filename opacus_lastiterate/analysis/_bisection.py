@@ -1,5 +1,5 @@
 """Where a monotone predicate changes: the doubling-then-bisection search shared by the
-epsilon and mu searches of the one-run audits, the shuffling lower bound and the exact
+epsilon and mu searches of the one-run audits and the exact
 gradient-space epsilons (each keeps its own predicate, tolerance and side of the answer)."""
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ states is a pessimistic (upper) bound: losses are rounded up onto its grid and t
 mass is moved to an infinite loss. We use its geometric convolution (``ConvolutionMethod.GEOM``;
 its FFT route is faster but, measured here, far from tight for hundreds of steps per epoch), at
 ``loss_discretization`` (default :data:`DEFAULT_LOSS_DISCRETIZATION`, coarser than the
-package's 0.01 to keep a call near a second without ``numba``; coarser only loosens the upper
-bound). Epochs are composed with dp_accounting (``self_compose`` / ``compose`` of the
+package's 0.01; coarser only loosens the upper bound, and the excess over the exact value
+shrinks about linearly with the grid while the cost grows faster than linearly: the trade-off
+at several settings is measured in ``docs/samplers.md``). Epochs are composed with dp_accounting (``self_compose`` / ``compose`` of the
 pessimistic PLDs, which stay pessimistic). The epsilon reported is the smaller of this value and
 :class:`~.sampling_standard.NoAmplificationBound`'s (both are upper bounds).
 

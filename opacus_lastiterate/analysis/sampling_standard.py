@@ -25,28 +25,40 @@ allocation is credited, so for shuffled and balls-in-bins batches this is valid 
 
 :func:`shuffle_lower_bound_delta` / :class:`ShuffleLowerBound`: a lower bound for shuffled
 batches after Chua, Ghazi, Kamath, Kumar, Manurangsi, Sinha, Zhang, "How Private are DP-SGD
-Implementations?" (arXiv 2403.17673): in one epoch of K steps, the pair of mixtures
-P = (1/K) sum_t N(2 e_t, sigma^2 I_K) and Q = (1/K) sum_t N(e_t, sigma^2 I_K) (the other
-records' gradients at -1 along the canary's direction, the canary at +1 against a zero-gradient
-record: zero-out neighbours) is tested with the set {max_t y_t > c}. Over E reshuffled epochs we
-count the epochs whose test fires: Binomial(E, a_c) against Binomial(E, b_c), a post-processing
-of the released outputs, so its hockey-stick divergence, maximised over c, is a lower bound on
-the true delta (for E = 1 it is their single-epoch bound).
+Implementations?" (arXiv 2403.17673, one epoch) and "Scalable DP-SGD: Shuffling vs. Poisson
+Subsampling" (arXiv 2411.04205, several epochs). In one epoch of K steps the other records'
+gradients are set to -1 along the canary's direction and the canary's to +1, against a
+zero-gradient record (zero-out neighbours); after shifting, the epoch's releases are
+P = (1/K) sum_t N(2 e_t, sigma^2 I_K) against Q = (1/K) sum_t N(e_t, sigma^2 I_K). We keep
+only the largest coordinate M = max_t y_t of each epoch, whose distribution functions are
+F_P(m) = Phi((m - 2)/sigma) Phi(m/sigma)^(K-1) and F_Q(m) = Phi((m - 1)/sigma) Phi(m/sigma)^(K-1),
+and coarsen it further to which of a partition of the line into intervals of width
+:data:`SHUFFLE_SLICE_WIDTH` times sigma^2 it falls in (the two unbounded ends included, so no
+mass is dropped). Over E reshuffled epochs the E interval indices are independent, so the run's
+releases, post-processed, are the E-fold product of this discrete pair; its hockey-stick
+divergence (both orders) is a lower bound on the true delta of the pair above, and so of the
+shuffled run. The product is composed with dp_accounting from the discrete pair, with privacy
+losses rounded *down* to multiples of ``value_discretization_interval`` (an optimistic PLD,
+which only lowers delta), so delta is a lower bound and epsilon(delta) too; the rounding costs
+at most E times the interval in epsilon. For K = 1 the pair is Gaussian with mu = sqrt(E)/sigma
+and the bound is that value up to the rounding.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Any
 
 import numpy as np
-from scipy import special, stats
+from scipy import special
 
-from opacus_lastiterate.analysis._bisection import monotone_boundary
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_epsilon,
     check_int,
     check_noise_multiplier,
+    check_positive,
 )
 from opacus_lastiterate.analysis.baselines.composition import StandardComposition
 from opacus_lastiterate.analysis.baselines.gaussian_mechanism import (
@@ -65,12 +77,15 @@ from opacus_lastiterate.analysis.sampling_heuristic import epoch_layout, epoch_s
 
 __all__ = [
     "POISSON_ASSUMED_LABEL",
+    "SHUFFLE_SLICE_WIDTH",
+    "SHUFFLE_VALUE_DISCRETIZATION",
     "NoAmplificationBound",
     "PoissonAssumed",
     "ShuffleLowerBound",
     "no_amplification_mu",
     "shuffle_lower_bound_delta",
     "shuffle_lower_bound_epsilon",
+    "shuffle_lower_bound_pld",
 ]
 
 POISSON_ASSUMED_LABEL = "assumes Poisson sampling: not a guarantee for this run"
@@ -152,52 +167,106 @@ class PoissonAssumed(PrivacyModel):
 # -- the shuffling lower bound --------------------------------------------------------------------
 
 
-def _fire_probabilities(sigma: float, k: int, caps: np.ndarray, mean: float) -> np.ndarray:
-    """Pr[max_t y_t > c] under (1/K) sum_t N(mean e_t, sigma^2 I_K)."""
-    log_in = special.log_ndtr((caps - mean) / sigma) + (k - 1) * special.log_ndtr(caps / sigma)
-    return -np.expm1(log_in)
+SHUFFLE_SLICE_WIDTH = 2e-3
+"""Width of the intervals the largest coordinate is coarsened to, in units of sigma^2 (the
+privacy loss of the max statistic grows with slope at most about 1/sigma^2)."""
+
+SHUFFLE_VALUE_DISCRETIZATION = 1e-4
+"""Default grid of the optimistic PLD of the shuffling lower bound (epsilon is understated by
+at most the number of epochs times this)."""
+
+_LOG_TAIL = 50.0  # the outer cut points leave about exp(-50) of mass in each unbounded end
+
+
+def _log_max_cdf(m: np.ndarray, sigma: float, k: int, mean: float) -> np.ndarray:
+    """log Pr[max_t y_t <= m] under (1/K) sum_t N(mean e_t, sigma^2 I_K)."""
+    return special.log_ndtr((m - mean) / sigma) + (k - 1) * special.log_ndtr(m / sigma)
+
+
+def _slice_log_masses(cuts: np.ndarray, sigma: float, k: int, mean: float) -> np.ndarray:
+    """log masses of (-inf, c_0], (c_0, c_1], ..., (c_n, inf) under the max statistic, each
+    from the distribution function or from the survival function, whichever is small."""
+    log_f = _log_max_cdf(cuts, sigma, k, mean)
+    with np.errstate(divide="ignore"):
+        log_s = np.log(-np.expm1(log_f))
+        below = log_f[1:] + np.log(-np.expm1(log_f[:-1] - log_f[1:]))
+        above = log_s[:-1] + np.log(-np.expm1(log_s[1:] - log_s[:-1]))
+    inner = np.where(log_f[1:] < math.log(0.5), below, above)
+    return np.concatenate([log_f[:1], inner, log_s[-1:]])
+
+
+def _max_statistic_cuts(sigma: float, k: int) -> np.ndarray:
+    low = sigma * float(special.ndtri(math.exp(-_LOG_TAIL / k)))
+    high = 2.0 + 10.0 * sigma
+    return np.arange(low, high, SHUFFLE_SLICE_WIDTH * sigma * sigma)
+
+
+def shuffle_lower_bound_pld(
+    *,
+    noise_multiplier: float,
+    steps_per_epoch: int,
+    epochs: int,
+    value_discretization_interval: float = SHUFFLE_VALUE_DISCRETIZATION,
+) -> Any:
+    """The optimistic dp_accounting PLD of ``epochs`` epochs of the coarsened max statistic
+    (module docstring): its deltas and epsilons are lower bounds for shuffled batches."""
+    sigma = check_noise_multiplier(noise_multiplier)
+    k = check_int("steps_per_epoch", steps_per_epoch, minimum=1)
+    e = check_int("epochs", epochs, minimum=1)
+    h = check_positive("value_discretization_interval", value_discretization_interval)
+    return _max_statistic_pld(sigma, k, e, h)
+
+
+@functools.lru_cache(maxsize=32)
+def _max_statistic_pld(sigma: float, k: int, epochs: int, h: float) -> Any:
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+    cuts = _max_statistic_cuts(sigma, k)
+    log_p = _slice_log_masses(cuts, sigma, k, 2.0)
+    log_q = _slice_log_masses(cuts, sigma, k, 1.0)
+    upper = {i: float(v) for i, v in enumerate(log_p) if np.isfinite(v)}
+    lower = {i: float(v) for i, v in enumerate(log_q) if np.isfinite(v)}
+    one = pld_lib.from_two_probability_mass_functions(
+        lower, upper, pessimistic_estimate=False, value_discretization_interval=h,
+        symmetric=False,
+    )
+    return one if epochs == 1 else one.self_compose(epochs)
 
 
 def shuffle_lower_bound_delta(
-    epsilon: float, *, noise_multiplier: float, steps_per_epoch: int, epochs: int
+    epsilon: float,
+    *,
+    noise_multiplier: float,
+    steps_per_epoch: int,
+    epochs: int,
+    value_discretization_interval: float = SHUFFLE_VALUE_DISCRETIZATION,
 ) -> float:
     """A lower bound on delta(epsilon) of DP-SGD with shuffled batches (all iterates released,
     zero-out neighbours): module docstring. ``epochs`` whole epochs of ``steps_per_epoch``."""
     eps = check_epsilon(epsilon)
-    sigma = check_noise_multiplier(noise_multiplier)
-    k = check_int("steps_per_epoch", steps_per_epoch, minimum=1)
-    e = check_int("epochs", epochs, minimum=1)
-    caps = np.linspace(-2.0 * sigma, 2.0 + sigma * (3.0 + math.sqrt(2 * math.log(k + 1)) * 2), 4001)
-    a = _fire_probabilities(sigma, k, caps, 2.0)
-    b = _fire_probabilities(sigma, k, caps, 1.0)
-    counts = np.arange(e + 1)[:, None]
-    with np.errstate(divide="ignore"):
-        log_p = stats.binom.logpmf(counts, e, a[None, :])
-        log_q = stats.binom.logpmf(counts, e, b[None, :])
-    h_pq = np.clip(np.exp(log_p) - np.exp(eps + log_q), 0.0, None).sum(axis=0)
-    h_qp = np.clip(np.exp(log_q) - np.exp(eps + log_p), 0.0, None).sum(axis=0)
-    return float(max(h_pq.max(), h_qp.max(), 0.0))
+    pld = shuffle_lower_bound_pld(
+        noise_multiplier=noise_multiplier, steps_per_epoch=steps_per_epoch, epochs=epochs,
+        value_discretization_interval=value_discretization_interval,
+    )
+    return max(0.0, float(pld.get_delta_for_epsilon(eps)))
 
 
 def shuffle_lower_bound_epsilon(
-    delta: float, *, noise_multiplier: float, steps_per_epoch: int, epochs: int
+    delta: float,
+    *,
+    noise_multiplier: float,
+    steps_per_epoch: int,
+    epochs: int,
+    value_discretization_interval: float = SHUFFLE_VALUE_DISCRETIZATION,
 ) -> float:
-    """A lower bound on epsilon(delta): the largest epsilon whose lower-bound delta still
-    exceeds ``delta`` (bisection to 1e-6 relative, rounded down)."""
+    """A lower bound on epsilon(delta) for shuffled batches: epsilon of the optimistic PLD of
+    :func:`shuffle_lower_bound_pld` at ``delta`` (0 when its delta never exceeds ``delta``)."""
     d = check_delta(delta)
-
-    def f(x: float) -> float:
-        return shuffle_lower_bound_delta(
-            x, noise_multiplier=noise_multiplier, steps_per_epoch=steps_per_epoch, epochs=epochs
-        )
-
-    def above(x: float) -> bool:
-        return f(x) > d
-
-    if not above(0.0):
-        return 0.0
-    lo, hi = monotone_boundary(above, rtol=1e-6, cap=1e4)
-    return lo if math.isfinite(hi) else math.inf
+    pld = shuffle_lower_bound_pld(
+        noise_multiplier=noise_multiplier, steps_per_epoch=steps_per_epoch, epochs=epochs,
+        value_discretization_interval=value_discretization_interval,
+    )
+    return max(0.0, float(pld.get_epsilon_for_delta(d)))
 
 
 class ShuffleLowerBound(PrivacyModel):
@@ -223,8 +292,9 @@ class ShuffleLowerBound(PrivacyModel):
     def label(self) -> str:  # type: ignore[override]
         """What the number is."""
         return (
-            "lower bound for shuffled batches (all iterates; zero-out neighbours; "
-            "Chua et al., arXiv 2403.17673)"
+            "lower bound for shuffled batches (all iterates; zero-out neighbours; largest "
+            "coordinate per epoch composed over epochs, Chua et al., arXiv 2403.17673 and "
+            "2411.04205)"
         )
 
     def _epsilon(self, delta: float) -> float:
