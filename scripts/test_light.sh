@@ -4,7 +4,8 @@
 #   scripts/test_light.sh            (WORK defaults to build/test-light; EXTRAS to test,jax,allocation)
 #
 # 1. builds the wheel of the light distribution (light/pyproject.toml, opacus-lastiterate-light:
-#    this package without torch and Opacus) from a clean tree;
+#    this package without torch and Opacus) from a clean tree, and checks that it holds the
+#    files of the full one;
 # 2. installs it with the extras $EXTRAS into a fresh virtual environment, `pip check`, and
 #    fails if torch or Opacus got in;
 # 3. from a copy of tests/ and examples/ (not the checkout: the tests import the installed
@@ -25,14 +26,20 @@ pipq=(-m pip --disable-pip-version-check -q)
 stage() { printf 'test_light: %-50s %4d s\n' "$1" "$SECONDS"; }
 SECONDS=0
 
-rm -rf light/build light/*.egg-info  # no stale files from an earlier build in the wheel
+clean() { rm -rf light/build light/*.egg-info build/lib build/bdist.* ./*.egg-info; }
+clean  # no stale files from an earlier in-tree build in the wheels
 "$python" -m venv "$work/venv"
 py=$work/venv/bin/python
-"$py" "${pipq[@]}" wheel --no-deps -w "$work/dist" ./light >"$work/build.log" 2>&1 \
-    || { tail -30 "$work/build.log"; exit 1; }
-rm -rf light/build light/*.egg-info
+"$py" "${pipq[@]}" wheel --no-deps -w "$work/dist" ./light . >"$work/build.log" 2>&1 \
+    || { clean; tail -30 "$work/build.log"; exit 1; }
+clean
 wheel=$(ls "$work/dist"/opacus_lastiterate_light-*.whl)
-stage "light wheel built ($(basename "$wheel"))"
+files() { "$py" -m zipfile -l "$1" | awk 'NR > 1 {print $1}' | grep -v '\.dist-info/' | sort; }
+if ! diff <(files "$wheel") <(files "$(ls "$work/dist"/opacus_lastiterate-*.whl)") >"$work/files.diff"; then
+    echo "test_light: the light and the full wheel hold different files:"; cat "$work/files.diff"
+    exit 1
+fi
+stage "light wheel built, same files as the full one ($(basename "$wheel"))"
 "$py" "${pipq[@]}" install "$wheel[$extras]" >"$work/install.log" 2>&1 \
     || { tail -30 "$work/install.log"; exit 1; }
 "$py" -m pip check
@@ -45,8 +52,8 @@ mkdir -p "$work/src"
 cp -r tests examples pyproject.toml "$work/src/"
 mkdir -p "$work/src/light"  # tests/test_light_install.py compares the two pyproject files
 cp -a light/pyproject.toml light/opacus_lastiterate "$work/src/light/"
-mkdir -p "$work/src/docs/results"
-cp docs/results/jax_privacy_dpsgd.jsonl "$work/src/docs/results/"
+mkdir -p "$work/src/docs"  # committed results that tests read (probe tables, the JAX log)
+cp -r docs/results "$work/src/docs/"
 cd "$work/src"
 selection=$("$py" -c "from tests.conftest import LIGHT_SELECTION; print(' '.join(LIGHT_SELECTION))")
 OPACUS_LASTITERATE_LIGHT=1 JAX_PLATFORMS=cpu "$py" -m pytest -p no:cacheprovider -q \

@@ -74,8 +74,9 @@ LIGHT_SELECTION: tuple[str, ...] = (
     "tests/test_light_install.py",
     "tests/examples/test_jax_privacy_example.py",
 )
-# a skip that the light run accepts: the test needs torch or Opacus (importorskip's reason)
-_TORCH_SKIP = re.compile(r"could not import '(torch|opacus)(\.[\w.]+)?'")
+# a skip that the light run accepts: the test needs torch or Opacus (importorskip's reason,
+# or "opacus is not installed")
+_TORCH_SKIP = re.compile(r"could not import '(torch|opacus)(\.[\w.]+)?'|(torch|opacus) is not installed")
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -105,9 +106,14 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if LIGHT and _light_skips:
-        print("\nOPACUS_LASTITERATE_LIGHT=1: skipped for a reason other than torch/Opacus "
-              "missing (an error in the light run):\n  " + "\n  ".join(_light_skips))
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if LIGHT and _light_skips:
+        terminalreporter.section("OPACUS_LASTITERATE_LIGHT=1", red=True)
+        terminalreporter.line("skipped for a reason other than torch/Opacus missing (an error "
+                              "in the light run):\n  " + "\n  ".join(_light_skips))
 
 
 def _files_selected_by_node_id(config: pytest.Config) -> set[str]:
