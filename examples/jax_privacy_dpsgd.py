@@ -20,9 +20,10 @@ too slow to ask after every step):
   iterations as it is asked for; the loop draws a new assignment every epoch (a new iterator
   of ``k`` iterations, a new seed), the scheme the package's ``BallsInBins`` describes.
 
-Each record also carries the Opacus route's numbers for the same run description
-(``privacy_model("heuristic" or "standard_rdp", DPSGDRun.constant(...))``, what
-``LastIterateAccountant`` answers in an Opacus run), so that the two can be compared (tests/examples/test_jax_privacy_example.py).
+Each record also carries the Opacus route's numbers for the same run description:
+``privacy_model("heuristic", DPSGDRun.constant(...))`` (what ``LastIterateAccountant`` answers
+in an Opacus run of those steps) and ``privacy_model("standard_rdp", ...)``
+(tests/examples/test_jax_privacy_example.py compares them).
 
     python examples/jax_privacy_dpsgd.py                  # 300 steps, Poisson
     python examples/jax_privacy_dpsgd.py --sampler balls-in-bins

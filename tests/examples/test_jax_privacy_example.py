@@ -109,3 +109,21 @@ def test_the_committed_log_is_the_opacus_routes_numbers() -> None:
         )
         assert record["heuristic_epsilon"] == pytest.approx(
             privacy_model("heuristic", run).epsilon(first["delta"]), rel=1e-9)
+
+
+def test_the_committed_log_equals_opacus_last_iterate_accountant_on_the_same_steps() -> None:
+    """The Opacus route itself: ``LastIterateAccountant`` (Opacus's accountant interface) fed
+    the logged steps gives the logged heuristic (where torch and Opacus are installed)."""
+    pytest.importorskip("opacus")
+    from opacus_lastiterate import LastIterateAccountant
+
+    records = [json.loads(line) for line in LOG.read_text().splitlines()]
+    steps = [r for r in records if not r.get("final")]
+    assert steps[0]["sampler"] == "poisson"
+    accountant = LastIterateAccountant()
+    for record in steps:
+        accountant.step(noise_multiplier=record["noise_multiplier"],
+                        sample_rate=record["sample_rate"])
+        if record["step"] % 50 == 1 or record is steps[-1]:
+            assert accountant.get_epsilon(record["delta"]) == pytest.approx(
+                record["heuristic_epsilon"], rel=1e-12)
