@@ -18,6 +18,10 @@
 #   make docs        the documentation site, warnings as errors (docs/_build/html)
 #   make docs-layout the site in headless Chromium at 1280 px: nothing clipped; screenshots
 #   make check-dist  build the wheel and the sdist, install the wheel into a fresh environment
+#   make test-light  the light distribution (light/pyproject.toml: no torch, no Opacus) with
+#                    the extras test, jax and allocation in a fresh environment, and the tests
+#                    that need no torch run there (the JAX example's included); its size and
+#                    import time
 #   make mutation    mutation testing (mutmut) of the heuristic, sampling-heuristic and
 #                    audit-statistics modules, in build/mutation/ (docs/testing.md); a
 #                    developer's check, slow, not part of make test or CI
@@ -30,7 +34,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: venv demo test lint test-slow test-corpus-exact test-compat probe-versions examples \
-	bench docs docs-layout check-dist mutation clean
+	bench docs docs-layout check-dist test-light mutation clean
 
 venv:
 	PYTHON=$(PYTHON) scripts/bootstrap.sh $(VENV) dev
@@ -82,6 +86,10 @@ docs-layout:
 check-dist:
 	PYTHON=$(PYTHON) scripts/check_dist.sh
 
+# the light distribution in a fresh environment without torch, and its tests (.ci/run)
+test-light:
+	PYTHON=$(PYTHON) scripts/test_light.sh
+
 # MUTATION_ARGS: targets and options of scripts/mutation.py, e.g. "heuristic --fresh"
 MUTATION_ARGS ?=
 mutation: venv
@@ -89,4 +97,4 @@ mutation: venv
 	$(PY) scripts/mutation.py $(MUTATION_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VENV_COMPAT) build dist *.egg-info docs/_build
+	rm -rf $(VENV) $(VENV_COMPAT) build dist *.egg-info docs/_build light/build light/*.egg-info

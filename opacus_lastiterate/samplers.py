@@ -22,8 +22,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-from torch.utils.data import DataLoader, IterableDataset, Sampler
+from opacus_lastiterate._requires import requires
+
+with requires("opacus_lastiterate.samplers", "torch"):
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from opacus_lastiterate.analysis._validation import check_int
 

@@ -22,7 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
+
+from opacus_lastiterate._requires import requires
+
+with requires("opacus_lastiterate.schedules", "torch"):
+    import torch
 
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._validation import check_int

@@ -5,11 +5,16 @@
 Each script is run as ``python SCRIPT --quick`` in a fresh process from the repository root;
 where a script takes ``--out``, its outputs (tables, plots) go to ``OUT_DIR/SCRIPT_NAME``
 (default ``examples/output``, ignored by git), where they stay for you to look at.
+A script with a line ``# example-requires: a, b`` is skipped, and says so, where one of those
+modules is not installed (``examples/jax_privacy_dpsgd.py`` needs the extra ``jax``; the
+light CI job, ``make test-light``, runs it).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import re
 import subprocess
 import sys
 import time
@@ -17,6 +22,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("examples", "reproductions")
+
+
+def missing_requirements(script: Path) -> list[str]:
+    """The modules of the script's ``# example-requires:`` line that are not installed."""
+    found = re.search(r"^# example-requires: (.+)$", script.read_text(), re.MULTILINE)
+    names = [n.strip() for n in found.group(1).split(",")] if found else []
+    return [n for n in names if importlib.util.find_spec(n) is None]
 
 
 def main() -> int:
@@ -35,7 +47,12 @@ def main() -> int:
     if args.only:
         scripts = [p for p in scripts if args.only in p.name]
     failures = []
+    skipped = []
     for script in scripts:
+        if missing := missing_requirements(script):
+            print(f"== {script.relative_to(ROOT)}: skipped ({', '.join(missing)} not installed)")
+            skipped.append(script.name)
+            continue
         cmd = [sys.executable, str(script)] + (["--quick"] if args.quick else [])
         help_text = subprocess.run(
             [sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=ROOT
@@ -49,7 +66,9 @@ def main() -> int:
         print(f"== {script.relative_to(ROOT)}: {status} in {time.perf_counter() - t0:.1f} s", flush=True)
         if result.returncode != 0:
             failures.append(script.name)
-    print(f"{len(scripts) - len(failures)} passed, {len(failures)} failed; outputs in {args.out_dir}")
+    passed = len(scripts) - len(failures) - len(skipped)
+    print(f"{passed} passed, {len(failures)} failed, {len(skipped)} skipped; "
+          f"outputs in {args.out_dir}")
     return 1 if failures else 0
 
 

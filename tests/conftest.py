@@ -10,11 +10,19 @@
   A pattern that matches no collected test is an error (a renamed test would silently move
   back), checked only in files collected whole: selecting one test by its node id
   (``pytest tests/x.py::test_y``) runs it.
+* The light install (``make test-light``, ``scripts/test_light.sh``): with
+  ``OPACUS_LASTITERATE_LIGHT=1`` the files of :data:`NEEDS_TORCH` are not collected, and a
+  test skipped for any reason other than torch or Opacus missing is an error, so that the
+  tests meant to run without torch (the JAX example's included) cannot pass by skipping.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import os
+import re
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +47,66 @@ MOVED_TO_SLOW: dict[str, str] = {
     "tests/test_import_light.py::test_privacy_engine_finds_our_accountants_in_any_import_order"
     "[[]opacus-first[]]": "26 s",
 }
+
+
+LIGHT = os.environ.get("OPACUS_LASTITERATE_LIGHT") == "1"
+"""Set by ``scripts/test_light.sh``: the tests run in an environment without torch/Opacus."""
+
+# Test files of the light selection (LIGHT_SELECTION) that import torch, Opacus or a part of
+# the package that needs them at the top (for Opacus's own numbers as the reference); the
+# light run leaves them out. tests/test_light_install.py checks the list against the imports.
+NEEDS_TORCH: frozenset[str] = frozenset({
+    "tests/analysis/baselines/test_subsampled_gaussian_rdp.py",
+    "tests/analysis/normalisation/test_opacus_arithmetic.py",
+    "tests/analysis/test_poisson_models.py",
+})
+# What scripts/test_light.sh runs (rootdir-relative): the mathematics and audit statistics,
+# the light install's own checks and the JAX example.
+LIGHT_SELECTION: tuple[str, ...] = (
+    "tests/analysis",
+    "tests/test_light_install.py",
+    "tests/examples/test_jax_privacy_example.py",
+)
+# a skip that the light run accepts: the test needs torch or Opacus (importorskip's reason,
+# or "opacus is not installed")
+_TORCH_SKIP = re.compile(r"could not import '(torch|opacus)(\.[\w.]+)?'|(torch|opacus) is not installed")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if LIGHT:
+        try:
+            relative = collection_path.resolve().relative_to(config.rootpath).as_posix()
+        except ValueError:
+            return None
+        if relative in NEEDS_TORCH:
+            return True
+    return None
+
+
+_light_skips: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if LIGHT and report.skipped and not hasattr(report, "wasxfail"):
+        reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
+        if not _TORCH_SKIP.search(reason):
+            _light_skips.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    pytest_runtest_logreport(report)  # type: ignore[arg-type]  (a module skipped whole)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if LIGHT and _light_skips:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if LIGHT and _light_skips:
+        terminalreporter.section("OPACUS_LASTITERATE_LIGHT=1", red=True)
+        terminalreporter.line("skipped for a reason other than torch/Opacus missing (an error "
+                              "in the light run):\n  " + "\n  ".join(_light_skips))
 
 
 def _files_selected_by_node_id(config: pytest.Config) -> set[str]:

@@ -34,9 +34,10 @@ import of B by A, wherever it is written: at module level, inside functions and 
 Layers (:data:`LAYERS`, lowest first; a module may import its own layer and lower ones):
 
 * ``base``: ``exceptions`` (every warning and error class), ``_warn`` (warning attribution),
-  ``_lazy`` (PEP 562 helpers), ``_json`` and ``_append_file`` (the crash-safe appending
-  writer of the monitor's file sinks and the audit's record files): imported by every layer,
-  import nothing of the package but each other.
+  ``_lazy`` (PEP 562 helpers), ``_json``, ``_requires`` (the error of a part imported
+  without torch) and ``_append_file`` (the crash-safe appending writer of the monitor's file
+  sinks and the audit's record files): imported by every layer, import nothing of the
+  package but each other.
 * ``analysis``: the mathematics (numpy, scipy, dp_accounting; no torch).
 * ``schedules``: reads rates and momentum from real torch optimisers into the weights of
   ``analysis.last_iterate.optimizer_weights``; used by ``accountants`` (and above).
@@ -102,7 +103,7 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", (f"{PACKAGE}.exceptions", f"{PACKAGE}._warn", f"{PACKAGE}._lazy", f"{PACKAGE}._json",
-              f"{PACKAGE}._append_file")),
+              f"{PACKAGE}._append_file", f"{PACKAGE}._requires")),
     ("analysis", (f"{PACKAGE}.analysis",)),
     ("schedules", (f"{PACKAGE}.schedules", f"{PACKAGE}.samplers")),
     ("accountants", (f"{PACKAGE}.accountants",)),

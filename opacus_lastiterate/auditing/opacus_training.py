@@ -28,10 +28,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import torch
-from opacus import PrivacyEngine
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+
+from opacus_lastiterate._requires import requires
+
+with requires("opacus_lastiterate.auditing.opacus_training", "torch", "opacus"):
+    import torch
+    from opacus import PrivacyEngine
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
 
 import opacus_lastiterate.accountants  # noqa: F401  (registers accountant="last_iterate")
 from opacus_lastiterate.analysis._validation import (

@@ -20,29 +20,32 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from opacus_lastiterate.callbacks.canary_audit import (
-    CanaryAuditResult,
-    InTrainingAuditReport,
-    InTrainingCanaryAudit,
-)
-from opacus_lastiterate.callbacks.monitor import (
-    DOUBLING_START,
-    FIELDS,
-    LABELS,
-    Cadence,
-    EpsilonRecord,
-    MonitorAudit,
-    PrivacyBudget,
-    PrivacyMonitor,
-)
-from opacus_lastiterate.callbacks.sinks import (
-    CsvSink,
-    JsonlSink,
-    LoggingSink,
-    MlflowSink,
-    TensorBoardSink,
-    WandbSink,
-)
+from opacus_lastiterate._requires import requires
+
+with requires("opacus_lastiterate.callbacks", "torch", "opacus"):  # clear error without torch
+    from opacus_lastiterate.callbacks.canary_audit import (
+        CanaryAuditResult,
+        InTrainingAuditReport,
+        InTrainingCanaryAudit,
+    )
+    from opacus_lastiterate.callbacks.monitor import (
+        DOUBLING_START,
+        FIELDS,
+        LABELS,
+        Cadence,
+        EpsilonRecord,
+        MonitorAudit,
+        PrivacyBudget,
+        PrivacyMonitor,
+    )
+    from opacus_lastiterate.callbacks.sinks import (
+        CsvSink,
+        JsonlSink,
+        LoggingSink,
+        MlflowSink,
+        TensorBoardSink,
+        WandbSink,
+    )
 from opacus_lastiterate.exceptions import MonitorWarning, PrivacyBudgetExceededError
 
 if TYPE_CHECKING:

@@ -41,6 +41,7 @@ def test_one_sure_shift_is_the_gaussian_mechanism(mu: float) -> None:
 
 
 def test_torch_sgd_weights_heavy_ball_closed_form() -> None:
+    pytest.importorskip("torch")  # torch_sgd_weights runs torch's SGD
     lr, beta, steps = 0.1, 0.9, 6
     t = np.arange(1, steps + 1)
     expected = lr * (1 - beta ** (steps - t + 1)) / (1 - beta)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from opacus_lastiterate._lazy import lazy_attributes
+from opacus_lastiterate._requires import require
 
 if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
     from opacus_lastiterate.auditing.input_space.adversarial_samples import (
@@ -185,5 +186,7 @@ __all__ = [
     "worst_case_initialisation",
     "yoon_protocol",
 ]
+
+require(__name__, "torch", "opacus")  # every module here trains or scores with torch
 
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
