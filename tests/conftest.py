@@ -21,7 +21,6 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
