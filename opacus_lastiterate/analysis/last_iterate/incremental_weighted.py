@@ -199,7 +199,7 @@ class IncrementalWeightedHeuristic:
         if self._characteristic is None:
             self._characteristic = IncrementalCharacteristic(*self._settings)
         got = self._characteristic.solve_steps(
-            delta, self._eta, self._sigma, self._q, self.accuracy, n - count
+            delta, *self._steps.columns(), self.accuracy, n - count
         )
         out: list[WeightedHeuristicResult | None] = []
         for i, answer in enumerate(got):
