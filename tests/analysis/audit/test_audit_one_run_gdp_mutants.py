@@ -28,7 +28,11 @@ from opacus_lastiterate.analysis.audit.one_run import (
     one_run_epsilon_bound,
     one_run_p_value,
 )
-from opacus_lastiterate.analysis.audit.one_run_fdp import one_run_fdp_bound, one_run_fdp_rejects
+from opacus_lastiterate.analysis.audit.one_run_fdp import (
+    FDP_GAUSSIAN_NOTE,
+    one_run_fdp_bound,
+    one_run_fdp_rejects,
+)
 from opacus_lastiterate.analysis.audit.result import MultiRunCounts, OneRunCounts
 from opacus_lastiterate.exceptions import NonRandomizedInclusionWarning, OneRunDeltaWarning
 
@@ -326,8 +330,6 @@ def test_fdp_bound_labels_epsilon_delta():
 
 
 def test_fdp_bound_labels_gaussian():
-    from opacus_lastiterate.analysis.audit.one_run_fdp import FDP_GAUSSIAN_NOTE
-
     with no_warnings():
         res = one_run_fdp_bound(200, 40, 38, delta=1e-5, family="gaussian")
     assert res.method == "one-run-fdp (gaussian)"
@@ -339,8 +341,6 @@ def test_fdp_bound_labels_gaussian():
 
 
 def test_fdp_bound_not_randomised_keeps_the_note_in_both_families():
-    from opacus_lastiterate.analysis.audit.one_run_fdp import FDP_GAUSSIAN_NOTE
-
     for family, first in (("epsilon-delta", ()), ("gaussian", (FDP_GAUSSIAN_NOTE,))):
         with pytest.warns(NonRandomizedInclusionWarning):
             res = one_run_fdp_bound(
