@@ -65,6 +65,7 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
         [
             "tests/analysis/audit/test_audit_one_run.py",
             "tests/analysis/audit/test_audit_statistics_mutants.py",
+            "tests/analysis/audit/test_audit_one_run_gdp_mutants.py",
         ],
     ),
     "one_run_fdp": (
@@ -72,6 +73,7 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
         [
             "tests/analysis/audit/test_audit_one_run_fdp.py",
             "tests/analysis/audit/test_audit_statistics_mutants.py",
+            "tests/analysis/audit/test_audit_one_run_gdp_mutants.py",
         ],
     ),
     "gaussian_dp": (
@@ -79,6 +81,7 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
         [
             "tests/analysis/audit/test_audit_conversions.py",
             "tests/analysis/audit/test_audit_statistics_mutants.py",
+            "tests/analysis/audit/test_audit_one_run_gdp_mutants.py",
         ],
     ),
 }
