@@ -436,3 +436,14 @@ def test_gdp_estimate_refusals_name_their_parameter():
     for bad in (0.0, 1.0, 1.5):
         with pytest.raises(ValueError, match="`confidence`"):
             gaussian_dp_estimate_from_counts(0, 5, 0, 5, delta=1e-5, confidence=bad)
+
+
+def test_fdp_test_does_not_reject_at_an_exact_tie() -> None:
+    """eps = delta = 0 makes f(x) = 1 - x: with 1 guess of 1 correct out of m = 10 at
+    confidence 0.5, the p-value equals the significance exactly, so the claim is not
+    rejected (a rounding of the recursion's sums must not tip it to the unsafe side)."""
+    from opacus_lastiterate.analysis.audit.one_run_fdp import one_run_fdp_rejects
+
+    assert not one_run_fdp_rejects(
+        10, 1, 1, family="epsilon-delta", parameter=0.0, confidence=0.5
+    )
