@@ -47,7 +47,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from scipy import stats
+from scipy import special
 
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._validation import check_in_interval
@@ -159,15 +159,36 @@ def _trim(pmf: np.ndarray, budget: float) -> tuple[np.ndarray, int, float]:
     return pmf[i : pmf.size - j], i, cut
 
 
+def _log_choose(n: np.ndarray, r: np.ndarray) -> np.ndarray:
+    return special.gammaln(n + 1) - special.gammaln(r + 1) - special.gammaln(n - r + 1)
+
+
 def _hypergeometric_table(remaining: int, slots: int, draws: np.ndarray) -> np.ndarray:
     """pmf[c, m] = Pr[c of ``draws[m]`` uniform distinct slots among ``remaining`` fall in
-    ``slots`` given slots], c = 0..max(draws); 0 where undefined (draws > remaining)."""
-    c = np.arange(int(draws.max()) + 1)[:, None]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        pmf = stats.hypergeom.pmf(c, remaining, slots, draws[None, :])
-    pmf = np.nan_to_num(pmf, nan=0.0)
-    pmf[:, draws > remaining] = 0.0
-    return pmf
+    ``slots`` given slots], c = 0..max(draws); 0 where impossible."""
+    c = np.arange(int(draws.max()) + 1, dtype=float)[:, None]
+    d = draws[None, :].astype(float)
+    possible = (c <= d) & (c <= slots) & (d - c <= remaining - slots) & (d <= remaining)
+    with np.errstate(invalid="ignore"):
+        log_pmf = (
+            _log_choose(np.float64(slots), c)
+            + _log_choose(np.float64(remaining - slots), d - c)
+            - _log_choose(np.float64(remaining), d)
+        )
+    table = np.where(possible, np.exp(np.where(possible, log_pmf, 0.0)), 0.0)
+    # Where c = 0 is possible, the ratio recurrence from Pr[C = 0] keeps full relative
+    # precision (the log-gamma differences above lose about 1e-10 at N = 50,000).
+    easy = draws <= remaining - slots
+    if np.any(easy):
+        de = draws[easy].astype(float)
+        i = np.arange(int(de.max()), dtype=float)
+        log_p0 = np.concatenate([[0.0], np.cumsum(np.log1p(-slots / (remaining - i)))])
+        rows = [np.exp(log_p0[draws[easy]])]
+        for ci in range(int(c[-1, 0])):
+            ratio = (slots - ci) * (de - ci) / ((ci + 1) * (remaining - slots - de + ci + 1))
+            rows.append(rows[-1] * np.clip(ratio, 0.0, None))
+        table[:, easy] = np.array(rows)
+    return table
 
 
 def _shuffled_epoch(
