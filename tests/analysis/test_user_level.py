@@ -355,3 +355,29 @@ def test_group_conversion_satisfies_its_inequality_and_is_looser_than_direct() -
         GroupPrivacyConversion(record, 0)
     with pytest.raises(TypeError, match="model"):
         GroupPrivacyConversion("standard", 2)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("make", "rel"),
+    [
+        (lambda u: UserLevelHeuristic(
+            DPSGDRun.constant(steps=40, sample_rate=0.05, noise_multiplier=1.0, unit=u)), 1e-8),
+        (lambda u: UserLevelSamplingHeuristic(DPSGDRun.from_history(
+            [(1.0, 0.25, 12)], weights=_cosine_momentum(12), sampling=ShuffledBatches(20, 5),
+            unit=u)), 2e-3),  # each value certified to accuracy 1e-3 on its own grid
+        (lambda u: UserLevelComposition(DPSGDRun.constant(
+            steps=40, sample_rate=0.05, noise_multiplier=1.0, unit=u),
+            value_discretization_interval=1e-3), 1e-8),
+        (lambda u: UserLevelNoAmplificationBound(DPSGDRun.constant(
+            steps=30, sample_rate=0.1, noise_multiplier=2.0, sampling=BallsInBins(10),
+            unit=u)), 1e-8),
+    ],
+)
+def test_epsilon_and_delta_are_inverse_and_grow_with_k(make, rel) -> None:
+    small, large = make(PrivacyUnit.user(2)), make(PrivacyUnit.user(3))
+    for e in (1.0, 3.0):
+        d = small.delta(e)
+        assert small.epsilon(d) <= e * (1 + rel) + 1e-9
+        assert small.epsilon(d * (1 - 1e-6)) >= e * (1 - rel) - 1e-9
+    assert large.epsilon(DELTA) > small.epsilon(DELTA)
+    assert large.delta(2.0) > small.delta(2.0)
