@@ -1,8 +1,9 @@
 """The last-iterate heuristic for a user (or a group) of k records (``docs/privacy_units.md``).
 
-A user owns up to k records; each is sampled as the run samples records. The worst user owns
-exactly k records whose clipped gradients are identical (for a linear loss, the k records'
-contributions along one direction add up; any other direction adds less). With a linear loss
+A user owns up to k records; each is sampled as the run samples records. The heuristic takes a
+user with exactly k records whose clipped gradients are identical (for a linear loss their
+contributions add up along one direction: the largest shift the clipping allows), the choice
+the record-level heuristic makes for its one canary. With a linear loss
 the final model's coordinate along that direction is X + N(0, s^2), s^2 = sum_t w_t^2
 sigma_t^2, where X = sum_t w_t C_t and C_t is the number of the user's records in step t's
 batch; the heuristic compares P = X + N(0, s^2) with Q = N(0, s^2) (the user's records
