@@ -14,6 +14,8 @@ A run is what every privacy model of this package reads (``docs/run_description.
 * ``sampling`` (optional): how the batches were drawn (:mod:`.sampling`, ``docs/samplers.md``).
   ``None`` means Poisson sampling at the history's rates (what Opacus's ``DPDataLoader``
   draws, and what every model assumed before schemes existed: its numbers are unchanged).
+* ``unit`` (optional): what one guarantee protects (:class:`~.privacy_unit.PrivacyUnit`): one
+  record (the default), one user with at most k records, or a group of k records.
 
 A run is validated once, where it enters (:meth:`DPSGDRun.from_history`, the constructor,
 :meth:`DPSGDRun.constant`); everything that receives a :class:`DPSGDRun` trusts it.
@@ -35,6 +37,7 @@ from opacus_lastiterate.analysis._validation import (
     check_sample_rate,
     check_steps,
 )
+from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
 from opacus_lastiterate.analysis.sampling import (
     SamplingScheme,
     advance_sampling,
@@ -212,6 +215,9 @@ def _check_weights(weights: object, steps: int) -> np.ndarray:
     return w
 
 
+_RECORD = PrivacyUnit.record()
+
+
 @dataclass(frozen=True, eq=False)
 class DPSGDRun:
     """A DP-SGD run, validated once (module docstring). Build it with
@@ -225,12 +231,14 @@ class DPSGDRun:
         sampling: the sampling scheme (:mod:`.sampling`), or ``None`` for Poisson sampling at
             the segments' rates. A scheme must agree with every segment's sample rate
             (:func:`~.sampling.check_sampling_matches`).
+        unit: the privacy unit (:class:`~.privacy_unit.PrivacyUnit`); one record by default.
     """
 
     segments: tuple[TrainingSegment, ...]
     weights: np.ndarray | None = None
     normalisation: Normalisation | None = None
     sampling: SamplingScheme | None = None
+    unit: PrivacyUnit = _RECORD
     _validated: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -247,6 +255,8 @@ class DPSGDRun:
             )
         sampling = check_sampling(self.sampling)
         check_sampling_matches(sampling, [s.sample_rate for s in segments])
+        if not isinstance(self.unit, PrivacyUnit):
+            raise TypeError(f"`unit` must be a PrivacyUnit, got {self.unit!r}.")
         object.__setattr__(self, "_validated", True)
 
     # -- construction ---------------------------------------------------------------------
@@ -259,11 +269,12 @@ class DPSGDRun:
         weights: Sequence[float] | np.ndarray | None = None,
         normalisation: Normalisation | None = None,
         sampling: SamplingScheme | None = None,
+        unit: PrivacyUnit = _RECORD,
     ) -> DPSGDRun:
         """The run of an Opacus-style history ``[(noise_multiplier, sample_rate, steps), ...]``
         (or :class:`TrainingSegment` s); segments with 0 steps are dropped."""
         segments = tuple(s for s in as_segments(history) if s.steps > 0)
-        return cls(segments, weights, normalisation, sampling)  # type: ignore[arg-type]  # validated in __post_init__
+        return cls(segments, weights, normalisation, sampling, unit)  # type: ignore[arg-type]  # validated in __post_init__
 
     @classmethod
     def constant(
@@ -273,12 +284,14 @@ class DPSGDRun:
         sample_rate: float,
         noise_multiplier: float,
         sampling: SamplingScheme | None = None,
+        unit: PrivacyUnit = _RECORD,
     ) -> DPSGDRun:
-        """T = ``steps`` steps at constant (q, sigma), batches drawn by ``sampling``."""
+        """T = ``steps`` steps at constant (q, sigma), batches drawn by ``sampling``, for the
+        privacy ``unit``."""
         seg = TrainingSegment(noise_multiplier, sample_rate, steps)  # errors name the argument
-        if sampling is None:
+        if sampling is None and unit is _RECORD:
             return cls._trusted((seg,) if seg.steps else ())
-        return cls((seg,) if seg.steps else (), sampling=sampling)
+        return cls((seg,) if seg.steps else (), sampling=sampling, unit=unit)
 
     @classmethod
     def _trusted(
@@ -287,9 +300,10 @@ class DPSGDRun:
         weights: np.ndarray | None = None,
         normalisation: Normalisation | None = None,
         sampling: SamplingScheme | None = None,
+        unit: PrivacyUnit = _RECORD,
     ) -> DPSGDRun:
         """A run from parts that are already valid (internal: no checks, no copies)."""
-        return cls(segments, weights, normalisation, sampling, _validated=True)
+        return cls(segments, weights, normalisation, sampling, unit, _validated=True)
 
     # -- derived quantities (computed once) -----------------------------------------------
 
@@ -328,7 +342,7 @@ class DPSGDRun:
         if sampling is not None:
             sampling = advance_sampling(sampling, max(0, self.num_steps - steps))
         return DPSGDRun._trusted(
-            suffix(self.segments, steps), weights, self.normalisation, sampling
+            suffix(self.segments, steps), weights, self.normalisation, sampling, self.unit
         )
 
 

@@ -1,0 +1,113 @@
+"""What one privacy guarantee protects: the privacy unit (``docs/privacy_units.md``).
+
+A :class:`PrivacyUnit` is a small, immutable, validated part of the run description
+(:class:`~.run.DPSGDRun`), in the style of the sampling schemes:
+
+* ``PrivacyUnit.record()``: one training record (every number of the package before units
+  existed; the default of a run);
+* ``PrivacyUnit.user(max_records=k)``: all records of one user, who owns at most k of them,
+  each record sampled as the run samples records;
+* ``PrivacyUnit.group(k)``: any k records (group privacy of size k).
+
+Neighbouring datasets differ in the unit: the records of one user, or k records, are added or
+removed (or, for fixed-size batches, zeroed out) together. For every model of this package a
+user with at most k records and a group of k records get the same number: the worst user owns
+exactly k records, and a group of k is one such user; only the label differs.
+
+:meth:`PrivacyUnit.as_dict` gives the JSON form and :meth:`PrivacyUnit.from_dict` reads it back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from opacus_lastiterate.analysis._validation import check_int
+
+__all__ = ["UNIT_KINDS", "PrivacyUnit", "UnitKind"]
+
+UnitKind = Literal["record", "user", "group"]
+"""The :attr:`PrivacyUnit.kind` literal."""
+UNIT_KINDS: tuple[str, ...] = ("record", "user", "group")
+"""Every unit kind, in the order of the module docstring."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrivacyUnit:
+    """The privacy unit of a run (module docstring).
+
+    Attributes:
+        kind: ``"record"``, ``"user"`` or ``"group"``.
+        max_records: k, the most records one unit holds (1 for a record; a user's cap on its
+            records; a group's size), an integer >= 1.
+    """
+
+    kind: UnitKind = "record"
+    max_records: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, str):
+            raise TypeError(f"`kind` must be a string, got {self.kind!r}.")
+        if self.kind not in UNIT_KINDS:
+            raise ValueError(f"`kind` must be one of {', '.join(UNIT_KINDS)}, got {self.kind!r}.")
+        k = check_int("max_records", self.max_records, minimum=1)
+        if self.kind == "record" and k != 1:
+            raise ValueError(
+                f"`max_records` must be 1 for the unit 'record', got {k}; "
+                "use PrivacyUnit.user(max_records=k) or PrivacyUnit.group(k)."
+            )
+        object.__setattr__(self, "max_records", k)
+
+    @classmethod
+    def record(cls) -> PrivacyUnit:
+        """One training record."""
+        return cls("record", 1)
+
+    @classmethod
+    def user(cls, max_records: int) -> PrivacyUnit:
+        """All records of one user, who owns at most ``max_records`` records."""
+        return cls("user", max_records)
+
+    @classmethod
+    def group(cls, size: int) -> PrivacyUnit:
+        """Any ``size`` records (group privacy)."""
+        return cls("group", check_int("size", size, minimum=1))
+
+    @property
+    def is_record(self) -> bool:
+        """Whether the unit is one record."""
+        return self.kind == "record"
+
+    def describe(self) -> str:
+        """One line: what a neighbouring dataset changes."""
+        if self.kind == "record":
+            return "one record"
+        if self.kind == "user":
+            return f"one user with at most {self.max_records} records"
+        return f"a group of {self.max_records} records"
+
+    def label(self) -> str:
+        """The short form used in model labels: ``"record-level"``, ``"user-level, k
+        records"`` or ``"group of k records"``."""
+        if self.kind == "record":
+            return "record-level"
+        if self.kind == "user":
+            return f"user-level, {self.max_records} records"
+        return f"group of {self.max_records} records"
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-safe form (:meth:`from_dict` reads it back)."""
+        return {"kind": self.kind, "max_records": self.max_records}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PrivacyUnit:
+        """The unit of :meth:`as_dict`'s output (``max_records`` defaults to 1)."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"`data` must be a mapping, got {data!r}.")
+        unknown = sorted(set(data) - {"kind", "max_records"})
+        if unknown:
+            raise ValueError(f"`data` has unknown key(s) {', '.join(map(repr, unknown))}.")
+        if "kind" not in data:
+            raise ValueError("`data['kind']` is missing.")
+        return cls(data["kind"], data.get("max_records", 1))
