@@ -49,6 +49,10 @@ class PrivacyModel:
     """
 
     kind: ClassVar[str] = ""
+    units: ClassVar[bool] = False
+    """Whether the model computes the number of a run whose unit is a user or a group of
+    more than one record (the others are record-level: they refuse such a run, whose number
+    they would not give)."""
     run: DPSGDRun
 
     @property
@@ -56,8 +60,17 @@ class PrivacyModel:
         """One line saying what the number describes (subclasses override it)."""
         return ""
 
+    def _check_unit(self) -> None:
+        unit = self.run.unit
+        if not self.units and unit.max_records > 1:  # one record at most: its number
+            raise ValueError(
+                f"`run` protects {unit.describe()}, but {type(self).__name__} gives the number "
+                "of one record; privacy_model(name, run) gives the number for the run's unit."
+            )
+
     def epsilon(self, delta: float) -> float:
         """Smallest epsilon >= 0 with delta(epsilon) <= ``delta``, for ``delta`` in (0, 1)."""
+        self._check_unit()
         d = check_delta(delta)
         if self.run.num_steps == 0:
             return 0.0
@@ -67,6 +80,7 @@ class PrivacyModel:
 
     def delta(self, epsilon: float) -> float:
         """delta(epsilon) for ``epsilon`` >= 0."""
+        self._check_unit()
         e = check_epsilon(epsilon)
         if self.run.num_steps == 0:
             return 0.0

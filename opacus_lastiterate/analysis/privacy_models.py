@@ -42,6 +42,15 @@ installed, the same no-amplification value, so labelled); each carries the schem
 :class:`~.sampling.PoissonSampling` gets the classes of the table, unchanged. ``"asgm"`` and ``"feasgm"`` read what they need beyond the segments from
 ``run.normalisation`` (``docs/normalisation.md``).
 
+**Privacy units** (``docs/privacy_units.md``). On a run whose ``unit`` is a user with at
+most k records or a group of k (:class:`~.privacy_unit.PrivacyUnit`), ``"heuristic"`` builds
+:class:`~.user_level.UserLevelHeuristic` (Poisson) or
+:class:`~.user_level.UserLevelSamplingHeuristic` (the epoch schemes), and ``"standard"``
+:class:`~.user_level_standard.UserLevelComposition` (Poisson: a mixture-of-Gaussians PLD) or
+:class:`~.user_level_standard.UserLevelNoAmplificationBound`; the other names have no
+model for such a unit and refuse it (``ValueError`` naming ``unit``), and every record-level
+model refuses such a run when built directly (:class:`~.privacy_model.PrivacyModel`).
+
 **The PLD value discretisation interval** (``value_discretization_interval``, dp_accounting's
 name, the grid step of the privacy loss in nats; every PLD model rounds pessimistically, so
 any interval gives an upper bound on its model and a finer one a tighter bound). Defaults:
@@ -71,6 +80,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
+from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
 from opacus_lastiterate.analysis.run import DPSGDRun, RunLike, as_run
 from opacus_lastiterate.analysis.sampling import (
     BallsInBins,
@@ -136,7 +146,10 @@ class PrivacyModelEntry:
     def build(self, run: RunLike, **params: Any) -> PrivacyModel:
         """The model of ``run`` (:func:`privacy_model`), as :func:`choose` decides it."""
         checked = as_run(run)
-        choice = choose(self.name, sampling=checked.sampling, weighted=checked.weights is not None)
+        choice = choose(
+            self.name, sampling=checked.sampling, weighted=checked.weights is not None,
+            unit=checked.unit,
+        )  # fmt: skip
         return choice.build(checked, **params)
 
     def check_params(self, params: Mapping[str, Any]) -> None:
@@ -189,21 +202,35 @@ class Choice:
 
 
 def choose(
-    name: ModelName | str, *, sampling: SamplingScheme | None, weighted: bool
+    name: ModelName | str,
+    *,
+    sampling: SamplingScheme | None,
+    weighted: bool,
+    unit: PrivacyUnit | None = None,
 ) -> Choice:
     """How the number ``name`` is computed for a run whose batches are drawn by ``sampling``
-    (None: Poisson) and that has per-step weights (``weighted``: learning-rate schedules,
-    momentum, weight decay) or not: the one place where that is decided (module docstring,
-    "Sampling schemes"), for a run from scratch (:func:`privacy_model`) and for a run kept
-    as it grows (:class:`~.kept_model.KeptModel`).
+    (None: Poisson), that has per-step weights (``weighted``: learning-rate schedules,
+    momentum, weight decay) or not, and that protects ``unit`` (None: one record): the one
+    place where that is decided (module docstring, "Sampling schemes" and "Privacy units"),
+    for a run from scratch (:func:`privacy_model`) and for a run kept as it grows
+    (:class:`~.kept_model.KeptModel`).
 
     Raises:
         TypeError: ``name`` is not a string.
-        ValueError: an unknown ``name``.
+        ValueError: an unknown ``name``, or a name without a model for ``unit``.
     """
     entry = _entry(name)
     scheme = effective_sampling(sampling)
     epoch = isinstance(scheme, (ShuffledBatches, DeterministicBatches, BallsInBins))
+    if unit is not None and unit.max_records > 1:  # at most one record: the record's models
+        path = _UNIT_CLASSES.get((entry.name, epoch))
+        if path is None:
+            known = sorted({n for n, _ in _UNIT_CLASSES})
+            raise ValueError(
+                f"`unit` is {unit.describe()}, and {entry.name!r} has no model for it; the "
+                f"names with one: {', '.join(known)}."
+            )
+        return Choice(entry.name, path, True, None)
     path = entry.class_path
     if epoch and entry.name in _EPOCH_CLASSES:
         path = _SCHEME_CLASSES.get((entry.name, type(scheme)), _EPOCH_CLASSES[entry.name])
@@ -282,6 +309,15 @@ _EPOCH_CLASSES = {
 # Where one scheme has its own class for a name (module docstring): (name, scheme type) -> class.
 _SCHEME_CLASSES: dict[tuple[str, type], str] = {
     ("standard", BallsInBins): _PREFIX + "sampling_allocation:BallsInBinsBound",
+}
+
+# The class each name builds for a run whose unit is a user or a group of k records (module
+# docstring, "Privacy units"): (name, epoch scheme?) -> class; the other names have none.
+_UNIT_CLASSES: dict[tuple[str, bool], str] = {
+    ("heuristic", False): _PREFIX + "user_level:UserLevelHeuristic",
+    ("heuristic", True): _PREFIX + "user_level:UserLevelSamplingHeuristic",
+    ("standard", False): _PREFIX + "user_level_standard:UserLevelComposition",
+    ("standard", True): _PREFIX + "user_level_standard:UserLevelNoAmplificationBound",
 }
 
 PRIVACY_MODELS: Mapping[str, PrivacyModelEntry] = MappingProxyType({e.name: e for e in _ENTRIES})

@@ -100,6 +100,7 @@ class UserLevelHeuristic(PrivacyModel):
     """
 
     kind = "heuristic"
+    units = True
 
     def __init__(self, run: RunLike, *, accuracy: float = 1e-3) -> None:
         self.run = poisson_run(run, model="UserLevelHeuristic", name="heuristic")
@@ -367,6 +368,7 @@ class UserLevelSamplingHeuristic(PrivacyModel):
     """
 
     kind = "heuristic"
+    units = True
 
     def __init__(self, run: RunLike, *, accuracy: float = 1e-3) -> None:
         self.run = as_run(run)

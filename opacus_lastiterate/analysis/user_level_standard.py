@@ -167,6 +167,7 @@ class UserLevelComposition(PrivacyModel):
     """
 
     kind = "upper_bound"
+    units = True
 
     def __init__(self, run: RunLike, *, value_discretization_interval: float = 1e-4) -> None:
         self.run = poisson_run(run, model="UserLevelComposition", name="standard")
@@ -220,6 +221,7 @@ class UserLevelNoAmplificationBound(PrivacyModel):
     """
 
     kind = "upper_bound"
+    units = True
 
     def __init__(
         self,
