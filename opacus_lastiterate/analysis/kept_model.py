@@ -335,10 +335,12 @@ class KeptModel:
 
     def _build(self, choice: Choice, params: Mapping[str, Any]) -> PrivacyModel:
         """The from-scratch model of ``choice`` for the recorded run (without its weights
-        where the model does not read them), at :attr:`accuracy` where it takes one."""
-        run = self.run
-        if run.weights is not None and not choice.weights:
-            run = DPSGDRun._trusted(run.segments, sampling=run.sampling)
+        where the model does not read them: they are then not computed), at
+        :attr:`accuracy` where it takes one."""
+        if choice.weights or not self.uses_weights:
+            run = self.run
+        else:
+            run = DPSGDRun._trusted(self._constant.segments, sampling=self._sampling)
         if "accuracy" in PRIVACY_MODELS[choice.name].defaults and "accuracy" not in params:
             params = {**params, "accuracy": self.accuracy}
         return choice.build(run, **params)

@@ -174,7 +174,8 @@ class Choice:
         name: the registry name.
         class_path: ``"module:ClassName"`` of the model that computes it from scratch.
         weights: whether the model reads the run's per-step weights (False: the robust
-            maximum, computed for the constant-rate formula).
+            maximum, computed for the constant-rate formula, and the standard bounds, for
+            which the weights do not matter: every step is released).
         kept: the kept engine that follows the run step by step and gives the same number
             (:class:`~.kept_model.KeptModel`): ``"constant"``
             (:class:`~.last_iterate.incremental.IncrementalHeuristic`), ``"weighted"``
@@ -237,7 +238,7 @@ def choose(
     kept: Literal["constant", "weighted"] | None = None
     if entry.name == "heuristic" and not epoch:
         kept = "weighted" if weighted else "constant"
-    return Choice(entry.name, path, entry.name not in _CONSTANT_RATE_ONLY, kept)
+    return Choice(entry.name, path, entry.name not in _WITHOUT_WEIGHTS, kept)
 
 
 _PREFIX = "opacus_lastiterate.analysis."
@@ -295,8 +296,9 @@ _ENTRIES = (
     ),
 )
 
-# The names computed for the constant-rate formula only (their models refuse weights).
-_CONSTANT_RATE_ONLY = frozenset({"robust_heuristic"})
+# The names whose models do not read the weights: computed for the constant-rate formula only
+# (their models refuse weights), or standard bounds (every step released: weights do not matter).
+_WITHOUT_WEIGHTS = frozenset({"robust_heuristic", "standard", "standard_rdp"})
 
 # The class each name builds for a run with an epoch scheme (module docstring).
 _EPOCH_CLASSES = {

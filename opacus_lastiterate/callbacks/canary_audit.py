@@ -63,8 +63,8 @@ from opacus_lastiterate.analysis._validation import (
 )
 from opacus_lastiterate.analysis.audit.result import AuditResult
 from opacus_lastiterate.analysis.audit.score_audit import ScoreAudit
-from opacus_lastiterate.analysis.privacy_models import privacy_model
-from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment, append_steps
+from opacus_lastiterate.analysis.kept_model import KeptModel
+from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.analysis.sampling import (
     SamplingScheme,
     check_sampling,
@@ -77,10 +77,6 @@ __all__ = ["CanaryAuditResult", "InTrainingAuditReport", "InTrainingCanaryAudit"
 
 _HEURISTIC_NOTE = "last-iterate heuristic, final model only; not a DP guarantee for deep networks"
 _STANDARD_NOTE = "standard composition (all iterates released), PLD upper bound"
-
-
-def _check_seed(seed: object) -> int:
-    return check_int("seed", seed)
 
 
 # ------------------------------------------------------------------------------ results
@@ -330,8 +326,8 @@ class InTrainingCanaryAudit:
             epoch for shuffled and balls-in-bins batches). ``None``: the accountant's
             ``sampling`` when it has one, else Poisson at ``sample_rate``.
         seed: seed of the coordinates, coins and per-step sampling.
-        accountant: the PrivacyEngine's accountant (``engine.accountant``), whose history
-            gives the reference epsilons; None: the steps recorded by this audit.
+        accountant: the PrivacyEngine's accountant (``engine.accountant``), whose run gives
+            the reference epsilons (:meth:`report`); None: the steps this audit sees.
         input_canaries: the record returned by
             :func:`~opacus_lastiterate.auditing.input_space.make_input_canaries`, if any.
         candidates: flat parameter indices the canary coordinates are drawn from (None:
@@ -365,7 +361,7 @@ class InTrainingCanaryAudit:
         self._inserts = self._rank is None or self._rank == 0
         m = check_int("num_canaries", num_canaries)
         self._sample_rate = check_sample_rate(sample_rate)
-        self._seed = _check_seed(seed)
+        self._seed = check_int("seed", seed)
         if input_canaries is not None and not isinstance(input_canaries, canary_set.InputCanaries):
             raise TypeError(
                 "`input_canaries` must be an InputCanaries (from make_input_canaries) or None, "
@@ -392,7 +388,8 @@ class InTrainingCanaryAudit:
         self._enabled = enabled and m > 0
         self._num_canaries = m if self._enabled else 0
         self._steps = 0
-        self._history: list[TrainingSegment] = []  # run-length
+        # the run of the reference epsilons when no accountant records it
+        self._own = KeptModel(sampling=scheme) if accountant is None else None
         self._original_add_noise: Callable[[], None] | None = None
         if not self._enabled:
             self._coordinates = np.zeros(0, dtype=np.int64)
@@ -439,7 +436,8 @@ class InTrainingCanaryAudit:
         assert self._original_add_noise is not None
         self._original_add_noise()
         self._steps += 1
-        append_steps(self._history, check_step_noise(self._optimizer.noise_multiplier), self._sample_rate)
+        if self._own is not None:
+            self._own.append(check_step_noise(self._optimizer.noise_multiplier), self._sample_rate)
 
     @torch.no_grad()
     def _insert(self) -> None:
@@ -460,7 +458,6 @@ class InTrainingCanaryAudit:
             flat = summed.view(-1)
             values = present.index_select(0, pos).to(flat.device, flat.dtype) * norm
             flat.index_add_(0, local, values)
-
 
     # -- state --------------------------------------------------------------------------------
 
@@ -521,33 +518,22 @@ class InTrainingCanaryAudit:
 
     # -- the report -----------------------------------------------------------------------
 
-    def _reference_run(self) -> DPSGDRun | None:
-        history = (
-            self._accountant.history
-            if self._accountant is not None
-            else self._history
-        )
-        if not history:
-            return None
-        return DPSGDRun.from_history(history, sampling=self._sampling)
-
-    def _reference_epsilons(
-        self, delta: float, standard: bool
-    ) -> tuple[float | None, float | None, float | None]:
-        """The heuristic, robust heuristic and standard epsilons of the run, for its sampling
-        scheme (the registry's models; the accountant's own heuristic when it has one)."""
-        from opacus_lastiterate.accountants.last_iterate import LastIterateAccountant
-
-        run = self._reference_run()
-        if run is None or run.num_steps == 0:
-            return None, None, None
-        if isinstance(self._accountant, LastIterateAccountant):
-            heuristic = self._accountant.get_epsilon(delta)  # schedule / momentum aware
-        else:
-            heuristic = privacy_model("heuristic", run).epsilon(delta)
-        robust = privacy_model("robust_heuristic", run).epsilon(delta)
-        upper = float(privacy_model("standard", run).epsilon(delta)) if standard else None
-        return float(heuristic), float(robust), upper
+    def _reference_model(self) -> KeptModel:
+        """The run of the reference epsilons as the analysis keeps it: the accountant's kept
+        model (``LastIterateAccountant.kept_model``: the run's scheme and optimizer weights),
+        the accountant's run with the audit's ``sampling`` where that differs, or the steps
+        this audit saw when it has no accountant."""
+        acc = self._accountant
+        if acc is None:
+            assert self._own is not None
+            return self._own
+        kept = getattr(acc, "kept_model", None)
+        if isinstance(kept, KeptModel):
+            if kept.sampling == self._sampling:
+                return kept
+            run = DPSGDRun.from_history(kept.run.segments, sampling=self._sampling)
+            return KeptModel.from_run(run, kept.settings, accuracy=kept.accuracy)
+        return KeptModel.from_run(DPSGDRun.from_history(acc.history, sampling=self._sampling))
 
     def report(
         self,
@@ -561,7 +547,10 @@ class InTrainingCanaryAudit:
         """Score every canary on the final model and audit them (one run).
 
         Args:
-            delta: delta of the bounds and of the reference epsilons, in (0, 1).
+            delta: delta of the bounds and of the reference epsilons, in (0, 1): the
+                heuristic, robust and standard numbers of the registry for the accountant's
+                run (``accountant.kept_model.epsilon(delta, name)``, for the run's scheme and
+                optimizer weights).
             confidence: confidence of each one-run audit.
             model: the final model; needed when input canaries were given.
             input_loss: per-example loss for the input canaries (default cross-entropy).
@@ -584,15 +573,19 @@ class InTrainingCanaryAudit:
                 else self._input.scores(model, loss=input_loss)
             )
             audits.append(_canary_audit("input", scores, self._input.included, d, c))
-        heuristic, robust, upper = self._reference_epsilons(d, standard)
+        kept = self._reference_model()
+
+        def reference(name: str, wanted: bool = True) -> float | None:
+            return kept.epsilon(d, name) if wanted and kept.num_steps else None
+
         return InTrainingAuditReport(
             delta=d,
             confidence=c,
             steps=self._steps if self._enabled else None,
             sample_rate=self._sample_rate,
-            heuristic_epsilon=heuristic,
-            robust_heuristic_epsilon=robust,
-            standard_epsilon=upper,
+            heuristic_epsilon=reference("heuristic"),
+            robust_heuristic_epsilon=reference("robust_heuristic"),
+            standard_epsilon=reference("standard", standard),
             audits=tuple(audits),
         )
 

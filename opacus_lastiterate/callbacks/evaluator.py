@@ -6,11 +6,13 @@ evaluator turns queued steps into records, in step order, as an accountant asked
 step would answer: it replays them into its own
 :class:`~opacus_lastiterate.accountants.LastIterateAccountant` (the *replica*, fed through
 the accountant's public incremental API), composes their RDP vectors
-(:class:`~opacus_lastiterate.accountants.IncrementalRDP`) and computes the robust, PLD and
-corrected values on their cadences. For a run whose batches are not Poisson (the
-accountant's ``sampling``, ``docs/samplers.md``) the standard fields are the bound of that
-scheme (without amplification) and ``poisson_assumed_epsilon`` carries the Poisson value,
-labelled as an assumption; every record names its scheme.
+(:class:`~opacus_lastiterate.accountants.IncrementalRDP`: Opacus's own RDP number, at its
+orders) and computes the robust, PLD and corrected values on their cadences. The standard
+values are the registry's, chosen for the run (``replica.kept_model.epsilon(delta,
+"standard")``; the registry on the evaluated steps without a replica): for a run whose
+batches are not Poisson (the accountant's ``sampling``, ``docs/samplers.md``) the bound of
+that scheme, and ``poisson_assumed_epsilon`` carries the Poisson value, labelled as an
+assumption; every record names its scheme.
 
 Queued steps are solved together where they can be: runs of one constant-rate setting
 (:meth:`LastIterateAccountant.replay_steps
@@ -446,30 +448,33 @@ class InlineEvaluator:
             self._sampling = None
             return DPSGDRun.from_history(self.history)
 
+    def _registry(self, name: str) -> float:
+        """The registry's ``name`` for the evaluated steps, chosen for the run's scheme and
+        weights: the replica's kept model, else the registry on the evaluated history."""
+        if self.replica is not None:
+            return self.replica.kept_model.epsilon(self.delta, name)
+        return float(privacy_model(name, self._scheme_run()).epsilon(self.delta))
+
     def _opacus_rdp(self, poisson_rdp: float) -> float:
-        """The record's ``opacus_rdp_epsilon``: Opacus's Poisson RDP bound, or for batches in
-        epochs the scheme's bound (closed form, every step)."""
+        """The record's ``opacus_rdp_epsilon``: Opacus's Poisson RDP bound (its orders, not
+        the registry's ``"standard_rdp"`` at dp_accounting's), or for batches in epochs the
+        scheme's bound (the registry's ``"standard_rdp"``: closed form, every step)."""
         if not self.epoch_sampling:
             return poisson_rdp
-        return float(privacy_model("standard_rdp", self._scheme_run()).epsilon(self.delta))
+        return self._registry("standard_rdp")
 
     def _standard(self) -> tuple[float, float | None, float | None]:
         """The standard epsilon of the evaluated steps for the run's scheme, the corrected
         epsilon, and (batches in epochs only) the Poisson-assumed PLD value."""
-        # dp_accounting takes 0.5 s to import: only when a PLD value is first asked for
-        from opacus_lastiterate.analysis.baselines.composition import StandardComposition
-
-        history = tuple(self.history)
-        poisson = float(StandardComposition(history).epsilon(self.delta))
+        pld = self._registry("standard")  # the registry loads dp_accounting on first use
         assumed = None
-        pld = poisson
-        if self.epoch_sampling:
-            pld = float(privacy_model("standard", self._scheme_run()).epsilon(self.delta))
-            assumed = poisson
+        if self.epoch_sampling:  # Opacus's number: the same steps as if Poisson
+            poisson = DPSGDRun.from_history(self.history)
+            assumed = float(privacy_model("standard", poisson).epsilon(self.delta))
         corrected = None
         acc = self.corrected
         if acc is not None:
             if steps_of(acc) != self.evaluated:  # it is ahead: a copy at this step
-                acc = acc.with_history(history)  # type: ignore[arg-type]
+                acc = acc.with_history(tuple(self.history))  # type: ignore[arg-type]
             corrected = float(acc.get_epsilon(self.delta))
         return pld, corrected, assumed

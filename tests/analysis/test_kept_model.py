@@ -70,6 +70,17 @@ def test_robust_value_is_of_the_constant_rate_formula() -> None:
         "robust_heuristic", run).epsilon(DELTA)
 
 
+def test_standard_bounds_of_a_weighted_run_are_those_of_its_steps() -> None:
+    """Every step is released: the standard bounds do not depend on the weights, so a run
+    with momentum and a changing learning rate has the bounds of its (sigma, q) steps."""
+    kept = _kept([SGDSettings(0.1 / (1 + t), 0.9, 0.0, False, 0.0) for t in range(15)])
+    assert kept.uses_weights
+    run = DPSGDRun.constant(steps=15, sample_rate=0.1, noise_multiplier=1.0)
+    for name in ("standard", "standard_rdp"):
+        assert not choose(name, sampling=None, weighted=True).weights
+        assert kept.epsilon(DELTA, name) == privacy_model(name, run).epsilon(DELTA)
+
+
 def test_the_scheme_picks_the_model_and_can_change() -> None:
     scheme = ShuffledBatches(dataset_size=100, batch_size=10)
     kept = _kept([PLAIN] * 25)

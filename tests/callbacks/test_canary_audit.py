@@ -147,6 +147,46 @@ def test_known_answer_shuffled_run_bound_below_the_shuffled_heuristic() -> None:
         assert result.is_bound and 0.5 < result.epsilon <= truth
 
 
+def test_declared_scheme_gives_every_reference_epsilon_of_that_scheme() -> None:
+    """The audit told shuffled batches (N = 200, B = 20) that its accountant does not know
+    (a Poisson loader): the heuristic, robust and standard epsilons are all of the declared
+    scheme. 5 epochs: the shuffled heuristic of the constant-rate run is the Gaussian
+    mechanism with mu = 5 / (sigma sqrt(50)); its robust maximum is at least that and, each
+    suffix's value an upper bound within 1e-3 relative, at most 1e-3 above it (mu grows with
+    the epochs); the Poisson heuristic of the same history is larger."""
+    from opacus_lastiterate.analysis.sampling import ShuffledBatches
+    from tests._gaussian import gaussian_mechanism_epsilon
+
+    run = _linear_setup(m=20, sigma=0.5, sampling=ShuffledBatches(200, 20, False))
+    _train(run, 50)
+    assert run.audit is not None
+    report = run.audit.report(delta=DELTA, standard=False)
+    truth = gaussian_mechanism_epsilon(5 / (0.5 * np.sqrt(50)), DELTA)
+    assert report.heuristic_epsilon == pytest.approx(truth, rel=1e-9)
+    assert report.robust_heuristic_epsilon is not None
+    assert truth * (1 - 1e-9) <= report.robust_heuristic_epsilon <= truth * (1 + 1e-3)
+    assert run.engine.accountant.get_epsilon(DELTA) > 1.5 * truth  # the accountant's Poisson
+
+
+@pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")
+def test_without_an_accountant_the_audit_accounts_the_steps_it_saw() -> None:
+    """No accountant: the reference heuristic is that of the steps the canaries went
+    through (T = 30, q = 0.1, sigma = 2), checked by independent quadrature; an audit that
+    saw no step has no reference epsilon."""
+    from tests.analysis._reference import QuadratureHeuristic
+
+    idle = _linear_setup(m=10, sigma=2.0, accountant=None)
+    assert idle.audit is not None
+    assert idle.audit.report(delta=DELTA).heuristic_epsilon is None
+    run = _linear_setup(m=10, sigma=2.0, accountant=None)
+    _train(run, 30)
+    assert run.audit is not None
+    report = run.audit.report(delta=DELTA, standard=False)
+    assert report.heuristic_epsilon == pytest.approx(
+        QuadratureHeuristic(30, 0.1, 2.0).epsilon(DELTA), rel=1e-8
+    )
+
+
 @pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")
 def test_known_answer_large_noise_bound_about_zero() -> None:
     """sigma = 20: the true epsilon of each canary's score is the heuristic pair's, 0.111
