@@ -58,6 +58,7 @@ NEEDS_TORCH: frozenset[str] = frozenset({
     "tests/analysis/baselines/test_subsampled_gaussian_rdp.py",
     "tests/analysis/normalisation/test_opacus_arithmetic.py",
     "tests/analysis/test_poisson_models.py",
+    "tests/analysis/test_route_conformance.py",
 })
 # What scripts/test_light.sh runs (rootdir-relative): the mathematics and audit statistics,
 # the light install's own checks and the JAX example.

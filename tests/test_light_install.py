@@ -93,7 +93,7 @@ class NoTorch:
 
 sys.meta_path.insert(0, NoTorch())
 import dp_accounting
-from opacus_lastiterate import DPSGDRun, ScoreAudit, heuristic_epsilon, privacy_model
+from opacus_lastiterate import DPSGDRun, ScoreAudit, privacy_model
 from opacus_lastiterate.analysis import LastIterateHeuristicAccountant
 from opacus_lastiterate.cli import main
 import opacus_lastiterate.auditing as auditing

@@ -23,16 +23,15 @@ from typing import TYPE_CHECKING, Any
 from opacus_lastiterate._requires import requires
 
 with requires("opacus_lastiterate.callbacks", "torch", "opacus"):  # clear error without torch
+    from opacus_lastiterate.callbacks.cadence import DOUBLING_START, Cadence
     from opacus_lastiterate.callbacks.canary_audit import (
         CanaryAuditResult,
         InTrainingAuditReport,
         InTrainingCanaryAudit,
     )
     from opacus_lastiterate.callbacks.monitor import (
-        DOUBLING_START,
         FIELDS,
         LABELS,
-        Cadence,
         EpsilonRecord,
         MonitorAudit,
         PrivacyBudget,

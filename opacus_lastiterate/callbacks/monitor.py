@@ -76,7 +76,6 @@ from opacus_lastiterate.callbacks._optimizer_hooks import OptimizerHooks
 from opacus_lastiterate.callbacks._optimizer_hooks import host_float as _host_float
 from opacus_lastiterate.callbacks.budget import BudgetGuard, BudgetMetric, PrivacyBudget
 from opacus_lastiterate.callbacks.cadence import (
-    DOUBLING_START,
     Cadence,
     Cadences,
     OverheadBudget,
@@ -100,11 +99,9 @@ from opacus_lastiterate.callbacks.sinks import SinkDispatch, check_sink_rank, pr
 from opacus_lastiterate.exceptions import MonitorWarning
 
 __all__ = [
-    "DOUBLING_START",
     "FIELDS",
     "LABELS",
     "BudgetMetric",
-    "Cadence",
     "EpsilonRecord",
     "MonitorAudit",
     "PrivacyBudget",
