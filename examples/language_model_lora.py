@@ -90,7 +90,6 @@ def main() -> int:
         print(f"skipped: {err.name} is not installed (pip install 'opacus-lastiterate[lm]')")
         return 0 if args.quick else 2
 
-    from opacus_lastiterate.auditing import check_private_training
     from opacus_lastiterate.callbacks import HFPrivacyCallback, JsonlSink, PrivacyMonitor
 
     warnings.filterwarnings("ignore", message="Secure RNG turned off")
@@ -112,14 +111,13 @@ def main() -> int:
         data_loader=DataLoader(train_set, batch_size=args.batch_size),  # the Trainer's size
         noise_multiplier=args.sigma, max_grad_norm=args.clip, wrap_model=False,
     )
-    check = check_private_training(dp_optimizer, model, enabled=not args.no_check)
 
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "privacy.jsonl"
     log.unlink(missing_ok=True)
     monitor = PrivacyMonitor(engine, delta=args.delta, sinks=[JsonlSink(log)],
                              heuristic_every=1, weighted_every=1, standard_every=1,
-                             evaluation="inline")
+                             check_wiring=not args.no_check)  # armed at attach (the Trainer's model)
     training_args = TrainingArguments(
         output_dir=str(args.out / "trainer"), max_steps=steps,
         per_device_train_batch_size=args.batch_size, learning_rate=args.lr,
@@ -135,8 +133,8 @@ def main() -> int:
     final = monitor.finish()
     after = mean_loss(model, held_out)
 
-    if check is not None:
-        report = check.report
+    if monitor.wiring is not None:
+        report = monitor.wiring.report
         assert report is not None  # a failed check raises from the first step
         print(f"wiring check passed on {len(report.parameters)} LoRA tensors: noise std "
               f"{report.pooled_noise_std:.4f} (stated {report.stated_std:.4f}), largest clipped "
