@@ -128,10 +128,7 @@ class PrivacyModelEntry:
     @property
     def cls(self) -> type[PrivacyModel]:
         """The :class:`~.privacy_model.PrivacyModel` subclass."""
-        module, _, name = self.class_path.partition(":")
-        cls = getattr(importlib.import_module(module), name)
-        assert issubclass(cls, PrivacyModel)
-        return cls
+        return _model_class(self.class_path)
 
     @property
     def defaults(self) -> Mapping[str, Any]:
@@ -191,10 +188,7 @@ class Choice:
     @property
     def cls(self) -> type[PrivacyModel]:
         """The :class:`~.privacy_model.PrivacyModel` subclass (imported on first use)."""
-        module, _, name = self.class_path.partition(":")
-        cls = getattr(importlib.import_module(module), name)
-        assert issubclass(cls, PrivacyModel)
-        return cls
+        return _model_class(self.class_path)
 
     def build(self, run: DPSGDRun, **params: Any) -> PrivacyModel:
         """The model of the validated ``run`` with the keyword ``params`` of its entry."""
@@ -342,6 +336,15 @@ def privacy_model(name: ModelName | str, run: RunLike, /, **params: Any) -> Priv
         ValueError: an unknown ``name``, or an invalid run or parameter value.
     """
     return _entry(name).build(run, **params)
+
+
+def _model_class(class_path: str) -> type[PrivacyModel]:
+    """The class at ``"module:ClassName"`` (imported on first use: the PLD models load
+    dp_accounting)."""
+    module, _, name = class_path.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    assert issubclass(cls, PrivacyModel)
+    return cls
 
 
 def _entry(name: object) -> PrivacyModelEntry:

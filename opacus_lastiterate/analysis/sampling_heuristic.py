@@ -216,7 +216,9 @@ def _exact_sum(options: list[tuple[np.ndarray, np.ndarray]]) -> dict[float, floa
     return law
 
 
-def _trim(pmf: np.ndarray, budget: float) -> tuple[np.ndarray, int, float]:
+def trim_tails(pmf: np.ndarray, budget: float) -> tuple[np.ndarray, int, float]:
+    """``pmf`` without its leading and trailing masses whose cumulative sums are at most
+    ``budget`` each, the index of its first kept point and the mass cut."""
     c = np.cumsum(pmf)
     i = int(np.searchsorted(c, budget, side="right"))
     r = np.cumsum(pmf[::-1])
@@ -238,7 +240,7 @@ def _grid_pair(
         np.add.at(factor, units, probs)
         factor[0] += max(0.0, 1.0 - float(probs.sum()))
         pmf = np.convolve(pmf, factor)
-        pmf, cut_lo, cut = _trim(pmf, budget)
+        pmf, cut_lo, cut = trim_tails(pmf, budget)
         offset += cut_lo
         dropped += cut
     support = (offset + np.arange(pmf.size)) / n

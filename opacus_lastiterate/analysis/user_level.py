@@ -69,7 +69,7 @@ from opacus_lastiterate.analysis.sampling import (
     DeterministicBatches,
     UnknownSampling,
 )
-from opacus_lastiterate.analysis.sampling_heuristic import EpochLayout, epoch_scheme_of
+from opacus_lastiterate.analysis.sampling_heuristic import EpochLayout, epoch_scheme_of, trim_tails
 from opacus_lastiterate.exceptions import WeightedAccuracyWarning
 
 __all__ = ["UserLevelHeuristic", "UserLevelSamplingHeuristic", "epoch_contribution_law"]
@@ -147,18 +147,6 @@ class UserLevelHeuristic(PrivacyModel):
 
 
 # -- epoch schemes ------------------------------------------------------------------------------
-
-
-def _trim(pmf: np.ndarray, budget: float) -> tuple[np.ndarray, int, float]:
-    """Cut leading and trailing masses whose cumulative sums are <= budget each."""
-    c = np.cumsum(pmf)
-    i = int(np.searchsorted(c, budget, side="right"))
-    r = np.cumsum(pmf[::-1])
-    j = int(np.searchsorted(r, budget, side="right"))
-    if i + j >= pmf.size:
-        return pmf, 0, 0.0
-    cut = (float(c[i - 1]) if i else 0.0) + (float(r[j - 1]) if j else 0.0)
-    return pmf[i : pmf.size - j], i, cut
 
 
 def _log_choose(n: np.ndarray, r: np.ndarray) -> np.ndarray:
@@ -284,7 +272,7 @@ def _law(
         else:
             epoch, cut = _shuffled_epoch(units, slots, layout.denominator, k, budget)
         law = np.convolve(law, epoch)
-        law, lo, trimmed = _trim(law, budget)
+        law, lo, trimmed = trim_tails(law, budget)
         offset += lo
         dropped += cut + trimmed
     return offset, law, min(1.0, dropped)
