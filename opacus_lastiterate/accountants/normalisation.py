@@ -22,12 +22,18 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from opacus.optimizers import DPOptimizer
 
 from opacus_lastiterate._warn import warn
+from opacus_lastiterate.accountants._normalisation_config import (
+    CONFIG_DEFAULTS,
+    check_config,
+    config_from_loader,
+    optional,
+)
 from opacus_lastiterate.accountants.base import RunAccountant, synchronized
 from opacus_lastiterate.accountants.opacus_sgm import opacus_rdp_delta, opacus_sgm_epsilon
 from opacus_lastiterate.accountants.public_divisor import (
@@ -37,8 +43,6 @@ from opacus_lastiterate.accountants.public_divisor import (
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_epsilon,
-    check_in_interval,
-    check_int,
     check_positive,
 )
 from opacus_lastiterate.analysis.normalisation import (
@@ -75,90 +79,6 @@ are Opacus's accountants of that name."""
 
 History = list[tuple[float, float, int]]
 
-_CONFIG_DEFAULTS: dict[str, Any] = {
-    "dataset_size": None,
-    "batch_size": None,
-    "drop_last": False,
-    "dimension": None,
-    "public_divisor": None,
-    "standard": "pld",
-    "optimizer_divisor": None,
-    "loss_reduction": None,
-}
-
-
-# -- configuration ------------------------------------------------------------------------------
-
-
-def _optional(name: str, value: object, check: Callable[[str, object], Any]) -> Any:
-    return None if value is None else check(name, value)
-
-
-def _check_config(values: Mapping[str, object], prefix: str = "") -> dict[str, Any]:
-    """Validate a full configuration mapping (unknown or missing keys are errors)."""
-    unknown = sorted(set(map(str, values)) - set(_CONFIG_DEFAULTS))
-    if unknown:
-        raise ValueError(f"`{prefix}configuration` has unknown keys {unknown}.")
-    missing = sorted(set(_CONFIG_DEFAULTS) - set(values))
-    if missing:
-        raise ValueError(f"`{prefix}configuration` is missing the keys {missing}.")
-
-    def p(key: str) -> str:
-        return f"{prefix}{key}"
-
-    drop_last = values["drop_last"]
-    if not isinstance(drop_last, bool):
-        raise TypeError(f"`{p('drop_last')}` must be a bool, got {drop_last!r}.")
-    standard = values["standard"]
-    if standard not in STANDARD_ACCOUNTANTS:
-        raise ValueError(
-            f"`{p('standard')}` must be one of {STANDARD_ACCOUNTANTS}, got {standard!r}."
-        )
-    reduction = values["loss_reduction"]
-    if reduction not in (None, "mean", "sum"):
-        raise ValueError(
-            f"`{p('loss_reduction')}` must be 'mean', 'sum' or None, got {reduction!r}."
-        )
-    return {
-        "dataset_size": _optional(p("dataset_size"), values["dataset_size"], _int_at_least(1)),
-        "batch_size": _optional(p("batch_size"), values["batch_size"], _int_at_least(1)),
-        "drop_last": drop_last,
-        "dimension": _optional(p("dimension"), values["dimension"], _int_at_least(1)),
-        "public_divisor": _optional(p("public_divisor"), values["public_divisor"], check_positive),
-        "standard": standard,
-        "optimizer_divisor": _optional(
-            p("optimizer_divisor"),
-            values["optimizer_divisor"],
-            lambda n, v: check_in_interval(n, v, 0.0, math.inf, low_open=False),
-        ),
-        "loss_reduction": reduction,
-    }
-
-
-def _int_at_least(minimum: int) -> Callable[[str, object], int]:
-    return lambda name, value: check_int(name, value, minimum=minimum)
-
-
-def _from_loader(loader: object) -> dict[str, Any]:
-    """N (and L, drop_last for a plain DataLoader) from a torch DataLoader."""
-    from torch.utils.data import DataLoader
-
-    if not isinstance(loader, DataLoader):
-        raise TypeError(
-            f"`data_loader` must be a torch.utils.data.DataLoader, got {type(loader).__name__}."
-        )
-    try:
-        size = len(loader.dataset)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError("`data_loader.dataset` must have a length (len(dataset) = N).") from None
-    found: dict[str, Any] = {"dataset_size": size}
-    # A DPDataLoader (make_private's result) has no batch size: L must then be explicit.
-    if getattr(loader, "sample_rate", None) is None and loader.batch_size is not None:
-        found["batch_size"] = loader.batch_size
-        found["drop_last"] = bool(loader.drop_last)
-    return found
-
-
 # -- shared base --------------------------------------------------------------------------------
 
 
@@ -169,7 +89,7 @@ class _NormalisationAccountant(RunAccountant):
     def __init__(self) -> None:
         """An empty accountant (Opacus's registry calls ``cls()``); see :meth:`configure`."""
         super().__init__()
-        self._config: dict[str, Any] = dict(_CONFIG_DEFAULTS)
+        self._config: dict[str, Any] = dict(CONFIG_DEFAULTS)
         self._observed_dimension: int | None = None
         self._warned: set[str] = set()
 
@@ -204,7 +124,7 @@ class _NormalisationAccountant(RunAccountant):
         """
         new = dict(self._config)
         if data_loader is not None:
-            new.update(_from_loader(data_loader))
+            new.update(config_from_loader(data_loader))
         explicit = {
             "dataset_size": dataset_size,
             "batch_size": batch_size,
@@ -214,7 +134,7 @@ class _NormalisationAccountant(RunAccountant):
             "standard": standard,
         }
         new.update({k: v for k, v in explicit.items() if v is not None})
-        self._config = _check_config(new)
+        self._config = check_config(new, STANDARD_ACCOUNTANTS)
         return self
 
     @property
@@ -256,7 +176,7 @@ class _NormalisationAccountant(RunAccountant):
         )
         if public is not None:
             config["public_divisor"] = public
-        self._config = _check_config(config)
+        self._config = check_config(config, STANDARD_ACCOUNTANTS)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -277,7 +197,7 @@ class _NormalisationAccountant(RunAccountant):
             raise TypeError(
                 f"`state_dict['configuration']` must be a mapping, got {type(given).__name__}."
             )
-        return _check_config(given, prefix="state_dict['configuration'].")
+        return check_config(given, STANDARD_ACCOUNTANTS, prefix="state_dict['configuration'].")
 
     def _load_extra_state(self, checked: Any) -> None:
         self._config = dict(checked)
@@ -446,7 +366,7 @@ class FEASGMAccountant(_NormalisationAccountant):
             ValueError: if N, L or d is not configured/observed.
         """
         config = self._require("dataset_size", "batch_size", "dimension")
-        interval = _optional("value_discretization_interval", value_discretization_interval, check_positive)
+        interval = optional("value_discretization_interval", value_discretization_interval, check_positive)
         public = self._public_divisor(config)
         norm = Normalisation(
             "floored_expected" if public is None else "public",
