@@ -20,7 +20,10 @@ each with the optimizer settings it used, or with settings unknown) and answers
 settings class of an optimizer mapped to the function that turns a run-length list of its
 settings into the weights w_t of the steps in the final model. A new optimizer is one entry
 there (its settings class, recorded by the accountant's hook, and its weights function); the
-kept weighted engine follows SGD only, other optimizers are answered from scratch.
+kept weighted engine follows SGD only, other optimizers are answered from scratch. The
+adaptive optimizers (:class:`~.last_iterate.adaptive_steps.AdaptiveStep`: Adam, AdamW and the
+rest, ``docs/adaptive_optimizers.md``) always weigh their steps unequally (bias corrections,
+the frozen second moment), so a run recorded with them is always weighted.
 
 The number is what the model of the registry says it is: the heuristic is exact for linear
 losses and not a proven bound for deep networks, and describes the final model only.
@@ -34,6 +37,10 @@ from typing import Any
 import numpy as np
 
 from opacus_lastiterate.analysis._validation import check_delta, check_epsilon
+from opacus_lastiterate.analysis.last_iterate.adaptive_steps import (
+    AdaptiveStep,
+    adaptive_run_weights,
+)
 from opacus_lastiterate.analysis.last_iterate.incremental import IncrementalHeuristic, SuffixPeak
 from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
     IncrementalWeightedHeuristic,
@@ -67,9 +74,14 @@ def _sgd_varies(first: SGDSettings, settings: SGDSettings) -> bool:
     return settings.lr != first.lr or settings.momentum != 0.0 or settings.weight_decay != 0.0
 
 
+def _adaptive_varies(first: AdaptiveStep, settings: AdaptiveStep) -> bool:
+    return True  # the bias corrections and the second moment weigh the steps unequally
+
+
 OPTIMIZER_WEIGHTS: Mapping[type, tuple[Callable[[SettingsRuns], np.ndarray],
                                        Callable[[Any, Any], bool]]] = {
     SGDSettings: (_sgd_run_weights, _sgd_varies),
+    AdaptiveStep: (adaptive_run_weights, _adaptive_varies),
 }
 """Settings class of an optimizer -> (weights of a run-length list of its settings, whether
 settings differ from the first step's in a way that changes the weights: (first, settings)
