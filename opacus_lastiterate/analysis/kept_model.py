@@ -293,7 +293,9 @@ class KeptModel:
         if engine is None or engine.num_steps != self.num_steps or engine.accuracy != self.accuracy:
             engine = IncrementalWeightedHeuristic(self.accuracy)
             sigma, q = self._constant.run.per_step()
-            runs = self._runs if self._sgd_view is None else [[s, 1] for s in self._sgd_view]
+            runs: list[list[Any]] = (
+                self._runs if self._sgd_view is None else [[s, 1] for s in self._sgd_view]
+            )
             counts = [n for _, n in runs]
             fields = [np.repeat(np.asarray(c), counts)
                       for c in zip(*(s.as_tuple() for s, _ in runs), strict=True)]
