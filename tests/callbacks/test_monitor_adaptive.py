@@ -124,7 +124,10 @@ def test_default_cadences_give_one_row_per_step_and_the_final_heuristic() -> Non
         final = monitor.finish()
     assert [r.step for r in records] == [*range(1, STEPS + 1), STEPS]
     assert final is not None and final.heuristic_epsilon is not None
-    assert final.heuristic_epsilon == pytest.approx(engine.accountant.get_epsilon(DELTA), rel=1e-12)
+    # the replica and the accountant each keep their own engine, asked at different steps
+    # (the "auto" cadence depends on timing): equal within the weighted accuracy
+    acc = engine.accountant
+    assert final.heuristic_epsilon == pytest.approx(acc.get_epsilon(DELTA), rel=2 * acc.weight_accuracy)
 
 
 def test_adaptive_trace_survives_the_monitor_checkpoint() -> None:
