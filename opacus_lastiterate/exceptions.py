@@ -16,6 +16,7 @@ opacus.
 from __future__ import annotations
 
 __all__ = [
+    "AdaptiveHeuristicWarning",
     "AuditWarning",
     "HeuristicCalibrationWarning",
     "MonitorWarning",
@@ -61,6 +62,12 @@ class NonMonotoneHeuristicWarning(OpacusLastIterateWarning):
 class OptimizerTraceWarning(OpacusLastIterateWarning):
     """The optimizer's settings cannot be turned into per-step weights (adaptive optimizer,
     or parameter groups with different settings): the constant-rate formula is used."""
+
+
+class AdaptiveHeuristicWarning(OpacusLastIterateWarning):
+    """A run of an adaptive optimizer (Adam, AdamW, ...) lies outside the settings where the
+    frozen-second-moment heuristic was checked against simulation
+    (``docs/adaptive_optimizers.md``): its number is unchecked there. Given once per run."""
 
 
 class NormalisationWarning(OpacusLastIterateWarning):

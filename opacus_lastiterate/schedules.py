@@ -10,9 +10,13 @@ The mathematics (weights from rates and momentum) is in
 * :func:`sgd_settings` reads momentum, dampening, nesterov and weight decay from an
   optimiser's ``param_groups`` (an Opacus ``DPOptimizer`` is looked through) and raises
   :class:`~opacus_lastiterate.analysis.last_iterate.optimizer_weights.UnsupportedOptimizerError` for
-  adaptive optimisers (Adam, AdamW, Adagrad, ...), whose final model is not a weighted sum
-  of the noisy gradients;
-* :func:`sgd_weights_from_torch` combines the two into the per-step weights.
+  adaptive optimisers (Adam, AdamW, Adagrad, ...), whose weights come from
+  :func:`adaptive_step` instead;
+* :func:`sgd_weights_from_torch` combines the two into the per-step weights;
+* :func:`adaptive_step` reads the settings of an adaptive optimiser (Adam, AdamW, NAdam,
+  RAdam, Adamax, RMSprop, Adagrad) and the noise of an Opacus ``DPOptimizer``: the record of
+  one step from which the frozen-second-moment weights are made
+  (:mod:`opacus_lastiterate.analysis.last_iterate.adaptive_steps`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,12 @@ with requires("opacus_lastiterate.schedules", "torch"):
     import torch
 
 from opacus_lastiterate._warn import warn
-from opacus_lastiterate.analysis._validation import check_int
+from opacus_lastiterate.analysis._validation import check_in_interval, check_int
+from opacus_lastiterate.analysis.last_iterate.adaptive_steps import AdaptiveStep
+from opacus_lastiterate.analysis.last_iterate.adaptive_weights import (
+    canonical_adaptive_name,
+    settings_from_param_group,
+)
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
     SGDSettings,
     check_optimizer_supported,
@@ -40,8 +49,11 @@ from opacus_lastiterate.exceptions import OpacusLastIterateWarning
 __all__ = [
     "RecordedSchedule",
     "SGDSettings",
+    "adaptive_step",
+    "is_adaptive",
     "learning_rates_from_scheduler",
     "record_schedule",
+    "refuse_maximize",
     "sgd_settings",
     "sgd_weights_from_torch",
 ]
@@ -192,3 +204,90 @@ def sgd_weights_from_torch(
         nesterov=settings.nesterov,
         weight_decay=settings.weight_decay,
     )
+
+
+def is_adaptive(optimizer: Any) -> bool:
+    """Whether ``optimizer`` (an Opacus ``DPOptimizer`` is looked through) is one of the
+    adaptive optimisers with weights (:func:`adaptive_step`)."""
+    try:
+        canonical_adaptive_name(_unwrap(optimizer))
+    except ValueError:
+        return False
+    return True
+
+
+def refuse_maximize(optimizer: Any) -> None:
+    """Raise a ValueError if a parameter group of an adaptive ``optimizer`` has
+    ``maximize=True``: the adaptive weights describe a descent on the loss."""
+    for i, g in enumerate(_unwrap(optimizer).param_groups):
+        if g.get("maximize", False):
+            raise ValueError(
+                f"`maximize`=True (parameter group {i}) is not supported with "
+                f"{type(_unwrap(optimizer)).__name__}: the last-iterate heuristic of adaptive "
+                "optimizers describes a descent on the loss. Train with maximize=False "
+                "(negate the loss instead)."
+            )
+
+
+def dp_noise_std(optimizer: Any) -> float:
+    """sigma C / B of an Opacus ``DPOptimizer``: the standard deviation of the noise on one
+    coordinate of the averaged gradient the wrapped optimiser sees (noise multiplier times
+    ``max_grad_norm`` over ``expected_batch_size``).
+
+    Raises:
+        ValueError: ``optimizer`` is not a ``DPOptimizer`` (it has no noise to read), or a
+            value is out of range (named).
+    """
+    missing = [a for a in ("noise_multiplier", "max_grad_norm", "expected_batch_size")
+               if getattr(optimizer, a, None) is None]  # fmt: skip
+    if missing:
+        raise ValueError(
+            f"`optimizer` has no {', '.join(missing)}: the noise an adaptive optimiser sees "
+            "is read from an Opacus DPOptimizer (make_private's optimizer)."
+        )
+    sigma = check_in_interval(
+        "optimizer.noise_multiplier", optimizer.noise_multiplier, 0.0, float("inf"),
+        low_open=False,
+    )
+    clip = check_in_interval("optimizer.max_grad_norm", optimizer.max_grad_norm, 0.0, float("inf"))
+    batch = check_in_interval(
+        "optimizer.expected_batch_size", optimizer.expected_batch_size, 0.0, float("inf")
+    )
+    return sigma * clip / batch
+
+
+def adaptive_step(optimizer: Any, *, group: int | None = None) -> AdaptiveStep:
+    """The :class:`~opacus_lastiterate.analysis.last_iterate.adaptive_steps.AdaptiveStep` of
+    the coming step of an Opacus ``DPOptimizer`` wrapping an adaptive optimiser: its settings
+    (:func:`~opacus_lastiterate.analysis.last_iterate.adaptive_weights.settings_from_param_group`)
+    and noise (:func:`dp_noise_std`).
+
+    Args:
+        optimizer: the ``DPOptimizer``.
+        group: the parameter group to read; None requires all groups to agree.
+
+    Raises:
+        UnsupportedOptimizerError: not an adaptive optimiser with weights.
+        ValueError: ``maximize=True``, groups that differ, no noise to read (a plain
+            optimiser, or a noise multiplier of 0), or a value out of range.
+    """
+    inner = _unwrap(optimizer)
+    canonical_adaptive_name(inner)
+    groups = inner.param_groups
+    if group is not None:
+        if not (0 <= group < len(groups)):
+            raise ValueError(f"`group` must be in [0, {len(groups) - 1}], got {group!r}.")
+        groups = [groups[group]]
+    settings = [settings_from_param_group(inner, g) for g in groups]
+    if any(s != settings[0] for s in settings[1:]):
+        raise ValueError(
+            "`optimizer` has parameter groups with different settings; pass `group=` to "
+            "choose one (the worst case is the largest epsilon over the groups)."
+        )
+    std = dp_noise_std(optimizer)
+    if std == 0.0:
+        raise ValueError(
+            "`optimizer.noise_multiplier` is 0: without noise the adaptive weights are "
+            "undefined (and epsilon is infinite)."
+        )
+    return AdaptiveStep(settings[0], std)

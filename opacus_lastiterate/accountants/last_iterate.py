@@ -24,6 +24,11 @@ from typing import Any
 import numpy as np
 
 from opacus_lastiterate._warn import warn
+from opacus_lastiterate.accountants.adaptive_trace import (
+    AdaptiveTrace,
+    decode_adaptive_trace,
+    encode_adaptive_trace,
+)
 from opacus_lastiterate.accountants.base import RunAccountant, check_step_noise, synchronized
 from opacus_lastiterate.accountants.monotonicity import MonotonicityWatch
 from opacus_lastiterate.accountants.optimizer_trace import (
@@ -42,9 +47,15 @@ from opacus_lastiterate.analysis._validation import (
     check_sample_rate,
 )
 from opacus_lastiterate.analysis.kept_model import KeptModel
+from opacus_lastiterate.analysis.last_iterate.adaptive_steps import (
+    AdaptiveStep,
+    adaptive_run_caveats,
+)
+from opacus_lastiterate.analysis.last_iterate.adaptive_weights import ADAPTIVE_HEURISTIC_LABEL
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import WeightedHeuristicResult
 from opacus_lastiterate.exceptions import (
+    AdaptiveHeuristicWarning,
     HeuristicCalibrationWarning,
     OptimizerTraceWarning,
 )
@@ -56,6 +67,12 @@ __all__ = [
 
 MECHANISM = "last_iterate"
 
+
+StepSettings = SGDSettings | AdaptiveStep
+"""The optimizer settings of one step: SGD's, or an adaptive optimizer's with its noise."""
+
+HEURISTIC_LABEL = "heuristic"
+"""The label of the heuristic of an SGD run (:attr:`LastIterateAccountant.heuristic_label`)."""
 
 _CAVEAT = (
     "last-iterate heuristic (Steinke et al., ICLR 2025) for the final model only; "
@@ -102,6 +119,8 @@ class LastIterateAccountant(RunAccountant):
         self.weight_accuracy = accuracy
         """Requested relative accuracy of the schedule/momentum-weighted epsilon."""
         self._last_settings: SGDSettings | None = None  # last_settings, built when asked
+        self._adaptive = AdaptiveTrace()  # the steps of an adaptive optimizer
+        self._caveats_warned = False
         super().__init__()
 
     # -- bookkeeping hooks (see RunAccountant) ----------------------------------------------
@@ -109,9 +128,13 @@ class LastIterateAccountant(RunAccountant):
     def _after_step(self, noise_multiplier: float, sample_rate: float) -> None:
         self._kept.append(noise_multiplier, sample_rate, 1, self._step_settings())
 
-    def _step_settings(self) -> SGDSettings | None:
+    def _step_settings(self) -> StepSettings | None:
         """The settings of the step just recorded: None unless the trace covers every step."""
-        if self._trace_disabled or not self._trace or self._trace.covered != self._steps():
+        if self._trace_disabled:
+            return None
+        if len(self._adaptive):
+            return self._adaptive.last if self._adaptive.covered == self._steps() else None
+        if not self._trace or self._trace.covered != self._steps():
             return None
         return self.last_settings
 
@@ -119,6 +142,8 @@ class LastIterateAccountant(RunAccountant):
         # a history written from outside has no optimizer settings
         self._kept = KeptModel.from_run(self.run, accuracy=self.weight_accuracy)
         self._trace = SettingsTrace()
+        self._adaptive = AdaptiveTrace()
+        self._caveats_warned = False
         self._last_settings = None
         self._monotonicity = MonotonicityWatch()
 
@@ -133,26 +158,67 @@ class LastIterateAccountant(RunAccountant):
         self._record_optimizer(optim)
 
     def _record_optimizer(self, optim: Any) -> None:
+        from opacus_lastiterate.schedules import (  # torch side
+            adaptive_step,
+            is_adaptive,
+            refuse_maximize,
+            sgd_settings,
+        )
+
+        adaptive = is_adaptive(optim)
+        if adaptive:
+            refuse_maximize(optim)  # a ValueError: nothing recorded
         if self._trace_disabled:
             return
-        from opacus_lastiterate.schedules import sgd_settings  # torch side
-
         try:
-            st = sgd_settings(optim)
-        except ValueError as err:  # UnsupportedOptimizerError or differing parameter groups
-            self._trace_disabled, self._trace = True, SettingsTrace()
+            if adaptive:
+                step = adaptive_step(optim)
+                if len(self._trace):
+                    raise ValueError("The optimizer changed from SGD to an adaptive one.")
+            else:
+                st = sgd_settings(optim)
+                if len(self._adaptive):
+                    raise ValueError("The optimizer changed from an adaptive one to SGD.")
+        except ValueError as err:  # UnsupportedOptimizerError, differing parameter groups
+            self._disable_trace()
             warn(
                 f"{err} The last-iterate accountant falls back to the constant-rate formula, "
                 "which does not describe this optimizer.",
                 OptimizerTraceWarning,
             )
             return
-        self._append_settings((st.lr, st.momentum, st.dampening, st.nesterov, st.weight_decay))
+        if adaptive:
+            self._adaptive.append(step)
+        else:
+            self._append_settings(
+                (st.lr, st.momentum, st.dampening, st.nesterov, st.weight_decay)
+            )  # fmt: skip
+
+    def _disable_trace(self) -> None:
+        self._trace_disabled, self._trace = True, SettingsTrace()
+        self._adaptive, self._last_settings = AdaptiveTrace(), None
 
     def _append_settings(self, key: tuple[float, float, float, bool, float], steps: int = 1) -> None:
         """Add ``steps`` steps with SGD settings ``key`` to the run-length encoded trace."""
         if self._trace.append(key, steps):
             self._last_settings = None
+
+    @property
+    def adaptive_trace(self) -> list[tuple[AdaptiveStep, int]]:
+        """Recorded steps of an adaptive optimizer (Adam, AdamW, ...: settings and noise
+        std), run-length encoded as (step, number of steps). Empty unless the accountant's
+        hook saw one."""
+        return self._adaptive.runs()
+
+    @property
+    def heuristic_label(self) -> str:
+        """What :meth:`get_epsilon` is now: ``"heuristic"``, or for an adaptive optimizer's
+        run :data:`~opacus_lastiterate.analysis.last_iterate.adaptive_weights.
+        ADAPTIVE_HEURISTIC_LABEL` ("heuristic; adaptive second moment treated as fixed")."""
+        return ADAPTIVE_HEURISTIC_LABEL if self._adaptive_in_use() else HEURISTIC_LABEL
+
+    def _adaptive_in_use(self) -> bool:
+        return bool(len(self._adaptive)) and self._weights_in_use()
 
     @property
     def optimizer_trace(self) -> list[TraceEntry]:
@@ -186,10 +252,14 @@ class LastIterateAccountant(RunAccountant):
     # -- the incremental API: what a replica of the accountant is fed ----------------------
 
     @property
-    def last_settings(self) -> SGDSettings | None:
-        """The SGD settings the hook read at the last recorded step; None when the settings
-        of the steps are not recorded (no optimizer seen, or one whose settings the
-        heuristic cannot use). The same object while the settings stay the same."""
+    def last_settings(self) -> StepSettings | None:
+        """The settings the hook read at the last recorded step (SGD's, or an
+        :class:`~opacus_lastiterate.analysis.last_iterate.adaptive_steps.AdaptiveStep`); None
+        when the settings of the steps are not recorded (no optimizer seen, or one whose
+        settings the heuristic cannot use). The same object while the settings stay the
+        same."""
+        if not self._trace_disabled and len(self._adaptive):
+            return self._adaptive.last
         last = self._trace.last
         if self._trace_disabled or last is None:
             return None
@@ -203,11 +273,13 @@ class LastIterateAccountant(RunAccountant):
         that change the per-step weights were recorded for every step)."""
         return self._weights_in_use()
 
-    def stays_constant_rate(self, settings: SGDSettings | None) -> bool:
+    def stays_constant_rate(self, settings: StepSettings | None) -> bool:
         """Whether more steps with ``settings`` keep :meth:`get_epsilon` on the
         constant-rate formula."""
         if self._weights_in_use():
             return False
+        if isinstance(settings, AdaptiveStep):
+            return self._trace_disabled
         if settings is None or self._trace_disabled:
             return True
         if self._trace.covered != self._steps():  # the trace does not cover the run
@@ -218,7 +290,7 @@ class LastIterateAccountant(RunAccountant):
 
     @synchronized
     def replay_step(
-        self, noise_multiplier: float, sample_rate: float, settings: SGDSettings | None
+        self, noise_multiplier: float, sample_rate: float, settings: StepSettings | None
     ) -> None:
         """Record a step as the optimizer hook records it, from values another accountant
         recorded (:attr:`last_step`, :attr:`last_settings`): ``settings`` None means that the
@@ -228,19 +300,23 @@ class LastIterateAccountant(RunAccountant):
             TypeError, ValueError: on an invalid argument; nothing is recorded then.
         """
         sigma, q = check_step_noise(noise_multiplier), check_sample_rate(sample_rate)
-        if settings is not None and not isinstance(settings, SGDSettings):
+        if settings is not None and not isinstance(settings, (SGDSettings, AdaptiveStep)):
             raise TypeError(
-                f"`settings` must be an SGDSettings or None, got {type(settings).__name__}."
+                "`settings` must be an SGDSettings, an AdaptiveStep or None, got "
+                f"{type(settings).__name__}."
             )
         self._note_settings(settings, 1)
         self._record(sigma, q)
 
-    def _note_settings(self, settings: SGDSettings | None, steps: int) -> None:
-        if settings is None:
-            if not self._trace_disabled:
-                self._trace_disabled, self._trace = True, SettingsTrace()
-                self._last_settings = None
-        elif not self._trace_disabled:
+    def _note_settings(self, settings: StepSettings | None, steps: int) -> None:
+        if self._trace_disabled:
+            return
+        adaptive = isinstance(settings, AdaptiveStep)
+        if settings is None or (len(self._trace) if adaptive else len(self._adaptive)):
+            self._disable_trace()  # unknown, or another kind of optimizer than before
+        elif isinstance(settings, AdaptiveStep):
+            self._adaptive.append(settings, steps)
+        else:
             self._append_settings(settings.as_tuple(), steps)
 
     @synchronized
@@ -248,7 +324,7 @@ class LastIterateAccountant(RunAccountant):
         self,
         noise_multiplier: float,
         sample_rate: float,
-        settings: SGDSettings | None,
+        settings: StepSettings | None,
         count: int,
         *,
         delta: float,
@@ -297,6 +373,10 @@ class LastIterateAccountant(RunAccountant):
         if stored is not None:  # a trace covers the run's last steps when it covers any
             trace = decode_trace(stored, "state_dict['optimizer_trace']").entries()
             state["optimizer_trace"] = encode_trace(trim_trace(trace, steps))
+        stored = state.get("adaptive_trace")
+        if stored is not None:
+            runs = AdaptiveTrace(decode_adaptive_trace(stored, "state_dict['adaptive_trace']"))
+            state["adaptive_trace"] = encode_adaptive_trace(runs.trimmed(steps).runs())
         return state
 
     @synchronized
@@ -320,11 +400,15 @@ class LastIterateAccountant(RunAccountant):
     def _extra_state(self) -> dict[str, Any]:
         # a trace that does not cover every step (steps recorded without the optimizer)
         # never weighs the steps: it is stored as what it amounts to, settings not used
-        partial = len(self._trace) > 0 and self._trace.covered != self._steps()
+        partial = (len(self._trace) > 0 and self._trace.covered != self._steps()) or (
+            len(self._adaptive) > 0 and self._adaptive.covered != self._steps()
+        )
         out: dict[str, Any] = {
             "optimizer_trace": encode_trace([] if partial else self._trace.columns()),
             "optimizer_trace_disabled": self._trace_disabled or partial,
         }
+        if len(self._adaptive) and not partial:  # absent for SGD runs
+            out["adaptive_trace"] = encode_adaptive_trace(self._adaptive.runs())
         saved = self._kept.characteristic_state()
         if saved is not None:  # a cache: restored only onto the same run (its fingerprint)
             out["weighted_characteristic"] = saved
@@ -342,25 +426,42 @@ class LastIterateAccountant(RunAccountant):
             [] if trace is None else trace.steps, state_dict["history"], disabled,
             "state_dict['optimizer_trace']",
         )  # fmt: skip
+        stored = state_dict.get("adaptive_trace")
+        adaptive = (
+            [] if stored is None
+            else decode_adaptive_trace(stored, "state_dict['adaptive_trace']")
+        )  # fmt: skip
+        if adaptive and trace is not None and len(trace.steps):
+            raise ValueError(
+                "`state_dict['adaptive_trace']` and `state_dict['optimizer_trace']` must not "
+                "both hold steps: one run uses one optimizer."
+            )
+        check_trace_covers(
+            [n for _, n in adaptive], state_dict["history"], disabled,
+            "state_dict['adaptive_trace']",
+        )  # fmt: skip
         saved = state_dict.get("weighted_characteristic")
         if saved is not None and not isinstance(saved, Mapping):
             raise TypeError(
                 "`state_dict['weighted_characteristic']` must be a mapping (a state_dict "
                 f"of this accountant) or absent, got {type(saved).__name__}."
             )
-        return trace, disabled, saved
+        return trace, disabled, saved, adaptive
 
     def _load_extra_state(self, checked: Any) -> None:
-        columns, self._trace_disabled, saved = checked
+        columns, self._trace_disabled, saved, adaptive = checked
         self._trace = SettingsTrace(columns)
+        self._adaptive = AdaptiveTrace(adaptive)
         self._last_settings = None
-        self._calibration_warned = False
+        self._calibration_warned = self._caveats_warned = False
         covers = not self._trace_disabled and len(self._trace) and (
             self._trace.covered == self._steps()
         )
-        settings = (
+        settings: list[tuple[Any, int]] | None = (
             [(SGDSettings(*e[:5]), e[5]) for e in self._trace.entries()] if covers else None
         )
+        if adaptive and not self._trace_disabled:
+            settings = self._adaptive.runs()
         self._kept = KeptModel.from_run(self.run, settings, accuracy=self.weight_accuracy)
         # the saved accountant was answering weighted queries: restore its engine now (O(T)
         # bookkeeping, with the rest of the load), so that the next query costs what it
@@ -438,6 +539,8 @@ class LastIterateAccountant(RunAccountant):
         kept = self._kept_model()
         name = "robust_heuristic" if robust else "heuristic"
         eps = kept.epsilon(d, name)
+        if not robust and not self._caveats_warned and self._adaptive_in_use():
+            self._warn_adaptive_caveats()
         if (
             check_monotone
             and not self._externally_assigned
@@ -446,6 +549,23 @@ class LastIterateAccountant(RunAccountant):
         ):
             self._monotonicity.after_query(d, eps, self._segments, self._num_steps, kept)
         return eps
+
+    def _warn_adaptive_caveats(self) -> None:
+        """Warn once per run when the adaptive optimizer's run lies outside the settings
+        where its heuristic was checked (:func:`~opacus_lastiterate.analysis.last_iterate.
+        adaptive_steps.adaptive_run_caveats`)."""
+        self._caveats_warned = True
+        sigma = [s.noise_multiplier for s in self._segments]
+        q = [s.sample_rate for s in self._segments]
+        caveats = adaptive_run_caveats(self._adaptive.runs(), sigma, q)
+        if caveats:
+            warn(
+                f"The {ADAPTIVE_HEURISTIC_LABEL} epsilon of this run (at step "
+                f"{self._num_steps}) is outside the settings where it was checked against "
+                "simulation (docs/adaptive_optimizers.md): " + " ".join(caveats)
+                + " (Warned once per run.)",
+                AdaptiveHeuristicWarning,
+            )
 
     @synchronized
     def get_delta(self, epsilon: float) -> float:
@@ -470,7 +590,13 @@ class LastIterateAccountant(RunAccountant):
             delta: if given, include the heuristic epsilon at this delta.
         """
         lines = [f"LastIterateAccountant: {self.num_steps} steps in {len(self)} segment(s)."]
-        if self._weights_in_use():
+        if self._adaptive_in_use():
+            lines.append(
+                f"Adaptive optimizer ({self._adaptive.runs()[0][0].settings.optimizer}) "
+                f"recorded from the optimizer: weighted heuristic ({ADAPTIVE_HEURISTIC_LABEL}), "
+                f"rounded up to within {self.weight_accuracy:g} relative."
+            )
+        elif self._weights_in_use():
             lines.append(
                 "Learning-rate schedule / momentum / weight decay recorded from the optimizer: "
                 f"weighted heuristic, rounded up to within {self.weight_accuracy:g} relative."

@@ -20,7 +20,13 @@ each with the optimizer settings it used, or with settings unknown) and answers
 settings class of an optimizer mapped to the function that turns a run-length list of its
 settings into the weights w_t of the steps in the final model. A new optimizer is one entry
 there (its settings class, recorded by the accountant's hook, and its weights function); the
-kept weighted engine follows SGD only, other optimizers are answered from scratch.
+kept weighted engine follows SGD only, other optimizers are answered from scratch. The
+adaptive optimizers (:class:`~.last_iterate.adaptive_steps.AdaptiveStep`: Adam, AdamW and the
+rest, ``docs/adaptive_optimizers.md``) always weigh their steps unequally (bias corrections,
+the frozen second moment), so a run recorded with them is always weighted; an Adam or
+AdamW run (no L2 weight decay, one beta1) is followed by the kept weighted engine through
+its SGD equivalent (:class:`~.last_iterate.adaptive_steps.SGDEquivalent`: the same epsilon),
+the other adaptive runs are answered from scratch.
 
 The number is what the model of the registry says it is: the heuristic is exact for linear
 losses and not a proven bound for deep networks, and describes the final model only.
@@ -34,6 +40,11 @@ from typing import Any
 import numpy as np
 
 from opacus_lastiterate.analysis._validation import check_delta, check_epsilon
+from opacus_lastiterate.analysis.last_iterate.adaptive_steps import (
+    AdaptiveStep,
+    SGDEquivalent,
+    adaptive_run_weights,
+)
 from opacus_lastiterate.analysis.last_iterate.incremental import IncrementalHeuristic, SuffixPeak
 from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
     IncrementalWeightedHeuristic,
@@ -67,9 +78,14 @@ def _sgd_varies(first: SGDSettings, settings: SGDSettings) -> bool:
     return settings.lr != first.lr or settings.momentum != 0.0 or settings.weight_decay != 0.0
 
 
+def _adaptive_varies(first: AdaptiveStep, settings: AdaptiveStep) -> bool:
+    return True  # the bias corrections and the second moment weigh the steps unequally
+
+
 OPTIMIZER_WEIGHTS: Mapping[type, tuple[Callable[[SettingsRuns], np.ndarray],
                                        Callable[[Any, Any], bool]]] = {
     SGDSettings: (_sgd_run_weights, _sgd_varies),
+    AdaptiveStep: (adaptive_run_weights, _adaptive_varies),
 }
 """Settings class of an optimizer -> (weights of a run-length list of its settings, whether
 settings differ from the first step's in a way that changes the weights: (first, settings)
@@ -97,6 +113,9 @@ class KeptModel:
         self._varies = False
         self._weighted: IncrementalWeightedHeuristic | None = None
         self._saved: Mapping[str, Any] | None = None  # a characteristic to restore
+        # an adaptive run as the SGD run the kept engine follows (None: not mapped)
+        self._equivalent: SGDEquivalent | None = None
+        self._sgd_view: list[SGDSettings] | None = None  # one per step
         self._run: DPSGDRun | None = None
 
     @classmethod
@@ -190,9 +209,11 @@ class KeptModel:
         self._constant.append(noise_multiplier, sample_rate, steps)
         self._note(settings, steps)
         engine = self._weighted
-        if engine is not None and settings is not None and self.uses_weights:
-            for _ in range(steps):  # the kept engine follows the steps, O(1) each
-                engine.append(noise_multiplier, sample_rate, *settings.as_tuple())
+        if engine is not None and settings is not None and self._kept_weighted():
+            view = self._sgd_view
+            for k in range(steps):  # the kept engine follows the steps, O(1) each
+                st = settings if view is None else view[k - steps]
+                engine.append(noise_multiplier, sample_rate, *st.as_tuple())
         elif self._kept_weighted():
             # from the first step whose weights matter the engine follows the steps, so that
             # the first query does not take in the whole run (O(T))
@@ -225,9 +246,11 @@ class KeptModel:
         self._run = None
         if settings is None:
             self._known, self._runs, self._varies = False, [], False
+            self._equivalent = self._sgd_view = None
             return
         if not self._known:
             return
+        self._note_equivalent(settings, steps)
         if self._runs and self._runs[-1][0] == settings:
             self._runs[-1][1] += steps
             return
@@ -245,6 +268,22 @@ class KeptModel:
         self._varies = self._varies or OPTIMIZER_WEIGHTS[type(settings)][1](first, settings)
         self._runs.append([settings, steps])
 
+    def _note_equivalent(self, settings: Any, steps: int) -> None:
+        """Follow an adaptive run's SGD equivalent (module docstring)."""
+        if not isinstance(settings, AdaptiveStep):
+            return
+        if not self._runs:
+            self._equivalent, self._sgd_view = SGDEquivalent(), []
+        equivalent, view = self._equivalent, self._sgd_view
+        if equivalent is None or view is None:
+            return
+        for _ in range(steps):
+            st = equivalent.append(settings)
+            if st is None:
+                self._equivalent = self._sgd_view = None
+                return
+            view.append(st)
+
     # -- the kept weighted engine ------------------------------------------------------------
 
     def _weighted_engine(self) -> IncrementalWeightedHeuristic:
@@ -254,9 +293,12 @@ class KeptModel:
         if engine is None or engine.num_steps != self.num_steps or engine.accuracy != self.accuracy:
             engine = IncrementalWeightedHeuristic(self.accuracy)
             sigma, q = self._constant.run.per_step()
-            counts = [n for _, n in self._runs]
+            runs: list[list[Any]] = (
+                self._runs if self._sgd_view is None else [[s, 1] for s in self._sgd_view]
+            )
+            counts = [n for _, n in runs]
             fields = [np.repeat(np.asarray(c), counts)
-                      for c in zip(*(s.as_tuple() for s, _ in self._runs), strict=True)]
+                      for c in zip(*(s.as_tuple() for s, _ in runs), strict=True)]
             engine.extend(sigma, q, *fields)
             saved, self._saved = self._saved, None
             if saved is not None:
@@ -278,9 +320,7 @@ class KeptModel:
         """Take up a :meth:`characteristic_state` saved for this run (ignored if it is not
         for this run): the weighted engine is built now when the weights are in use."""
         self._saved = state
-        if state is not None and self.uses_weights and self._runs and isinstance(
-            self._runs[0][0], SGDSettings
-        ):
+        if state is not None and self._kept_weighted():
             self._weighted = None
             self._weighted_engine()
         self._saved = None
@@ -316,12 +356,13 @@ class KeptModel:
 
     def weighted_result(self, delta: float) -> WeightedHeuristicResult:
         """The weighted heuristic at ``delta`` with its achieved accuracy, by the kept engine
-        (cached per step). Requires :attr:`uses_weights` with SGD settings."""
+        (cached per step). Requires :attr:`uses_weights` with SGD settings, or an Adam/AdamW
+        run that maps onto SGD (module docstring)."""
         d = check_delta(delta)
         if not self._kept_weighted():
             raise ValueError(
-                "the kept weighted engine needs SGD settings that change the weights, "
-                "recorded for every step."
+                "the kept weighted engine needs SGD settings that change the weights (or an "
+                "Adam/AdamW run without L2 weight decay), recorded for every step."
             )
         return self._weighted_engine().epsilon(d)
 
@@ -331,7 +372,9 @@ class KeptModel:
         return self._constant.suffix_peak(delta)
 
     def _kept_weighted(self) -> bool:
-        return self.uses_weights and isinstance(self._runs[0][0], SGDSettings)
+        return self.uses_weights and (
+            isinstance(self._runs[0][0], SGDSettings) or self._sgd_view is not None
+        )
 
     def _build(self, choice: Choice, params: Mapping[str, Any]) -> PrivacyModel:
         """The from-scratch model of ``choice`` for the recorded run (without its weights

@@ -302,6 +302,8 @@ class InlineEvaluator:
         replica = self.replica
         if replica is None or not replica.uses_weights or replica.uses_epoch_sampling:
             return None
+        if not isinstance(replica.last_settings, SGDSettings):  # adaptive: the replica answers
+            return None
         if self._weighted is None:
             engine = IncrementalWeightedHeuristic(replica.weight_accuracy)
             steps = [h[2] for h in replica.history]

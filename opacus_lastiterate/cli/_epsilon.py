@@ -23,6 +23,11 @@ from typing import Any
 
 import click
 
+from opacus_lastiterate.cli._optimizer import (
+    adaptive_label,
+    adaptive_weights_of,
+    optimizer_options,
+)
 from opacus_lastiterate.cli._options import (
     NON_NEGATIVE,
     POSITIVE,
@@ -130,12 +135,15 @@ def _weighted(args: dict[str, Any], quantity: str, argument: float) -> Any:
     from opacus_lastiterate.analysis.privacy_models import privacy_model
     from opacus_lastiterate.analysis.run import DPSGDRun
 
-    weights = sgd_weights(
-        args["learning_rates"],
-        momentum=args["momentum"],
-        dampening=args["dampening"],
-        nesterov=args["nesterov"],
-    )
+    if args["optimizer"] != "sgd":
+        weights = adaptive_weights_of(args)
+    else:
+        weights = sgd_weights(
+            args["learning_rates"],
+            momentum=args["momentum"],
+            dampening=args["dampening"],
+            nesterov=args["nesterov"],
+        )
     run = DPSGDRun.from_history(
         [(args["noise_multiplier"], args["sample_rate"], args["steps"])], weights=weights
     )
@@ -279,7 +287,8 @@ def _epsilon_for_delta(args: dict[str, Any]) -> None:
         if weighted is not None:
             payload["weighted_heuristic"] = weighted.epsilon
             payload["weighted_relative_accuracy"] = weighted.relative_accuracy
-            payload["labels"]["weighted_heuristic"] = WEIGHTED_LABEL
+            payload["labels"]["weighted_heuristic"] = _weighted_label(args)
+            payload.update(_optimizer_key(args))
         emit_json(payload)
         return
     click.echo(_header(args, f"delta = {args['delta']:g}"))
@@ -288,8 +297,8 @@ def _epsilon_for_delta(args: dict[str, Any]) -> None:
         click.echo(f"  {key:<17} eps = {result[key]:10.4f}   {label}")
     if weighted is not None:
         click.echo(
-            f"  {'weighted':<17} eps = {weighted.epsilon:10.4f}   {WEIGHTED_LABEL}; schedule "
-            f"{args['lr_schedule'] or 'constant'}, momentum {args['momentum']:g}, accuracy "
+            f"  {'weighted':<17} eps = {weighted.epsilon:10.4f}   {_weighted_label(args)}; "
+            f"schedule {args['lr_schedule'] or 'constant'}, {_settings_text(args)}, accuracy "
             f"{weighted.relative_accuracy:.1e}"
         )
 
@@ -330,7 +339,8 @@ def _delta_for_epsilon(args: dict[str, Any]) -> None:
         if weighted is not None:
             payload["weighted_heuristic"] = weighted.value
             payload["weighted_relative_accuracy"] = weighted.relative_accuracy
-            payload["labels"]["weighted_heuristic"] = WEIGHTED_LABEL
+            payload["labels"]["weighted_heuristic"] = _weighted_label(args)
+            payload.update(_optimizer_key(args))
         emit_json(payload)
         return
     click.echo(_header(args, f"epsilon = {eps:g}"))
@@ -339,8 +349,8 @@ def _delta_for_epsilon(args: dict[str, Any]) -> None:
         click.echo(f"  {key:<17} delta = {deltas[key]:11.4e}   {label}")
     if weighted is not None:
         click.echo(
-            f"  {'weighted':<17} delta = {weighted.value:11.4e}   {WEIGHTED_LABEL}; schedule "
-            f"{args['lr_schedule'] or 'constant'}, momentum {args['momentum']:g}"
+            f"  {'weighted':<17} delta = {weighted.value:11.4e}   {_weighted_label(args)}; "
+            f"schedule {args['lr_schedule'] or 'constant'}, {_settings_text(args)}"
         )
 
 
@@ -478,6 +488,7 @@ def _plot_curve(args: dict[str, Any], weighted: Any) -> None:
               help="StepLR decay factor.")
 @click.option("--accuracy", type=Interval(0.0, 1.0), default=1e-3, show_default=True,
               help="Relative accuracy of the weighted heuristic.")
+@optimizer_options
 @json_option
 @plot_option("the four epsilons against the number of steps t = 1..T", "epsilon.png")
 def epsilon(**args: Any) -> None:
@@ -495,12 +506,13 @@ def epsilon(**args: Any) -> None:
     noise, delta, eps, target = (
         args["noise_multiplier"], args["delta"], args["epsilon"], args["target_epsilon"]
     )
+    _check_optimizer_options(args)
     args["scheme"] = _scheme(args)
     if args["scheme"] is not None and (args["plot"] is not None or _weighted_requested(args)):
         raise click.UsageError(
             f"--sampling {args['sampling']} gives the numbers of that scheme for a constant "
             "learning rate: leave out --plot, --lr-schedule, --momentum, --dampening and "
-            "--nesterov (the weighted heuristic of an epoch scheme: "
+            f"--nesterov{_and_optimizer(args)} (the weighted heuristic of an epoch scheme: "
             "privacy_model('heuristic', run) in Python)."
         )
     if target is not None:
@@ -514,7 +526,7 @@ def epsilon(**args: Any) -> None:
         if args["plot"] is not None or _weighted_requested(args):
             raise click.UsageError(
                 "--target-epsilon calibrates the constant-rate accountants: leave out --plot, "
-                "--lr-schedule, --momentum, --dampening and --nesterov."
+                f"--lr-schedule, --momentum, --dampening and --nesterov{_and_optimizer(args)}."
             )
         _calibrate(args, tuple(args["calibrate"]) or _DEFAULT_CALIBRATIONS)
         return
@@ -541,7 +553,44 @@ def epsilon(**args: Any) -> None:
         _delta_for_epsilon(args)
 
 
+def _check_optimizer_options(args: dict[str, Any]) -> None:
+    """The adaptive options need --optimizer other than sgd."""
+    if args["optimizer"] == "sgd":
+        given = [f"--{k.replace('_', '-')}" for k in ("beta1", "beta2", "adam_eps", "noise_std")
+                 if args[k] is not None] + (["--weight-decay"] if args["weight_decay"] else [])
+        if args["base_lr"] is not None:
+            given.append("--lr")
+        if given:
+            raise click.UsageError(
+                f"{', '.join(given)}: options of an adaptive optimizer; pass --optimizer adam, "
+                "adamw, ... (torch SGD's weights read --momentum, --dampening, --nesterov)."
+            )
+
+
 def _weighted_requested(args: dict[str, Any]) -> bool:
     return bool(args["lr_schedule"] is not None or args["momentum"] or args["dampening"]
-                or args["nesterov"])
+                or args["nesterov"] or args["optimizer"] != "sgd")
+
+
+def _and_optimizer(args: dict[str, Any]) -> str:
+    return "" if args["optimizer"] == "sgd" else f" (and --optimizer {args['optimizer']})"
+
+
+def _weighted_label(args: dict[str, Any]) -> str:
+    return WEIGHTED_LABEL if args["optimizer"] == "sgd" else adaptive_label()
+
+
+def _settings_text(args: dict[str, Any]) -> str:
+    if args["optimizer"] == "sgd":
+        return f"momentum {args['momentum']:g}"
+    return f"optimizer {args['optimizer']}"
+
+
+def _optimizer_key(args: dict[str, Any]) -> dict[str, Any]:
+    """``{"optimizer": ...}`` with the adaptive settings given, for an adaptive optimizer."""
+    if args["optimizer"] == "sgd":
+        return {}
+    keys = ("base_lr", "beta1", "beta2", "adam_eps", "weight_decay", "noise_std")
+    return {"optimizer": {"name": args["optimizer"],
+                          **{k: args[k] for k in keys if args[k] is not None}}}
 

@@ -55,7 +55,7 @@ def _step_and_record(model: nn.Module, optimizer: torch.optim.Optimizer, loader:
 
 
 def test_optimizer_trace_warning_points_at_optimizer_step(digits_dataset: TensorDataset) -> None:
-    model, optimizer, loader = _private(digits_dataset, "last_iterate", torch.optim.Adam)
+    model, optimizer, loader = _private(digits_dataset, "last_iterate", torch.optim.Rprop)
     record, line = _step_and_record(model, optimizer, loader, OptimizerTraceWarning)
     assert [(w.filename, w.lineno) for w in record] == [(__file__, line)]
 

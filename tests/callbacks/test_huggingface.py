@@ -52,7 +52,7 @@ class _Net(nn.Module):
 
 def _setup(
     tmp_path: Path, max_steps: int, budget: PrivacyBudget | None = None, device: str = "cpu",
-    **kw: Any,
+    make_optimizer: Any = None, **kw: Any,
 ):
     from opacus import PrivacyEngine
 
@@ -64,7 +64,10 @@ def _setup(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         hooks, optimizer, _ = engine.make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            module=model,
+            optimizer=(make_optimizer or (lambda p: torch.optim.SGD(p, lr=0.1)))(
+                model.parameters()
+            ),
             data_loader=DataLoader(data, batch_size=32), noise_multiplier=1.0,
             max_grad_norm=1.0, wrap_model=False,
         )
@@ -238,3 +241,38 @@ def test_trainer_shuffled_batches_are_accounted_and_labelled(tmp_path: Path) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert abs(poisson.get_epsilon(DELTA) - final.heuristic_epsilon) > 1e-3
+
+
+def test_default_trainer_adamw_logs_the_adaptive_heuristic_every_step(tmp_path: Path) -> None:
+    """The Trainer's defaults: torch AdamW (betas 0.9/0.999, eps 1e-8, no weight decay) and
+    its linear decay schedule. Every step's record carries the accountant's adaptive
+    heuristic (labelled "heuristic; adaptive second moment treated as fixed"), with no
+    fallback to the constant-rate formula."""
+    from opacus_lastiterate.analysis.last_iterate.adaptive_weights import (
+        ADAPTIVE_HEURISTIC_LABEL,
+    )
+    from opacus_lastiterate.exceptions import AdaptiveHeuristicWarning, OptimizerTraceWarning
+
+    def adamw(params: Any) -> torch.optim.Optimizer:  # what TrainingArguments defaults to
+        return torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+
+    engine, _monitor, trainer, records, expected, _ = _setup(
+        tmp_path, 5, save_strategy="no", make_optimizer=adamw,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    fallbacks = [w for w in caught if issubclass(w.category, OptimizerTraceWarning)]
+    assert fallbacks == []
+    caveats = [w for w in caught if issubclass(w.category, AdaptiveHeuristicWarning)]
+    assert len(caveats) <= 2  # once per run, per accountant asked (the Probe's, the monitor's)
+    acc = engine.accountant
+    assert acc.heuristic_label == ADAPTIVE_HEURISTIC_LABEL
+    assert {s.settings.optimizer for s, _ in acc.adaptive_trace} == {"adamw"}
+    assert [r.step for r in records] == [1, 2, 3, 4, 5, 5] and records[-1].final
+    assert {r.sampling for r in records} == {"shuffled"}  # the Trainer shuffles
+    for r, (n, eps) in zip(records, expected + expected[-1:], strict=True):
+        assert r.step == n and r.heuristic_epsilon is not None
+        assert r.heuristic_epsilon == pytest.approx(eps, rel=2 * acc.weight_accuracy)
+    lrs = [r.lr for r in records[:5]]
+    assert lrs == sorted(lrs, reverse=True) and len(set(lrs)) == 5  # the linear decay

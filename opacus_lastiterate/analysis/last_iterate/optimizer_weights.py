@@ -33,8 +33,10 @@ general cases the weights come from running the linear recursion backwards (the 
 they are exact for the linear model.
 
 Adaptive optimisers (Adam, AdamW, Adagrad, RMSprop, ...) divide by a data-dependent
-statistic, so the final model is not a fixed linear function of the noisy gradients and the
-heuristic's linear model does not apply: :func:`check_optimizer_supported` raises for them.
+statistic, so their final model is not a fixed linear function of the noisy gradients and
+the weights here do not describe them: :func:`check_optimizer_supported` raises for them.
+Their weights, under the approximation that freezes that statistic at its expectation under
+the noise, are in :mod:`.adaptive_weights` (``docs/adaptive_optimizers.md``).
 """
 
 from __future__ import annotations
@@ -145,8 +147,8 @@ def check_optimizer_supported(optimizer: object) -> str:
         raise UnsupportedOptimizerError(
             f"`optimizer` {name!r} is adaptive: it rescales each step by a data-dependent "
             "statistic, so the final model is not a fixed weighted sum of the noisy gradients "
-            "and the last-iterate heuristic's linear model does not apply. Only SGD (with "
-            "optional momentum, dampening, nesterov, weight decay) is supported."
+            "and SGD's weights do not apply. Its weights with the second moment frozen "
+            "are in analysis.last_iterate.adaptive_weights (docs/adaptive_optimizers.md)."
         )
     raise UnsupportedOptimizerError(
         f"`optimizer` {name!r} is not known to be linear in the noisy gradient; only SGD "

@@ -1,0 +1,150 @@
+"""PrivacyMonitor on an AdamW run with a linear warm-up and decay: one record per step,
+each with the adaptive heuristic (checked against an independent numpy AdamW with the second
+moment frozen), no fallback warning; the adaptive trace survives the monitor's checkpoint."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from opacus_lastiterate.analysis.last_iterate.adaptive_weights import ADAPTIVE_HEURISTIC_LABEL
+from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.run import DPSGDRun
+from opacus_lastiterate.callbacks import EpsilonRecord, PrivacyMonitor
+from opacus_lastiterate.exceptions import OptimizerTraceWarning
+from tests.callbacks.conftest import BATCH, DELTA, N, train
+
+SIGMA, CLIP, LR, BETAS, WD = 1.0, 1.0, 0.01, (0.9, 0.99), 0.1
+WARMUP, STEPS = 3, 10
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::opacus_lastiterate.exceptions.AdaptiveHeuristicWarning",
+    "ignore:Full backward hook is firing:UserWarning",
+)
+
+
+def _lambda(step: int) -> float:
+    return (step + 1) / WARMUP if step < WARMUP else (STEPS - step) / (STEPS - WARMUP)
+
+
+def _make_adamw() -> tuple[Any, nn.Module, Any, DataLoader]:
+    from opacus import PrivacyEngine
+
+    torch.manual_seed(0)
+    x, y = torch.randn(N, 16), torch.randint(0, 4, (N,))
+    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WD)
+    engine = PrivacyEngine(accountant="last_iterate")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, optimizer, loader = engine.make_private(
+            module=model, optimizer=optimizer,
+            data_loader=DataLoader(TensorDataset(x, y), batch_size=BATCH),
+            noise_multiplier=SIGMA, max_grad_norm=CLIP,
+        )
+    return engine, model, optimizer, loader
+
+
+def _numpy_adamw_weights(lrs: list[float]) -> np.ndarray:
+    """AdamW on one coordinate, v_t frozen at its expectation under N(0, (sigma C / B)^2)
+    gradients; weights = negated response of the final parameter to a unit gradient."""
+    b1, b2 = BETAS
+    s2 = (SIGMA * CLIP / BATCH) ** 2
+    T = len(lrs)
+    v = np.empty(T)
+    acc = 0.0
+    for t in range(T):
+        acc = b2 * acc + (1 - b2) * s2
+        v[t] = acc
+    w = np.empty(T)
+    for impulse in range(T):
+        p = m = 0.0
+        for t in range(T):
+            p *= 1 - lrs[t] * WD
+            m = b1 * m + (1 - b1) * (t == impulse)
+            p -= lrs[t] * m / (1 - b1 ** (t + 1)) / (math.sqrt(v[t] / (1 - b2 ** (t + 1))) + 1e-8)
+        w[impulse] = -p
+    return w
+
+
+def test_monitor_logs_the_adaptive_heuristic_every_step() -> None:
+    engine, model, opt, loader = _make_adamw()
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lambda)
+    records: list[EpsilonRecord] = []
+    monitor = PrivacyMonitor(
+        engine, delta=DELTA, sinks=[records.append], optimizer=opt, weighted_every=1,
+        flush_every=None,
+    )
+    lrs: list[float] = []
+
+    def after(step: int) -> None:
+        lrs.append(opt.param_groups[0]["lr"])
+        sched.step()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OptimizerTraceWarning)
+        train(model, opt, loader, STEPS, after=after)
+        monitor.flush()
+    assert [r.step for r in records] == list(range(1, STEPS + 1))  # one row per step
+    assert engine.accountant.heuristic_label == ADAPTIVE_HEURISTIC_LABEL
+    assert [r.lr for r in records] == lrs and len(set(lrs)) > 3
+    q = BATCH / N
+    for r in records:
+        assert r.heuristic_epsilon is not None
+        w = _numpy_adamw_weights(lrs[: r.step])
+        run = DPSGDRun.constant(steps=r.step, sample_rate=q, noise_multiplier=SIGMA)
+        expected = privacy_model("heuristic", DPSGDRun(run.segments, weights=w)).epsilon(DELTA)
+        assert r.heuristic_epsilon == pytest.approx(expected, rel=2e-3)
+    # the constant-rate formula would differ: the weights are in use
+    plain = privacy_model("heuristic", DPSGDRun.constant(
+        steps=STEPS, sample_rate=q, noise_multiplier=SIGMA)).epsilon(DELTA)
+    assert abs(records[-1].heuristic_epsilon - plain) > 1e-2 * plain
+
+
+def test_default_cadences_give_one_row_per_step_and_the_final_heuristic() -> None:
+    """Default cadences (``weighted_every="auto"``: the steps whose value fits the overhead
+    budget of this toy model's sub-millisecond steps): still one row per step, and the
+    final record carries the accountant's adaptive heuristic."""
+    engine, model, opt, loader = _make_adamw()
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lambda)
+    records: list[EpsilonRecord] = []
+    monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt,
+                             flush_every=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OptimizerTraceWarning)
+        train(model, opt, loader, STEPS, after=lambda step: sched.step())
+        final = monitor.finish()
+    assert [r.step for r in records] == [*range(1, STEPS + 1), STEPS]
+    assert final is not None and final.heuristic_epsilon is not None
+    # the replica and the accountant each keep their own engine, asked at different steps
+    # (the "auto" cadence depends on timing): equal within the weighted accuracy
+    acc = engine.accountant
+    assert final.heuristic_epsilon == pytest.approx(acc.get_epsilon(DELTA), rel=2 * acc.weight_accuracy)
+
+
+def test_adaptive_trace_survives_the_monitor_checkpoint() -> None:
+    engine, model, opt, loader = _make_adamw()
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lambda)
+    monitor = PrivacyMonitor(engine, delta=DELTA, optimizer=opt)
+    train(model, opt, loader, 6, after=lambda step: sched.step())
+    state = json.loads(json.dumps(monitor.state_dict()))  # plain, JSON-serialisable
+    engine2, *_ = _make_adamw()
+    restored = PrivacyMonitor(engine2, delta=DELTA)
+    restored.load_state_dict(state)
+    acc, acc2 = engine.accountant, engine2.accountant
+    assert acc2.adaptive_trace == acc.adaptive_trace
+    assert acc2.heuristic_label == ADAPTIVE_HEURISTIC_LABEL
+    assert acc2.get_epsilon(DELTA) == pytest.approx(acc.get_epsilon(DELTA), rel=1e-12)
+    bad = json.loads(json.dumps(state))
+    bad["accountant"]["adaptive_trace"]["beta1"]["values"][0] = 1.5
+    with pytest.raises(ValueError, match="beta1"):
+        restored.load_state_dict(bad)
+    assert acc2.adaptive_trace == acc.adaptive_trace  # nothing changed
