@@ -17,6 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from opacus_lastiterate.accountants.optimizer_trace import (
+    TraceColumns,
+    check_trace_covers,
+    decode_trace,
+)
 from opacus_lastiterate.analysis._validation import check_steps
 from opacus_lastiterate.analysis.last_iterate.adaptive_steps import (
     ADAPTIVE_STEP_FIELDS,
@@ -154,3 +159,41 @@ def decode_adaptive_trace(stored: object, name: str) -> AdaptiveRuns:
         else:
             runs.append((step, n))
     return runs
+
+
+def decode_traces(
+    state_dict: Mapping[str, Any],
+) -> tuple[TraceColumns | None, bool, AdaptiveRuns]:
+    """The optimizer traces of an accountant's ``state_dict``, validated whole against its
+    history: the SGD trace (None when absent), whether the trace is off, and the adaptive
+    trace's runs (empty when absent).
+
+    Raises:
+        TypeError, ValueError: a malformed trace (named by its key), a trace that does not
+            cover the history, or both traces holding steps.
+    """
+    stored = state_dict.get("optimizer_trace")
+    trace = None if stored is None else decode_trace(stored, "state_dict['optimizer_trace']")
+    disabled = state_dict.get("optimizer_trace_disabled", False)
+    if not isinstance(disabled, bool):
+        raise TypeError(
+            f"`state_dict['optimizer_trace_disabled']` must be a bool, got {disabled!r}."
+        )
+    check_trace_covers(
+        [] if trace is None else trace.steps, state_dict["history"], disabled,
+        "state_dict['optimizer_trace']",
+    )  # fmt: skip
+    stored = state_dict.get("adaptive_trace")
+    adaptive = (
+        [] if stored is None else decode_adaptive_trace(stored, "state_dict['adaptive_trace']")
+    )
+    if adaptive and trace is not None and len(trace.steps):
+        raise ValueError(
+            "`state_dict['adaptive_trace']` and `state_dict['optimizer_trace']` must not "
+            "both hold steps: one run uses one optimizer."
+        )
+    check_trace_covers(
+        [n for _, n in adaptive], state_dict["history"], disabled,
+        "state_dict['adaptive_trace']",
+    )  # fmt: skip
+    return trace, disabled, adaptive

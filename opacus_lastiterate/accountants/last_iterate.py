@@ -27,6 +27,7 @@ from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants.adaptive_trace import (
     AdaptiveTrace,
     decode_adaptive_trace,
+    decode_traces,
     encode_adaptive_trace,
 )
 from opacus_lastiterate.accountants.base import RunAccountant, check_step_noise, synchronized
@@ -34,7 +35,6 @@ from opacus_lastiterate.accountants.monotonicity import MonotonicityWatch
 from opacus_lastiterate.accountants.optimizer_trace import (
     SettingsTrace,
     TraceEntry,
-    check_trace_covers,
     decode_trace,
     encode_trace,
     trim_trace,
@@ -415,31 +415,7 @@ class LastIterateAccountant(RunAccountant):
         return out
 
     def _check_extra_state(self, state_dict: Mapping[str, Any]) -> Any:
-        stored = state_dict.get("optimizer_trace")
-        trace = None if stored is None else decode_trace(stored, "state_dict['optimizer_trace']")
-        disabled = state_dict.get("optimizer_trace_disabled", False)
-        if not isinstance(disabled, bool):
-            raise TypeError(
-                f"`state_dict['optimizer_trace_disabled']` must be a bool, got {disabled!r}."
-            )
-        check_trace_covers(
-            [] if trace is None else trace.steps, state_dict["history"], disabled,
-            "state_dict['optimizer_trace']",
-        )  # fmt: skip
-        stored = state_dict.get("adaptive_trace")
-        adaptive = (
-            [] if stored is None
-            else decode_adaptive_trace(stored, "state_dict['adaptive_trace']")
-        )  # fmt: skip
-        if adaptive and trace is not None and len(trace.steps):
-            raise ValueError(
-                "`state_dict['adaptive_trace']` and `state_dict['optimizer_trace']` must not "
-                "both hold steps: one run uses one optimizer."
-            )
-        check_trace_covers(
-            [n for _, n in adaptive], state_dict["history"], disabled,
-            "state_dict['adaptive_trace']",
-        )  # fmt: skip
+        trace, disabled, adaptive = decode_traces(state_dict)
         saved = state_dict.get("weighted_characteristic")
         if saved is not None and not isinstance(saved, Mapping):
             raise TypeError(
