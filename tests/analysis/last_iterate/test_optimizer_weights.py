@@ -209,7 +209,7 @@ def test_sgd_is_supported(opt):
     "opt", ["Adam", "AdamW", "adagrad", "RMSprop", "DPAdam", Adam, DPOptimizer(Adam())]
 )
 def test_adaptive_optimisers_raise(opt):
-    with pytest.raises(UnsupportedOptimizerError, match="adaptive.*linear model does not apply"):
+    with pytest.raises(UnsupportedOptimizerError, match="adaptive.*SGD's weights do not apply.*adaptive_weights"):
         check_optimizer_supported(opt)
 
 
