@@ -52,7 +52,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from opacus_lastiterate.exceptions import PrivacyWiringError
+from opacus_lastiterate._warn import warn
+from opacus_lastiterate.exceptions import AuditWarning, PrivacyWiringError
 
 __all__ = ["ParameterReport", "WiringCheck", "WiringReport", "check_private_training"]
 
@@ -166,6 +167,16 @@ class WiringCheck:
 
         return pre_step
 
+    def _give_up(self, why: str) -> None:
+        """Disarm with a warning: the probe cannot observe this set-up, and a check that
+        cannot run must not abort a step Opacus accepts."""
+        self.cancel()
+        warn(
+            f"The wiring check could not observe this optimizer's step ({why}); it is "
+            "switched off and this run's wiring is not checked.",
+            AuditWarning,
+        )
+
     def cancel(self) -> None:
         """Disarm; the optimizer's ``pre_step`` is restored when nothing wrapped it since.
         The model and its tensors are no longer referenced."""
@@ -252,9 +263,21 @@ class WiringCheck:
             opt.__dict__.pop("add_noise", None)
             if own_add_noise is not None:
                 opt.add_noise = own_add_noise
-            clipped = {id(p): p.summed_grad.detach().clone() for p in params}
+            sums = [getattr(p, "summed_grad", None) for p in params]
+            if any(sg is None for sg in sums):  # sharded (FSDP) or otherwise unobservable
+                self._give_up("some parameters have no clipped sum on this rank")
+                return add_noise(*a, **k)
+            clipped = {
+                id(p): sg.detach().clone()  # type: ignore[union-attr]  # checked above
+                for p, sg in zip(params, sums, strict=True)
+            }
             out = add_noise(*a, **k)
-            self._verify(params, ghost, samples, raw, prior, clipped)
+            try:
+                self._verify(params, ghost, samples, raw, prior, clipped)
+            except PrivacyWiringError:
+                raise
+            except Exception as err:  # a set-up the check cannot read: never abort the step
+                self._give_up(f"{type(err).__name__}: {err}")
             return out
 
         opt.add_noise = observed_add_noise

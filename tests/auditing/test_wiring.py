@@ -425,3 +425,29 @@ def test_gradient_accumulation_over_two_backward_passes_passes() -> None:
     dp_opt.step()
     assert check is not None and check.report is not None
     assert all(p.examples == 2 * BATCH for p in check.report.parameters)
+
+
+def test_a_check_that_cannot_read_the_step_gives_up_with_a_warning_not_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A set-up the probe cannot read (here: its comparison fails inside, as a sharded
+    optimizer's missing clipped sums did) never aborts a step Opacus accepts: the check is
+    switched off with one AuditWarning and training goes on with the same update."""
+    from opacus_lastiterate.auditing import wiring
+    from opacus_lastiterate.exceptions import AuditWarning
+
+    reference = _plain()
+    _plain_steps(reference[1], reference[2], reference[3], 2)
+    model, wrapped, dp_opt, loader, engine = _plain()  # the same seed: the same noise
+    check = check_private_training(dp_opt, model)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("cannot read this optimizer")
+
+    monkeypatch.setattr(wiring.WiringCheck, "_verify", broken)
+    with pytest.warns(AuditWarning, match="could not observe"):
+        _plain_steps(wrapped, dp_opt, loader, 2)
+    assert check is not None and check.report is None and check.done
+    for p, q in zip(model.parameters(), reference[0].parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert engine.accountant.history == reference[4].accountant.history
