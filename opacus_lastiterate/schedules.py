@@ -144,11 +144,7 @@ def sgd_settings(optimizer: Any, *, group: int | None = None) -> SGDSettings:
     """
     inner = _unwrap(optimizer)
     check_optimizer_supported(inner)
-    groups = inner.param_groups
-    if group is not None:
-        if not (0 <= group < len(groups)):
-            raise ValueError(f"`group` must be in [0, {len(groups) - 1}], got {group!r}.")
-        groups = [groups[group]]
+    groups = _selected_groups(inner, group)
 
     def read(g: dict) -> SGDSettings:
         if g.get("maximize", False):
@@ -273,11 +269,7 @@ def adaptive_step(optimizer: Any, *, group: int | None = None) -> AdaptiveStep:
     """
     inner = _unwrap(optimizer)
     canonical_adaptive_name(inner)
-    groups = inner.param_groups
-    if group is not None:
-        if not (0 <= group < len(groups)):
-            raise ValueError(f"`group` must be in [0, {len(groups) - 1}], got {group!r}.")
-        groups = [groups[group]]
+    groups = _selected_groups(inner, group)
     settings = [settings_from_param_group(inner, g) for g in groups]
     if any(s != settings[0] for s in settings[1:]):
         raise ValueError(
@@ -291,3 +283,13 @@ def adaptive_step(optimizer: Any, *, group: int | None = None) -> AdaptiveStep:
             "undefined (and epsilon is infinite)."
         )
     return AdaptiveStep(settings[0], std)
+
+
+def _selected_groups(optimizer: Any, group: int | None) -> list[dict[str, Any]]:
+    """The parameter groups a settings reader describes: all, or the one at index ``group``."""
+    groups = list(optimizer.param_groups)
+    if group is not None:
+        if not (0 <= group < len(groups)):
+            raise ValueError(f"`group` must be in [0, {len(groups) - 1}], got {group!r}.")
+        groups = [groups[group]]
+    return groups

@@ -19,6 +19,7 @@ import numpy as np
 
 from opacus_lastiterate.accountants.optimizer_trace import (
     TraceColumns,
+    check_column_mapping,
     check_trace_covers,
     decode_trace,
 )
@@ -104,16 +105,7 @@ def decode_adaptive_trace(stored: object, name: str) -> AdaptiveRuns:
             ``name`` at run i for a step whose values do not make valid settings), or fields
             that cover different numbers of steps.
     """
-    if not isinstance(stored, Mapping):
-        raise TypeError(
-            f"`{name}` must be a mapping of {', '.join(ADAPTIVE_STEP_FIELDS)} to "
-            f"{{'values': [...], 'steps': [...]}}, got {type(stored).__name__}."
-        )
-    if set(stored) != set(ADAPTIVE_STEP_FIELDS):
-        raise ValueError(
-            f"`{name}` must have exactly the keys {list(ADAPTIVE_STEP_FIELDS)}, "
-            f"got {sorted(map(str, stored))}."
-        )
+    stored = check_column_mapping(stored, name, ADAPTIVE_STEP_FIELDS)
     columns: list[tuple[list[Any], np.ndarray]] = []
     for field in ADAPTIVE_STEP_FIELDS:
         part, where = stored[field], f"{name}[{field!r}]"

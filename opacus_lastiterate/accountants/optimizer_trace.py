@@ -15,7 +15,7 @@ and JSON take it, and it is validated column by column in numpy.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -179,6 +179,28 @@ def _columns_of(trace: list[TraceEntry]) -> TraceColumns:
     )
 
 
+def check_column_mapping(
+    stored: object, name: str, fields: Sequence[str]
+) -> Mapping[str, Any]:
+    """``stored``, checked to be a mapping with exactly the keys ``fields`` (a stored trace's
+    columns, each ``{'values': [...], 'steps': [...]}``).
+
+    Raises:
+        TypeError: not a mapping. ValueError: other keys (both naming ``name``).
+    """
+    if not isinstance(stored, Mapping):
+        raise TypeError(
+            f"`{name}` must be a mapping of {', '.join(fields)} to "
+            f"{{'values': [...], 'steps': [...]}}, got {type(stored).__name__}."
+        )
+    if set(stored) != set(fields):
+        raise ValueError(
+            f"`{name}` must have exactly the keys {list(fields)}, "
+            f"got {sorted(map(str, stored))}."
+        )
+    return stored
+
+
 def decode_trace(stored: object, name: str) -> TraceColumns:
     """Validate a stored trace (:func:`encode_trace`) column by column and return its
     entries, one per run of identical settings, as columns.
@@ -187,16 +209,7 @@ def decode_trace(stored: object, name: str) -> TraceColumns:
         TypeError, ValueError: naming the first bad field (``name['momentum']['values'][3]``),
             or columns that cover different numbers of steps.
     """
-    if not isinstance(stored, Mapping):
-        raise TypeError(
-            f"`{name}` must be a mapping of {', '.join(TRACE_FIELDS)} to "
-            f"{{'values': [...], 'steps': [...]}}, got {type(stored).__name__}."
-        )
-    if set(stored) != set(TRACE_FIELDS):
-        raise ValueError(
-            f"`{name}` must have exactly the keys {list(TRACE_FIELDS)}, "
-            f"got {sorted(map(str, stored))}."
-        )
+    stored = check_column_mapping(stored, name, TRACE_FIELDS)
     columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for field in TRACE_FIELDS:
         columns[field] = _column(stored[field], field, f"{name}[{field!r}]")
