@@ -14,9 +14,13 @@ The accountant detects the scheme over users and the unit "user-level sampling":
 printed (through a ``PrivacyMonitor``, one row per step) protects a *user*, all its records at
 once, and is the record-level formula for a dataset of U users. The heuristic epsilon is exact
 only for linear losses and covers the final model only; the standard epsilon is a DP
-guarantee. ``--canaries M`` adds M canary users to the run, gradient canaries of norm C each
-sampled like a user (a user's clipped contribution is one vector of norm at most C, so a canary
-user is one such vector), and ends with the in-training one-run audit of the final model.
+guarantee. Two kinds of canary users end the run with the in-training one-run audit of the
+final model: ``--canaries M`` adds M gradient canaries of norm C, each sampled like a user (a
+user's clipped contribution is one vector of norm at most C, so a canary user is one such
+vector); ``--canary-users M`` adds M input-space canary users, each owning
+``--canary-records`` held-out images that share one secret, a label drawn at random, added to
+the training users or left out together by a fair coin, and scored by minus the final model's
+summed loss on them.
 
 ``python examples/user_level_digits.py --quick`` takes a few seconds; the data ship with
 scikit-learn (no download).
@@ -36,9 +40,10 @@ from opacus import PrivacyEngine
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
 import opacus_lastiterate.accountants  # noqa: F401  (registers accountant="last_iterate")
+from opacus_lastiterate.auditing.input_space import InputCanaries, fair_coins
 from opacus_lastiterate.callbacks import (
     LABELS,
     EpsilonRecord,
@@ -74,26 +79,44 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hidden", type=int, default=64, help="hidden units of the MLP")
     parser.add_argument("--delta", type=float, default=1e-5, help="target delta")
     parser.add_argument("--standard-every", type=int, default=10, help="PLD epsilon every k steps")
-    parser.add_argument("--canaries", type=int, default=0, metavar="M", help="canary users")
+    parser.add_argument(
+        "--canaries", type=int, default=0, metavar="M", help="gradient canary users"
+    )
+    parser.add_argument(
+        "--canary-users", type=int, default=0, metavar="M", help="input-space canary users"
+    )
+    parser.add_argument(
+        "--canary-records", type=int, default=4, metavar="K",
+        help="records of each input-space canary user (sharing one secret label)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the split, users and torch")
     parser.add_argument("--quick", action="store_true", help="one epoch (overrides --epochs)")
     args = parser.parse_args(argv)
     if args.quick:
         args.epochs = 1
     for name in ("epochs", "users_per_step", "records_per_user", "max_records", "hidden",
-                 "standard_every"):
+                 "standard_every", "canary_records"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
-    if args.canaries < 0:
-        parser.error(f"--canaries must be >= 0, got {args.canaries}.")
+    for name in ("canaries", "canary_users"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}.")
+    if args.canary_users and args.canary_records > args.max_records:
+        parser.error("--canary-records must be at most --max-records.")
     return args
 
 
 def load_users(
-    records_per_user: int, max_records: int, seed: int
-) -> tuple[UserDataset, TensorDataset]:
-    """The digits' training records grouped into users (sizes 1 .. 2 * mean - 1, uniform), and
-    the held-out records. Pixels are scaled by their known range [0, 16] to [-1, 1]."""
+    records_per_user: int, max_records: int, seed: int, canary_users: int, canary_records: int
+) -> tuple[UserDataset, TensorDataset, InputCanaries | None]:
+    """The digits' training records grouped into users (sizes 1 .. 2 * mean - 1, uniform), the
+    held-out records, and the input-space canary users (None without them).
+
+    Pixels are scaled by their known range [0, 16] to [-1, 1]. A canary user owns
+    ``canary_records`` held-out images (not otherwise in training, and left out of the
+    held-out records) sharing one label drawn uniformly, its secret; a fair coin adds the user
+    to the training users or leaves it out.
+    """
     x, y = load_digits(return_X_y=True)
     x = x.astype(np.float32) / 8.0 - 1.0
     x_train, x_test, y_train, y_test = train_test_split(
@@ -105,9 +128,35 @@ def load_users(
         sizes.append(int(rng.integers(1, 2 * records_per_user)))
     owner = np.repeat(np.arange(len(sizes)), sizes)[: len(x_train)]
     rng.shuffle(owner)  # who owns which record: random
+    canaries = None
+    if canary_users:
+        used = canary_users * canary_records
+        if used >= len(x_test):
+            raise SystemExit(f"--canary-users x --canary-records must be below {len(x_test)}.")
+        order = rng.permutation(len(x_test))
+        picked, kept = order[:used].reshape(canary_users, canary_records), order[used:]
+        features = torch.from_numpy(x_test[picked])  # (M, K, 64)
+        secrets = torch.from_numpy(rng.integers(0, 10, size=canary_users).astype(np.int64))
+        coins = fair_coins(seed, canary_users, salt=3)
+        canaries = InputCanaries(features, secrets, coins, picked[:, 0].astype(np.int64))
+        inside = np.flatnonzero(coins)
+        x_train = np.concatenate([x_train, x_test[picked[inside]].reshape(-1, 64)])
+        y_train = np.concatenate([y_train, np.repeat(secrets.numpy()[inside], canary_records)])
+        new_users = len(sizes) + np.repeat(np.arange(inside.size), canary_records)
+        owner = np.concatenate([owner, new_users])
+        x_test, y_test = x_test[kept], y_test[kept]
     train = TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train.astype(np.int64)))
     test = TensorDataset(torch.from_numpy(x_test), torch.from_numpy(y_test.astype(np.int64)))
-    return UserDataset(train, owner.tolist(), max_records=max_records), test
+    return UserDataset(train, owner.tolist(), max_records=max_records), test, canaries
+
+
+def canary_user_loss(output: torch.Tensor, secrets: torch.Tensor) -> torch.Tensor:
+    """A canary user's loss: the sum over its records of the loss of its secret label
+    (``output`` of shape (users, K, 10), one secret per user)."""
+    k = output.shape[1]
+    return nn.functional.cross_entropy(
+        output.reshape(-1, output.shape[-1]), secrets.repeat_interleave(k), reduction="none"
+    ).reshape(-1, k).sum(dim=1)
 
 
 def build_model(hidden: int) -> nn.Module:
@@ -153,7 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     warnings.filterwarnings("ignore", message="Optimal order is the")
     torch.manual_seed(args.seed)
-    users, test_set = load_users(args.records_per_user, args.max_records, args.seed)
+    users, test_set, canary_users = load_users(
+        args.records_per_user, args.max_records, args.seed, args.canary_users,
+        args.canary_records,
+    )
     if args.users_per_step > users.num_users:
         print(f"--users-per-step must be at most {users.num_users}", file=sys.stderr)
         return 2
@@ -196,13 +248,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'step':>6} {'eps_heuristic':>14} {'eps_std_rdp':>12} {'eps_std_pld':>12}")
 
     audit = None
-    if args.canaries:  # canary users: one clipped contribution of norm C each, sampled as users
+    if args.canaries or canary_users is not None:
         audit = InTrainingCanaryAudit(
             optimizer,
-            num_canaries=args.canaries,
+            num_canaries=args.canaries,  # one clipped contribution of norm C each, as users
             sample_rate=sample_rate,
             seed=args.seed + 1,
             accountant=accountant,
+            input_canaries=canary_users,  # already among the training users by their coins
         )
     monitor = PrivacyMonitor(
         engine,
@@ -230,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"time: {elapsed:.1f} s (training with the monitor)")
     if audit is not None:
         print("\nin-training audit of the final model (one run, canary users):")
-        print(audit.report(delta=args.delta))
+        print(audit.report(delta=args.delta, model=model, input_loss=canary_user_loss))
     return 0
 
 

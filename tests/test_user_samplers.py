@@ -45,7 +45,7 @@ def test_user_items_stack_the_users_records_with_a_mask() -> None:
     x, y, mask = users[0]
     assert x.shape == (8, 5) and y.shape == (8,) and mask.tolist() == [1.0] * 8
     torch.testing.assert_close(x, records.tensors[0][:8])
-    x1, y1, mask1 = users[1]
+    x1, _y1, mask1 = users[1]
     assert mask1.tolist() == [1.0, 1.0] + [0.0] * 6
     torch.testing.assert_close(x1[:2], records.tensors[0][8:10])
     assert torch.count_nonzero(x1[2:]) == 0 and users.records_of(1) == (8, 9)

@@ -27,7 +27,8 @@ def _main():
 @pytest.mark.slow
 def test_example_trains_users_and_reports_the_users_epsilon(capsys) -> None:
     argv = ["--quick", "--sampling", "shuffled", "--users-per-step", "50", "--sigma", "2.0",
-            "--canaries", "20", "--standard-every", "100"]
+            "--canaries", "20", "--canary-users", "10", "--canary-records", "3",
+            "--standard-every", "100"]
     assert _main()(argv) == 0
     out = capsys.readouterr().out
     assert "unit: user-level sampling" in out
@@ -40,4 +41,4 @@ def test_example_trains_users_and_reports_the_users_epsilon(capsys) -> None:
     final = float(re.search(r"epsilon ([0-9.]+)  \(last-iterate", out).group(1))
     mu = 1 / (2.0 * math.sqrt(steps))
     assert final == pytest.approx(gaussian_mechanism_epsilon(mu, 1e-5), abs=1e-4)
-    assert "gradient canaries: 20" in out
+    assert "gradient canaries: 20" in out and "input canaries: 10" in out
