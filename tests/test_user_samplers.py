@@ -315,3 +315,44 @@ def test_observe_unit_refuses_several_records_per_contribution() -> None:
     with pytest.raises(TypeError, match="unit"):
         accountant.observe_unit("user")  # type: ignore[arg-type]
     assert accountant.unit == PrivacyUnit.record()
+
+
+def test_the_monitor_follows_a_user_loader_it_is_shown() -> None:
+    """A loader the monitor is shown (the Trainer adapters' path) gives the accountant the
+    scheme over users and the unit; the monitor's records are the users' numbers."""
+    from opacus_lastiterate.callbacks import PrivacyMonitor
+
+    users = UserDataset(_records(), _users())
+    model = _UserMLP()
+    engine = PrivacyEngine(accountant="last_iterate")
+    records = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dp_model, optimizer, _ = engine.make_private(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(_records(), batch_size=10),  # not the loader trained on
+            noise_multiplier=2.0,
+            max_grad_norm=1.0,
+            poisson_sampling=False,
+        )
+        assert engine.accountant.unit == PrivacyUnit.record()
+        monitor = PrivacyMonitor(engine, delta=1e-5, sinks=[records.append], optimizer=optimizer)
+        loader = user_data_loader(users, users_per_step=4, sampling="shuffled", drop_last=True)
+        monitor.observe_loader(loader)
+        assert engine.accountant.unit == PrivacyUnit.sampled_user()
+        assert engine.accountant.sampling == ShuffledBatches(17, 4, True)
+        for x, y, mask in loader:
+            optimizer.zero_grad()
+            _user_loss(dp_model, x, y, mask).mean().backward()
+            optimizer.step()
+        monitor.finish()
+    assert [r.step for r in records if not r.final] == [1, 2, 3, 4]
+    # 4 batches of 4 users (drop_last cuts one of the 17), sigma 2, one epoch: a user is in
+    # exactly one step with probability 16/17 and in none with 1/17, so the final model's
+    # shift is that mixture against N(0, T sigma^2) (quadrature)
+    reference = QuadratureHeuristic(
+        4, 0.0, 2.0, weights=[1 / 17, 16 / 17], shifts=[0.0, 1.0]
+    ).epsilon(1e-5)
+    assert records[-1].heuristic_epsilon == pytest.approx(reference, rel=1e-5)
+    assert records[-1].heuristic_epsilon < gaussian_mechanism_epsilon(1 / (2.0 * 2), 1e-5)
