@@ -175,8 +175,10 @@ def _user_loss(model: nn.Module, x, y, mask, reduction="sum") -> torch.Tensor:
     return per_user_loss(losses, mask, reduction=reduction)
 
 
-@pytest.mark.parametrize("reduction", ["sum", "mean"])
-def test_clipping_is_per_user(reduction: str) -> None:
+@pytest.mark.parametrize(
+    ("reduction", "mode"), [("sum", "hooks"), ("mean", "hooks"), ("sum", "functorch")]
+)
+def test_clipping_is_per_user(reduction: str, mode: str) -> None:
     """Opacus's clipped sum equals the sum over users of each user's gradient (of all its
     records, by autograd on a plain copy) clipped to C; a user with 8 records adds at most C."""
     torch.manual_seed(0)
@@ -197,6 +199,7 @@ def test_clipping_is_per_user(reduction: str) -> None:
             max_grad_norm=clip,
             poisson_sampling=False,
             loss_reduction="sum",
+            grad_sample_mode=mode,
         )
     batch = [users[u] for u in range(users.num_users)]
     x, y, mask = (torch.stack(f) for f in zip(*batch, strict=True))
