@@ -41,7 +41,8 @@ Layers (:data:`LAYERS`, lowest first; a module may import its own layer and lowe
 * ``analysis``: the mathematics (numpy, scipy, dp_accounting; no torch).
 * ``schedules``: reads rates and momentum from real torch optimisers into the weights of
   ``analysis.last_iterate.optimizer_weights``; used by ``accountants`` (and above).
-  ``samplers`` (the balls-in-bins batch sampler, torch only) shares the layer.
+  ``samplers`` (the balls-in-bins batch sampler, torch only) and ``user_samplers`` (user-level
+  sampling) share the layer.
 * ``accountants``: the Opacus accountants.
 * ``package root``: ``opacus_lastiterate/__init__`` (re-exports names of ``analysis`` and
   ``accountants``) and ``_opacus_hook`` (imports ``accountants`` when Opacus is imported).
@@ -105,7 +106,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", (f"{PACKAGE}.exceptions", f"{PACKAGE}._warn", f"{PACKAGE}._lazy", f"{PACKAGE}._json",
               f"{PACKAGE}._append_file", f"{PACKAGE}._requires")),
     ("analysis", (f"{PACKAGE}.analysis",)),
-    ("schedules", (f"{PACKAGE}.schedules", f"{PACKAGE}.samplers")),
+    ("schedules", (f"{PACKAGE}.schedules", f"{PACKAGE}.samplers", f"{PACKAGE}.user_samplers")),
     ("accountants", (f"{PACKAGE}.accountants",)),
     ("package root", (PACKAGE, f"{PACKAGE}._opacus_hook")),
     ("auditing", (f"{PACKAGE}.auditing",)),

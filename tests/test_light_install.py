@@ -34,6 +34,7 @@ TORCH_PARTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "opacus_lastiterate.callbacks": ("opacus_lastiterate.callbacks", _BOTH),
     "opacus_lastiterate.callbacks.monitor": ("opacus_lastiterate.callbacks", _BOTH),
     "opacus_lastiterate.samplers": ("opacus_lastiterate.samplers", ("torch",)),
+    "opacus_lastiterate.user_samplers": ("opacus_lastiterate.user_samplers", ("torch",)),
     "opacus_lastiterate.schedules": ("opacus_lastiterate.schedules", ("torch",)),
     "opacus_lastiterate.auditing.input_space": ("opacus_lastiterate.auditing.input_space", _BOTH),
     "opacus_lastiterate.auditing.input_space.training":

@@ -45,6 +45,7 @@ from opacus_lastiterate.analysis._validation import (
     check_int,
     check_sample_rate,
 )
+from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment, append_steps, as_segments
 from opacus_lastiterate.analysis.sampling import (
     SamplingScheme,
@@ -162,6 +163,7 @@ class RunAccountant(IAccountant):
         self._sampling: SamplingScheme | None = _NEW_ACCOUNTANT_SAMPLING.get()
         self._sampling_declared = False
         self._sampling_checked_rate: float | None = None
+        self._unit = PrivacyUnit.record()
         self._revision = object()
         self._lock = threading.RLock()
         # IAccountant.__init__ would assign ``self.history = []``; nothing to validate here.
@@ -173,6 +175,7 @@ class RunAccountant(IAccountant):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_unit", PrivacyUnit.record())  # pickled before units
         self._lock = threading.RLock()
 
     # -- history ------------------------------------------------------------------------------
@@ -230,8 +233,37 @@ class RunAccountant(IAccountant):
     def run(self) -> DPSGDRun:
         """The recorded history as a :class:`DPSGDRun` (built once per change)."""
         if self._run is None:
-            self._run = DPSGDRun._trusted(tuple(self._segments), sampling=self._sampling)
+            self._run = DPSGDRun._trusted(
+                tuple(self._segments), sampling=self._sampling, unit=self._unit
+            )
         return self._run
+
+    @property
+    def unit(self) -> PrivacyUnit:
+        """What one guarantee protects: one record, or one user under user-level sampling
+        (detected from the loader ``make_private`` returned, :mod:`.engine_sampling`)."""
+        return self._unit
+
+    @synchronized
+    def observe_unit(self, unit: PrivacyUnit) -> None:
+        """Take the privacy unit detected from the training loader: one record, or
+        ``PrivacyUnit.sampled_user()`` (users sampled, each user's records clipped together;
+        the numbers are then those of a dataset of users).
+
+        Raises:
+            TypeError: ``unit`` is not a :class:`PrivacyUnit`.
+            ValueError: a unit of several records per contribution (a user or group of k
+                records is a property of the analysis, not of the loader).
+        """
+        if not isinstance(unit, PrivacyUnit):
+            raise TypeError(f"`unit` must be a PrivacyUnit, got {unit!r}.")
+        if unit.max_records != 1:
+            raise ValueError(
+                f"`unit` must make one contribution per step (a record, or a user under "
+                f"user-level sampling), got {unit.describe()}."
+            )
+        self._unit = unit
+        self._run = None
 
     # -- sampling scheme ------------------------------------------------------------------------
 

@@ -10,7 +10,9 @@ twice is harmless) so that:
   :func:`~opacus_lastiterate.accountants.sampling_detection.detect_sampling` and the scheme
   is given to the engine's accountant when it is one of this package's
   (:meth:`~opacus_lastiterate.accountants.base.RunAccountant.observe_sampling`; a scheme
-  the user declared with ``declare_sampling`` wins). A sampler the package cannot model
+  the user declared with ``declare_sampling`` wins), with the privacy unit of its items
+  (:meth:`~opacus_lastiterate.accountants.base.RunAccountant.observe_unit`: one user under
+  user-level sampling, :mod:`opacus_lastiterate.user_samplers`). A sampler the package cannot model
   gets a :class:`~opacus_lastiterate.exceptions.SamplingWarning` naming it and what to do.
   With one of Opacus's own accountants (``"rdp"``, ``"prv"``, ``"gdp"``), a run that does
   not draw Poisson batches gets a warning that Opacus's epsilon assumes Poisson sampling
@@ -86,6 +88,7 @@ def _give_scheme(engine: Any, data_loader: Any) -> None:
         return
     if isinstance(accountant, RunAccountant):
         accountant.observe_sampling(detected.scheme)
+        accountant.observe_unit(detected.unit)
     warn_about_detection(detected, accountant)
 
 

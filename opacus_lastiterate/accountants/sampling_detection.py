@@ -15,6 +15,11 @@ training actually uses and names its sampling scheme
   global batch = per-rank batch x ranks (one that pads by repeating records is unknown);
 * wrappers with a ``batch_sampler`` attribute (Accelerate's ``BatchSamplerShard``, ...) are
   looked through (Hugging Face's loaders);
+* a loader over a :class:`~opacus_lastiterate.user_samplers.UserDataset` (user-level
+  sampling: each item is a user, whose records are clipped together): the scheme above, over
+  users, and the privacy unit
+  :meth:`~opacus_lastiterate.analysis.privacy_unit.PrivacyUnit.sampled_user` (every other
+  loader: one record);
 * anything else (``WeightedRandomSampler``, a sampler with replacement, a custom sampler, an
   ``IterableDataset``): unknown; the numbers are computed assuming Poisson at Opacus's rate,
   and say so.
@@ -24,7 +29,7 @@ Detection never raises on a loader Opacus accepts: what it cannot read is "unkno
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from torch.utils.data import (
@@ -37,6 +42,7 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler
 
+from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
 from opacus_lastiterate.analysis.sampling import (
     BallsInBins,
     DeterministicBatches,
@@ -46,6 +52,7 @@ from opacus_lastiterate.analysis.sampling import (
     UnknownSampling,
 )
 from opacus_lastiterate.samplers import BallsInBinsBatchSampler
+from opacus_lastiterate.user_samplers import UserDataset
 
 __all__ = ["DetectedSampling", "detect_sampling"]
 
@@ -61,11 +68,15 @@ class DetectedSampling:
             an :class:`UnknownSampling` that names the scheme assumed).
         sampler: the qualified class name of the sampler that decided it.
         modelled: whether the package models this sampler's privacy (False: unknown).
+        unit: the privacy unit of the loader's items: ``PrivacyUnit.sampled_user()`` for a
+            loader over a :class:`~opacus_lastiterate.user_samplers.UserDataset` (the
+            scheme's sizes and rates then count users), one record otherwise.
     """
 
     scheme: SamplingScheme
     sampler: str
     modelled: bool
+    unit: PrivacyUnit = field(default_factory=PrivacyUnit.record)
 
 
 def _qualname(obj: object) -> str:
@@ -169,7 +180,8 @@ def detect_sampling(data_loader: object, *, world_size: int = 1) -> DetectedSamp
             distributed samplers of Opacus and torch carry their own.
 
     Returns:
-        :class:`DetectedSampling`; never raises on a loader Opacus accepts. An unknown
+        :class:`DetectedSampling` (with the unit of the loader's items); never raises on a
+        loader Opacus accepts. An unknown
         sampler is reported as such, with Poisson at Opacus's rate ``1 / len(data_loader)``
         as the assumed scheme.
     """
@@ -179,6 +191,13 @@ def detect_sampling(data_loader: object, *, world_size: int = 1) -> DetectedSamp
         opacus_rate = 1.0 / len(data_loader)  # type: ignore[arg-type]
     except (TypeError, ZeroDivisionError):
         opacus_rate = 1.0
+    detected = _detect_scheme(data_loader, world_size, opacus_rate)
+    if isinstance(getattr(data_loader, "dataset", None), UserDataset):
+        return replace(detected, unit=PrivacyUnit.sampled_user())
+    return detected
+
+
+def _detect_scheme(data_loader: object, world_size: int, opacus_rate: float) -> DetectedSampling:
     if isinstance(data_loader, DataLoader) and isinstance(data_loader.dataset, IterableDataset):
         return _unknown("IterableDataset", opacus_rate)
     batch_sampler = getattr(data_loader, "batch_sampler", None)

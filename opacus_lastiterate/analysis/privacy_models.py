@@ -50,6 +50,10 @@ most k records or a group of k (:class:`~.privacy_unit.PrivacyUnit`), ``"heurist
 :class:`~.user_level_standard.UserLevelNoAmplificationBound`; the other names have no
 model for such a unit and refuse it (``ValueError`` naming ``unit``), and every record-level
 model refuses such a run when built directly (:class:`~.privacy_model.PrivacyModel`).
+A user under user-level sampling (``PrivacyUnit.sampled_user()``: users sampled, each
+user's records clipped together) makes one contribution per step it is sampled in, like a
+record: every name builds its record-level class, whose numbers, with the run's sizes and
+rates counted in users, are the user's (``run.unit.label()`` says "user-level sampling").
 
 **The PLD value discretisation interval** (``value_discretization_interval``, dp_accounting's
 name, the grid step of the privacy loss in nats; every PLD model rounds pessimistically, so

@@ -7,7 +7,13 @@ A :class:`PrivacyUnit` is a small, immutable, validated part of the run descript
   existed; the default of a run);
 * ``PrivacyUnit.user(max_records=k)``: all records of one user, who owns at most k of them,
   each record sampled as the run samples records;
-* ``PrivacyUnit.group(k)``: any k records (group privacy of size k).
+* ``PrivacyUnit.group(k)``: any k records (group privacy of size k);
+* ``PrivacyUnit.sampled_user()``: all records of one user under *user-level sampling*: the
+  batches are drawn over users (Poisson or shuffled over users), and each sampled user's
+  records form one contribution whose gradient (sum or mean over them) is clipped to C as a
+  whole (:mod:`opacus_lastiterate.user_samplers`). The mechanism then sees one "record" per
+  user, whatever the number of records a user owns: its numbers are the record-level ones
+  with the dataset size, batch size and sample rate counted in users, so ``max_records`` is 1.
 
 Neighbouring datasets differ in the unit: the records of one user, or k records, are added or
 removed (or, for fixed-size batches, zeroed out) together. For every model of this package a
@@ -27,9 +33,9 @@ from opacus_lastiterate.analysis._validation import check_int
 
 __all__ = ["UNIT_KINDS", "PrivacyUnit", "UnitKind"]
 
-UnitKind = Literal["record", "user", "group"]
+UnitKind = Literal["record", "user", "group", "sampled_user"]
 """The :attr:`PrivacyUnit.kind` literal."""
-UNIT_KINDS: tuple[str, ...] = ("record", "user", "group")
+UNIT_KINDS: tuple[str, ...] = ("record", "user", "group", "sampled_user")
 """Every unit kind, in the order of the module docstring."""
 
 
@@ -38,9 +44,11 @@ class PrivacyUnit:
     """The privacy unit of a run (module docstring).
 
     Attributes:
-        kind: ``"record"``, ``"user"`` or ``"group"``.
-        max_records: k, the most records one unit holds (1 for a record; a user's cap on its
-            records; a group's size), an integer >= 1.
+        kind: ``"record"``, ``"user"``, ``"group"`` or ``"sampled_user"``.
+        max_records: k, the most contributions one unit makes to the clipped sums of an
+            iteration of the sampler (1 for a record; a user's cap on its records; a group's
+            size; 1 for a user under user-level sampling, whose records are clipped together),
+            an integer >= 1.
     """
 
     kind: UnitKind = "record"
@@ -52,9 +60,9 @@ class PrivacyUnit:
         if self.kind not in UNIT_KINDS:
             raise ValueError(f"`kind` must be one of {', '.join(UNIT_KINDS)}, got {self.kind!r}.")
         k = check_int("max_records", self.max_records, minimum=1)
-        if self.kind == "record" and k != 1:
+        if self.kind in ("record", "sampled_user") and k != 1:
             raise ValueError(
-                f"`max_records` must be 1 for the unit 'record', got {k}; "
+                f"`max_records` must be 1 for the unit {self.kind!r}, got {k}; "
                 "use PrivacyUnit.user(max_records=k) or PrivacyUnit.group(k)."
             )
         object.__setattr__(self, "max_records", k)
@@ -74,6 +82,12 @@ class PrivacyUnit:
         """Any ``size`` records (group privacy)."""
         return cls("group", check_int("size", size, minimum=1))
 
+    @classmethod
+    def sampled_user(cls) -> PrivacyUnit:
+        """One user under user-level sampling (users sampled, each user's records clipped
+        together as one contribution)."""
+        return cls("sampled_user", 1)
+
     @property
     def is_record(self) -> bool:
         """Whether the unit is one record."""
@@ -85,15 +99,19 @@ class PrivacyUnit:
             return "one record"
         if self.kind == "user":
             return f"one user with at most {self.max_records} records"
+        if self.kind == "sampled_user":
+            return "one user (users sampled, each user's records clipped together)"
         return f"a group of {self.max_records} records"
 
     def label(self) -> str:
         """The short form used in model labels: ``"record-level"``, ``"user-level, k
-        records"`` or ``"group of k records"``."""
+        records"``, ``"group of k records"`` or ``"user-level sampling"``."""
         if self.kind == "record":
             return "record-level"
         if self.kind == "user":
             return f"user-level, {self.max_records} records"
+        if self.kind == "sampled_user":
+            return "user-level sampling"
         return f"group of {self.max_records} records"
 
     def as_dict(self) -> dict[str, Any]:

@@ -351,12 +351,14 @@ class PrivacyMonitor:
         are not the one ``make_private`` saw): its scheme is detected
         (:func:`~opacus_lastiterate.accountants.detect_sampling`, with the same warnings as
         at ``make_private``) and given to the accountant unless one was declared
-        (``docs/samplers.md``); the evaluator restarts from the accountant's state if the
+        (``docs/samplers.md``), with the unit of its items (one user under user-level
+        sampling, ``docs/privacy_units.md``); the evaluator restarts from the accountant's state if the
         scheme changed and no step is waiting."""
         detected = detect_sampling(data_loader)
         accountant = self.accountant
         if isinstance(accountant, RunAccountant):
             accountant.observe_sampling(detected.scheme)
+            accountant.observe_unit(detected.unit)
             if accountant.sampling != self._synced_sampling and not self._queue:
                 assert self._evaluator is not None
                 self._sync(self._evaluator.rdp_vector.tolist())

@@ -70,3 +70,26 @@ def test_epoch_record_level_model_refuses_a_user_run() -> None:
     model = SamplingHeuristic(_run(PrivacyUnit.group(2), scheme))
     with pytest.raises(ValueError, match="privacy_model"):
         model.epsilon(DELTA)
+
+
+@pytest.mark.parametrize(
+    "name", ["heuristic", "robust_heuristic", "standard", "standard_rdp", "full_batch"]
+)
+def test_a_sampled_user_gets_every_record_level_model(name: str) -> None:
+    """Under user-level sampling a user makes one clipped contribution per step it is sampled
+    in: every name builds its record-level class (its numbers are those of a dataset of users;
+    checked against independent computations in tests/test_user_samplers.py)."""
+    unit = PrivacyUnit.sampled_user()
+    model = privacy_model(name, _run(unit))
+    record_model = privacy_model(name, _run(PrivacyUnit.record()))
+    assert type(model) is type(record_model) and not model.units
+    assert model.run.unit.label() == "user-level sampling"
+
+
+def test_sampled_user_unit_is_validated_and_round_trips() -> None:
+    unit = PrivacyUnit.sampled_user()
+    assert (unit.kind, unit.max_records) == ("sampled_user", 1)
+    assert PrivacyUnit.from_dict(unit.as_dict()) == unit
+    assert not unit.is_record and "clipped together" in unit.describe()
+    with pytest.raises(ValueError, match="max_records"):
+        PrivacyUnit("sampled_user", 3)
