@@ -10,6 +10,7 @@ prints one audit report; both ranks end with the same parameters (each saved its
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -29,7 +30,6 @@ import torch.distributed as dist  # noqa: E402
 
 from opacus_lastiterate.analysis.privacy_models import privacy_model  # noqa: E402
 from opacus_lastiterate.analysis.run import DPSGDRun  # noqa: E402
-from tests.auditing.opacus_releases._independent import DELTA, _pld  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "language_model_lora_ddp.py"
@@ -38,6 +38,7 @@ WORLD = 2
 # weight decay 0.01, torch's betas (0.9, 0.999) and eps 1e-8
 STEPS, N, BATCH, SIGMA, CLIP = 10, 512, 32, 1.0, 1.0
 LR, WD, BETAS, EPS = 5e-3, 0.01, (0.9, 0.999), 1e-8
+DELTA = 1e-5
 
 pytestmark = [
     pytest.mark.slow,
@@ -62,6 +63,17 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return {"out": out, "stdout": result.stdout,
             "summary": json.loads((out / "summary.json").read_text())}
+
+
+@functools.cache
+def _pld(steps: int, q: float, sigma: float) -> float:
+    """Standard epsilon of ``steps`` Poisson-subsampled Gaussian steps, dp_accounting's PLD."""
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), steps)
+    return float(acc.get_epsilon(DELTA))
 
 
 def _adamw_weights(steps: int, noise_std: float) -> np.ndarray:
