@@ -182,15 +182,15 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     ).attach(dp_optimizer, model)
 
     before = mean_loss(model, held_out, device)
-    realised = torch.zeros(2, dtype=torch.float64)  # examples drawn by this rank, steps
-    taken, t0 = 0, time.perf_counter()
+    drawn = taken = 0  # examples this rank drew, steps
+    t0 = time.perf_counter()
     while taken < args.steps:
         for batch in dp_loader:
             batch = {k: v.to(device) for k, v in batch.items()}
             dp_optimizer.zero_grad(set_to_none=True)
             model(**batch).loss.backward()
             dp_optimizer.step()
-            realised += torch.tensor([len(batch["input_ids"]), 1.0], dtype=torch.float64)
+            drawn += len(batch["input_ids"])
             taken += 1
             if taken == args.steps:
                 break
@@ -207,7 +207,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     same = torch.tensor([float(torch.equal(mine, reference))], device=device)
     dist.all_reduce(same, op=dist.ReduceOp.MIN)
     history = [(float(s), float(r), int(n)) for s, r, n in engine.accountant.history]
-    dist.all_reduce(realised, op=dist.ReduceOp.SUM)  # the global examples; steps times world
+    realised = torch.tensor([float(drawn)], dtype=torch.float64, device=device)
+    dist.all_reduce(realised, op=dist.ReduceOp.SUM)  # the examples of all ranks' batches
     if args.dump_params:
         args.out.mkdir(parents=True, exist_ok=True)
         torch.save(mine.cpu(), args.out / f"params_rank{rank}.pt")
@@ -222,7 +223,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "global_batch_size": args.batch_size,
         "sample_rate": q,
         "per_rank_expected_batch_size": float(dp_optimizer.expected_batch_size),
-        "mean_realised_global_batch": float(realised[0] / (realised[1] / world)),
+        "mean_realised_global_batch": float(realised.item()) / taken,
         "history": history,
         # what the adaptive heuristic took as the noise on the averaged gradient (sigma C / B)
         "adaptive_noise_std": (engine.accountant.state_dict().get("adaptive_trace") or {})
