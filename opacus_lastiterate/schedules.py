@@ -228,7 +228,13 @@ def refuse_maximize(optimizer: Any) -> None:
 def dp_noise_std(optimizer: Any) -> float:
     """sigma C / B of an Opacus ``DPOptimizer``: the standard deviation of the noise on one
     coordinate of the averaged gradient the wrapped optimiser sees (noise multiplier times
-    ``max_grad_norm`` over ``expected_batch_size``).
+    ``max_grad_norm`` over the global expected batch size B).
+
+    B is ``expected_batch_size``, times ``world_size`` for Opacus's distributed optimizers
+    (``DistributedDPOptimizer`` and the others with a ``world_size``): their
+    ``expected_batch_size`` is the per-rank one, and after each rank divides by it the
+    all-reduce averages over the ranks, so the noise (added once, on rank 0) reaches the
+    wrapped optimiser divided by the global B.
 
     Raises:
         ValueError: ``optimizer`` is not a ``DPOptimizer`` (it has no noise to read), or a
@@ -249,6 +255,11 @@ def dp_noise_std(optimizer: Any) -> float:
     batch = check_in_interval(
         "optimizer.expected_batch_size", optimizer.expected_batch_size, 0.0, float("inf")
     )
+    world = getattr(optimizer, "world_size", None)
+    if world is not None:
+        if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+            raise ValueError(f"`optimizer.world_size` must be an integer >= 1, got {world!r}.")
+        batch *= world
     return sigma * clip / batch
 
 

@@ -222,3 +222,29 @@ def test_incomplete_adaptive_traces_are_refused():
     with pytest.raises(ValueError, match=r"adaptive_trace"):
         fresh.load_state_dict(short)
     assert fresh.num_steps == 0 and fresh.adaptive_trace == []
+
+
+def test_distributed_optimizer_noise_std_is_over_the_global_batch():
+    """Under Opacus's DistributedDPOptimizer ``expected_batch_size`` is per rank (B / W);
+    each rank divides by it and the all-reduce averages over the W ranks, so the noise that
+    AdamW sees is sigma C / B with the global B, as in one process with batch B. Built
+    without a process group: a single-process DPOptimizer's state in the distributed class."""
+    from opacus.optimizers import DistributedDPOptimizer, DPOptimizer
+
+    from opacus_lastiterate.schedules import adaptive_step, dp_noise_std
+
+    world, per_rank = 4, 8.0
+    model = nn.Linear(3, 2)
+    single = DPOptimizer(torch.optim.AdamW(model.parameters(), lr=0.01), noise_multiplier=SIGMA,
+                         max_grad_norm=CLIP, expected_batch_size=int(per_rank * world))
+    dist = DistributedDPOptimizer.__new__(DistributedDPOptimizer)
+    dist.__dict__.update(copy.copy(single.__dict__))
+    dist.expected_batch_size, dist.rank, dist.world_size = per_rank, 1, world
+    expected = SIGMA * CLIP / (per_rank * world)  # 0.8 / 32 = 0.025
+    assert dp_noise_std(dist) == pytest.approx(expected, rel=1e-15)
+    assert dp_noise_std(single) == pytest.approx(expected, rel=1e-15)
+    assert adaptive_step(dist) == adaptive_step(single)
+    for bad in (0, 2.0, True):
+        dist.world_size = bad
+        with pytest.raises(ValueError, match="world_size"):
+            dp_noise_std(dist)
