@@ -25,7 +25,10 @@ from typing import Any, Literal
 
 from opacus_lastiterate.analysis._validation import check_int
 
-__all__ = ["UNIT_KINDS", "PrivacyUnit", "UnitKind"]
+__all__ = [
+    "PrivacyUnit",
+    "UnitKind",
+]
 
 UnitKind = Literal["record", "user", "group"]
 """The :attr:`PrivacyUnit.kind` literal."""

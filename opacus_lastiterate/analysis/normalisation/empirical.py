@@ -29,7 +29,7 @@ from opacus_lastiterate.analysis.audit.clopper_pearson import (
     clopper_pearson_upper,
 )
 
-__all__ = ["EmpiricalDelta", "importance_delta", "threshold_delta"]
+__all__ = []
 
 
 @dataclass(frozen=True)
