@@ -60,7 +60,7 @@ def test_importing_the_root_loads_neither_torch_nor_the_mathematics() -> None:
 
 REPO = ROOT.parent
 USER_FACING = ("README.md", "docs/*.md", "examples/*.py", "benchmarks/*.py", "scripts/*.py",
-               "scripts/*.sh")
+               "scripts/*.sh", "reproductions/*.py")
 
 
 def _user_words() -> set[str]:
@@ -69,7 +69,7 @@ def _user_words() -> set[str]:
     text = []
     for pattern in USER_FACING:
         for path in sorted(REPO.glob(pattern)):
-            if path.name != "architecture.md":
+            if path.stem != "architecture":
                 text.append(path.read_text(encoding="utf-8", errors="replace"))
     return set(re.findall(r"[A-Za-z_]\w*", "\n".join(text)))
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from opacus_lastiterate._lazy import lazy_attributes
 
-if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
+if TYPE_CHECKING:
     from opacus_lastiterate.auditing.gradient_space.adversaries import (
         AdversarialDataset,
         MaliciousDataset,
@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         simulate_malicious_dataset,
     )
     from opacus_lastiterate.auditing.input_space.adversarial_samples import (
+        CRAFTING_OBJECTIVES,  # the names resolved lazily by __getattr__, for type checkers and IDEs
         CraftedSample,
         CraftingObjective,
         ModelPopulation,
@@ -116,6 +117,7 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     )
 
 _LAZY: dict[str, str] = {
+    "CRAFTING_OBJECTIVES": "input_space.adversarial_samples",
     "AdversarialDataset": "gradient_space.adversaries",
     "Architecture": "input_space.training",
     "AuditRunner": "runner",
@@ -177,6 +179,7 @@ _LAZY: dict[str, str] = {
 """Public name -> defining submodule; resolved on first access (torch loads then)."""
 
 __all__ = [
+    "CRAFTING_OBJECTIVES",
     "RECORD_FORMAT",
     "AdversarialDataset",
     "Architecture",

@@ -37,6 +37,7 @@ Below it, the counts-level statistics that ScoreAudit applies at its selected th
 :func:`one_run_epsilon_bound`, :func:`one_run_fdp_bound`) audit given counts (no scores).
 """
 
+from opacus_lastiterate.analysis.audit.clopper_pearson import clopper_pearson_upper
 from opacus_lastiterate.analysis.audit.error_counts import ErrorCurve, error_curve
 from opacus_lastiterate.analysis.audit.gaussian_dp import (
     gaussian_dp_estimate_from_counts,
@@ -112,6 +113,7 @@ __all__ = [
     "audit_clopper_pearson",
     "audit_gaussian_dp",
     "audit_one_run",
+    "clopper_pearson_upper",
     "epsilon_bound_from_counts",
     "epsilon_from_error_rates",
     "error_curve",

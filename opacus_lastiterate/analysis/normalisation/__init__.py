@@ -17,14 +17,24 @@ from opacus_lastiterate.analysis.normalisation.asgm import (
     ASGM_MODEL,
     asgm_delta,
     asgm_epsilon,
+    asgm_pld,
 )
 from opacus_lastiterate.analysis.normalisation.discretisation import (
     DiscretizationMethod,
 )
-from opacus_lastiterate.analysis.normalisation.divisor_leak import feasgm_delta, feasgm_epsilon
+from opacus_lastiterate.analysis.normalisation.divisor_leak import (
+    divisor_leak_pld,
+    feasgm_delta,
+    feasgm_epsilon,
+)
 from opacus_lastiterate.analysis.normalisation.divisor_verdict import (
     DivisorVerdict,
     unsafe_dataset_sizes,
+)
+from opacus_lastiterate.analysis.normalisation.empirical import importance_delta, threshold_delta
+from opacus_lastiterate.analysis.normalisation.simulation import (
+    simulate_asgm,
+    simulate_divisor_leak,
 )
 
 __all__ = [
@@ -33,7 +43,13 @@ __all__ = [
     "DivisorVerdict",
     "asgm_delta",
     "asgm_epsilon",
+    "asgm_pld",
+    "divisor_leak_pld",
     "feasgm_delta",
     "feasgm_epsilon",
+    "importance_delta",
+    "simulate_asgm",
+    "simulate_divisor_leak",
+    "threshold_delta",
     "unsafe_dataset_sizes",
 ]

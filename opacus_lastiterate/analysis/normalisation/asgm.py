@@ -75,6 +75,7 @@ __all__ = [
     "ASGM_MODEL",
     "asgm_delta",
     "asgm_epsilon",
+    "asgm_pld",
 ]
 
 ASGM_MODEL = "ASGM (batch size revealed, other gradients zero)"

@@ -65,6 +65,7 @@ from opacus_lastiterate.analysis.run import RunLike, as_run
 
 __all__ = [
     "FEASGM",
+    "divisor_leak_pld",
     "feasgm_delta",
     "feasgm_epsilon",
 ]

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from opacus_lastiterate._lazy import lazy_attributes
 
-if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
+if TYPE_CHECKING:
     from opacus_lastiterate.auditing.gradient_space.adversaries import (
         AdversarialDataset,
         MaliciousDataset,
@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     from opacus_lastiterate.auditing.gradient_space.exact import (
         ExactEpsilon,
         malicious_dataset_epsilon,
+        malicious_dataset_test_rates,  # the names resolved lazily by __getattr__, for type checkers and IDEs
     )
     from opacus_lastiterate.auditing.gradient_space.insertion import (
         Insertion,
@@ -51,6 +52,7 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     )
 
 _LAZY: dict[str, str] = {
+    "malicious_dataset_test_rates": "exact",
     "AdversarialDataset": "adversaries",
     "DPSGDArithmetic": "arithmetic",
     "DiracCanary": "canaries",
@@ -85,6 +87,7 @@ __all__ = [
     "StepDivisor",
     "audit_scores",
     "malicious_dataset_epsilon",
+    "malicious_dataset_test_rates",
     "simulate_adversarial_dataset",
     "simulate_malicious_dataset",
 ]

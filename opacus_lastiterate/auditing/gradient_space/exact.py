@@ -62,6 +62,7 @@ from opacus_lastiterate.auditing.gradient_space.arithmetic import DPSGDArithmeti
 __all__ = [
     "ExactEpsilon",
     "malicious_dataset_epsilon",
+    "malicious_dataset_test_rates",
 ]
 
 _SPAN_SD = 12.0  # grid and kernel half-widths, in standard deviations

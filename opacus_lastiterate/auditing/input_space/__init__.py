@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING
 from opacus_lastiterate._lazy import lazy_attributes
 from opacus_lastiterate._requires import require
 
-if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
+if TYPE_CHECKING:
     from opacus_lastiterate.auditing.input_space.adversarial_samples import (
+        CRAFTING_OBJECTIVES,  # the names resolved lazily by __getattr__, for type checkers and IDEs
         CraftedSample,
         CraftingObjective,
         ModelPopulation,
@@ -81,6 +82,7 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     )
 
 _LAZY: dict[str, str] = {
+    "CRAFTING_OBJECTIVES": "adversarial_samples",
     "AuditProtocol": "protocols",
     "BatchedDPGD": "batched_training",
     "BatchedModels": "batched_training",
@@ -120,6 +122,7 @@ _LAZY: dict[str, str] = {
 """Public name -> defining submodule; resolved on first access."""
 
 __all__ = [
+    "CRAFTING_OBJECTIVES",
     "Architecture",
     "AuditProtocol",
     "BatchedDPGD",

@@ -48,6 +48,7 @@ from opacus_lastiterate.auditing.input_space.canaries import (
 )
 
 __all__ = [
+    "CRAFTING_OBJECTIVES",
     "CraftedSample",
     "CraftingObjective",
     "ModelPopulation",
