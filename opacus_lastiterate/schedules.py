@@ -47,15 +47,7 @@ from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
 from opacus_lastiterate.exceptions import OpacusLastIterateWarning
 
 __all__ = [
-    "RecordedSchedule",
     "SGDSettings",
-    "adaptive_step",
-    "is_adaptive",
-    "learning_rates_from_scheduler",
-    "record_schedule",
-    "refuse_maximize",
-    "sgd_settings",
-    "sgd_weights_from_torch",
 ]
 
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]

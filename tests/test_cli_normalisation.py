@@ -8,11 +8,9 @@ import math
 import pytest
 
 from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
-from opacus_lastiterate.analysis.normalisation import (
-    asgm_epsilon,
-    feasgm_epsilon,
-    feasgm_verdict,
-)
+from opacus_lastiterate.analysis.normalisation import asgm_epsilon
+from opacus_lastiterate.analysis.normalisation.divisor_leak import feasgm_epsilon
+from opacus_lastiterate.analysis.normalisation.divisor_verdict import feasgm_verdict
 from opacus_lastiterate.cli import main
 
 

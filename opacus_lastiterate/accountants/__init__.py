@@ -13,34 +13,20 @@ from opacus_lastiterate._requires import requires
 
 with requires("opacus_lastiterate.accountants", "torch", "opacus"):  # clear error without torch
     from opacus_lastiterate.accountants import engine_sampling
-    from opacus_lastiterate.accountants.any_accountant import (
-        accountant_of,
-        last_step_of,
-        steps_of,
-        take_back_steps,
-    )
-    from opacus_lastiterate.accountants.base import RunAccountant, sampling_of_new_accountants
-    from opacus_lastiterate.accountants.incremental_rdp import IncrementalRDP
+    from opacus_lastiterate.accountants.base import RunAccountant
     from opacus_lastiterate.accountants.last_iterate import (
-        MECHANISM,
         LastIterateAccountant,
     )
     from opacus_lastiterate.accountants.normalisation import (
-        ASGM_MECHANISM,
-        FEASGM_MECHANISM,
-        STANDARD_ACCOUNTANTS,
         ASGMAccountant,
         FEASGMAccountant,
     )
     from opacus_lastiterate.accountants.public_divisor import (
-        PUBLIC_DIVISOR_ATTRIBUTE,
         public_divisor_of,
         use_public_divisor,
     )
     from opacus_lastiterate.accountants.registration import (
-        HAS_NATIVE_REGISTRY,
         register_accountant,
-        registered_accountants,
     )
     from opacus_lastiterate.accountants.sampling_detection import DetectedSampling, detect_sampling
 from opacus_lastiterate.exceptions import HeuristicCalibrationWarning, NormalisationWarning
@@ -58,29 +44,15 @@ del _accountant
 engine_sampling.install()  # make_private tells our accountants which batches it draws
 
 __all__ = [
-    "ACCOUNTANTS",
-    "ASGM_MECHANISM",
-    "FEASGM_MECHANISM",
-    "HAS_NATIVE_REGISTRY",
-    "MECHANISM",
-    "PUBLIC_DIVISOR_ATTRIBUTE",
-    "STANDARD_ACCOUNTANTS",
     "ASGMAccountant",
     "DetectedSampling",
     "FEASGMAccountant",
     "HeuristicCalibrationWarning",
-    "IncrementalRDP",
     "LastIterateAccountant",
     "NormalisationWarning",
     "RunAccountant",
-    "accountant_of",
     "detect_sampling",
-    "last_step_of",
     "public_divisor_of",
     "register_accountant",
-    "registered_accountants",
-    "sampling_of_new_accountants",
-    "steps_of",
-    "take_back_steps",
     "use_public_divisor",
 ]

@@ -29,7 +29,7 @@ from opacus_lastiterate.analysis.last_iterate.adaptive_steps import (
     AdaptiveStep,
 )
 
-__all__ = ["AdaptiveTrace", "decode_adaptive_trace", "encode_adaptive_trace"]
+__all__ = []
 
 AdaptiveRuns = list[tuple[AdaptiveStep, int]]
 

@@ -10,14 +10,7 @@ from opacus.accountants import IAccountant
 
 from opacus_lastiterate.accountants.base import RunAccountant, trim_history, validate_history
 
-__all__ = [
-    "accountant_of",
-    "check_accountant_state",
-    "last_step_of",
-    "revision_of",
-    "steps_of",
-    "take_back_steps",
-]
+__all__ = []
 
 def accountant_of(source: object) -> IAccountant:
     """The Opacus accountant of ``source``: a ``PrivacyEngine`` (its ``.accountant``) or an

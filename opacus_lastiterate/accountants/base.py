@@ -58,9 +58,6 @@ from opacus_lastiterate.exceptions import SamplingWarning, ZeroNoiseWarning
 __all__ = [
     "History",
     "RunAccountant",
-    "sampling_of_new_accountants",
-    "synchronized",
-    "trim_history",
 ]
 
 History = list[tuple[float, float, int]]

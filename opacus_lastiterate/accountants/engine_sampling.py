@@ -43,7 +43,9 @@ from opacus_lastiterate.analysis.sampling import (
 )
 from opacus_lastiterate.exceptions import SamplingWarning
 
-__all__ = ["install", "warn_about_detection"]
+__all__ = [
+    "install",
+]
 
 _MARK = "__opacus_lastiterate_sampling__"
 

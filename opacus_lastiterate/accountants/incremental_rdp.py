@@ -22,7 +22,7 @@ import numpy as np
 
 from opacus_lastiterate.analysis.baselines.subsampled_gaussian_rdp import poisson_gaussian_rdp
 
-__all__ = ["IncrementalRDP"]
+__all__ = []
 
 
 @functools.lru_cache(maxsize=256)

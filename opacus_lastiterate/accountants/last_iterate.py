@@ -61,7 +61,6 @@ from opacus_lastiterate.exceptions import (
 )
 
 __all__ = [
-    "MECHANISM",
     "LastIterateAccountant",
 ]
 

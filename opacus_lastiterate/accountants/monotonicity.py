@@ -33,7 +33,7 @@ from opacus_lastiterate.analysis.last_iterate.suffix_maximum import (
 from opacus_lastiterate.analysis.run import TrainingSegment
 from opacus_lastiterate.exceptions import NonMonotoneHeuristicWarning
 
-__all__ = ["MonotonicityWatch"]
+__all__ = []
 
 _CHECK_SECONDS_PER_CALL = 0.005  # work per query for the multi-segment check
 

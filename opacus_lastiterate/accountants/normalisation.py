@@ -45,25 +45,18 @@ from opacus_lastiterate.analysis._validation import (
     check_epsilon,
     check_positive,
 )
-from opacus_lastiterate.analysis.normalisation import (
-    ASGM_MODEL,
-    DEFAULT_INTERVAL,
-    FEASGM_MODEL,
-    DivisorVerdict,
-    feasgm_verdict,
-    opacus1x_batch_arithmetic,
-)
+from opacus_lastiterate.analysis.normalisation import ASGM_MODEL, DivisorVerdict
 from opacus_lastiterate.analysis.normalisation.asgm import ASGM
-from opacus_lastiterate.analysis.normalisation.divisor_leak import FEASGM
+from opacus_lastiterate.analysis.normalisation.discretisation import DEFAULT_INTERVAL
+from opacus_lastiterate.analysis.normalisation.divisor_leak import FEASGM, FEASGM_MODEL
+from opacus_lastiterate.analysis.normalisation.divisor_verdict import feasgm_verdict
+from opacus_lastiterate.analysis.normalisation.opacus_arithmetic import opacus1x_batch_arithmetic
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun, Normalisation
 from opacus_lastiterate.exceptions import NormalisationWarning
 
 __all__ = [
-    "ASGM_MECHANISM",
-    "FEASGM_MECHANISM",
-    "STANDARD_ACCOUNTANTS",
     "ASGMAccountant",
     "FEASGMAccountant",
 ]

@@ -10,7 +10,9 @@ import math
 
 from opacus_lastiterate.accountants.base import History
 
-__all__ = ["opacus_rdp_delta", "opacus_sgm_epsilon"]
+__all__ = [
+    "opacus_rdp_delta",
+]
 
 
 def opacus_sgm_epsilon(history: History, delta: float, standard: str) -> float:

@@ -23,14 +23,7 @@ import numpy as np
 from opacus_lastiterate.analysis._validation import check_in_interval, check_steps
 
 __all__ = [
-    "TRACE_FIELDS",
-    "SettingsTrace",
-    "TraceColumns",
     "TraceEntry",
-    "check_trace_covers",
-    "decode_trace",
-    "encode_trace",
-    "trim_trace",
 ]
 
 # One run of identical optimizer settings: (lr, momentum, dampening, nesterov, weight_decay, steps)

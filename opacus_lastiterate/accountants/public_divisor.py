@@ -32,9 +32,7 @@ from opacus_lastiterate.analysis._validation import check_positive
 from opacus_lastiterate.analysis.normalisation.divisor_verdict import DivisorVerdict
 
 __all__ = [
-    "PUBLIC_DIVISOR_ATTRIBUTE",
     "public_divisor_of",
-    "public_divisor_verdict_at_opacus_rate",
     "use_public_divisor",
 ]
 

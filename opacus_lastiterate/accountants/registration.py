@@ -39,7 +39,9 @@ try:  # Opacus >= 1.6
 except ImportError:  # Opacus 1.0-1.5
     _opacus_register_accountant = None
 
-__all__ = ["HAS_NATIVE_REGISTRY", "register_accountant", "registered_accountants"]
+__all__ = [
+    "register_accountant",
+]
 
 HAS_NATIVE_REGISTRY: bool = _opacus_register_accountant is not None
 """True if the installed Opacus has ``opacus.accountants.registry`` (Opacus >= 1.6)."""

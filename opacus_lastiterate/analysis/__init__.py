@@ -54,7 +54,6 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         gaussian_epsilon,
     )
     from opacus_lastiterate.analysis.calibration import (
-        CALIBRATED_ACCOUNTANTS,
         calibrate_noise_multiplier,
     )
     from opacus_lastiterate.analysis.comparison import (
@@ -69,11 +68,8 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     from opacus_lastiterate.analysis.kept_model import KeptModel
     from opacus_lastiterate.analysis.last_iterate.counterexamples import (
         MonotonicityCheck,
-        QuadraticComparison,
         QuadraticResult,
         heuristic_monotonicity,
-        heuristic_monotonicity_for_history,
-        quadratic_regulariser_comparison,
         quadratic_regulariser_epsilon,
     )
     from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
@@ -83,27 +79,16 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     )
     from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
         builtin_schedule,
-        check_optimizer_supported,
         sgd_weights,
-    )
-    from opacus_lastiterate.analysis.last_iterate.suffix_maximum import (
-        SuffixMaximum,
-        certified_suffix_maximum,
     )
     from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
         WeightedHeuristicResult,
-        weighted_heuristic_delta_result,
         weighted_heuristic_epsilon_result,
     )
     from opacus_lastiterate.analysis.normalisation import (
         DivisorVerdict,
         asgm_delta,
         asgm_epsilon,
-        feasgm_delta,
-        feasgm_epsilon,
-        feasgm_verdict,
-        opacus1x_batch_arithmetic,
-        public_divisor_verdict,
     )
     from opacus_lastiterate.analysis.normalisation.asgm import ASGM
     from opacus_lastiterate.analysis.normalisation.divisor_leak import FEASGM
@@ -116,9 +101,7 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     )
     from opacus_lastiterate.analysis.privacy_model import PrivacyModel
     from opacus_lastiterate.analysis.privacy_models import (
-        PRIVACY_MODEL_NAMES,
         PRIVACY_MODELS,
-        PrivacyModelEntry,
     )
     from opacus_lastiterate.analysis.run import (
         DivisorRule,
@@ -127,23 +110,18 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         TrainingSegment,
     )
     from opacus_lastiterate.analysis.sampling import (
-        SAMPLING_NAMES,
         BallsInBins,
         DeterministicBatches,
         PoissonSampling,
-        SamplingName,
         SamplingScheme,
         ShuffledBatches,
         UnknownSampling,
-        sampling_from_dict,
     )
     from opacus_lastiterate.analysis.sampling_allocation import (
         BallsInBinsBound,
-        balls_in_bins_pld,
         random_allocation_pld,
     )
     from opacus_lastiterate.analysis.sampling_heuristic import (
-        RobustSamplingHeuristic,
         SamplingHeuristic,
     )
     from opacus_lastiterate.analysis.sampling_standard import (
@@ -155,7 +133,6 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
 # Public name -> the submodule that defines it.
 _LAZY: dict[str, str] = {
     "BatchSizePlan": "hyperparameter_plan",
-    "CALIBRATED_ACCOUNTANTS": "calibration",
     "calibrate_noise_multiplier": "calibration",
     "plan_batch_sizes": "hyperparameter_plan",
     "OPACUS_RELEASES": "opacus_versions",
@@ -165,35 +142,27 @@ _LAZY: dict[str, str] = {
     "compare_versions": "opacus_versions",
     "DPSGDRun": "run",
     "LastIterateHeuristicAccountant": "dp_accounting_accountant",
-    "SAMPLING_NAMES": "sampling",
     "BallsInBins": "sampling",
     "DeterministicBatches": "sampling",
     "PoissonSampling": "sampling",
-    "SamplingName": "sampling",
     "SamplingScheme": "sampling",
     "ShuffledBatches": "sampling",
     "UnknownSampling": "sampling",
-    "sampling_from_dict": "sampling",
     "SamplingHeuristic": "sampling_heuristic",
-    "RobustSamplingHeuristic": "sampling_heuristic",
     "NoAmplificationBound": "sampling_standard",
     "BallsInBinsBound": "sampling_allocation",
-    "balls_in_bins_pld": "sampling_allocation",
     "random_allocation_pld": "sampling_allocation",
     "PoissonAssumed": "sampling_standard",
     "ShuffleLowerBound": "sampling_standard",
     "FEASGM": "normalisation.divisor_leak",
     "PrivacyModel": "privacy_model",
     "PRIVACY_MODELS": "privacy_models",
-    "PRIVACY_MODEL_NAMES": "privacy_models",
-    "PrivacyModelEntry": "privacy_models",
     "DivisorRule": "run",
     "RDPComposition": "baselines.composition",
     "full_batch_delta": "baselines.composition",
     "standard_delta": "baselines.composition",
     "standard_rdp_delta": "baselines.composition",
     "standard_rdp_epsilon": "baselines.composition",
-    "weighted_heuristic_delta_result": "last_iterate.weighted_heuristic",
     "weighted_heuristic_epsilon_result": "last_iterate.weighted_heuristic",
     "Normalisation": "run",
     "LastIterateHeuristic": "last_iterate.heuristic",
@@ -202,12 +171,9 @@ _LAZY: dict[str, str] = {
     "FullBatchGaussian": "baselines.composition",
     "ASGM": "normalisation.asgm",
     "KeptModel": "kept_model",
-    "SuffixMaximum": "last_iterate.suffix_maximum",
-    "certified_suffix_maximum": "last_iterate.suffix_maximum",
     "DivisorVerdict": "normalisation",
     "EpsilonComparison": "comparison",
     "MonotonicityCheck": "last_iterate.counterexamples",
-    "QuadraticComparison": "last_iterate.counterexamples",
     "QuadraticResult": "last_iterate.counterexamples",
     "ShiftedGaussianMixture": "last_iterate.gaussian_mixture",
     "TrainingSegment": "run",
@@ -215,20 +181,12 @@ _LAZY: dict[str, str] = {
     "asgm_delta": "normalisation",
     "asgm_epsilon": "normalisation",
     "builtin_schedule": "last_iterate.optimizer_weights",
-    "check_optimizer_supported": "last_iterate.optimizer_weights",
     "compare_epsilons": "comparison",
     "compare_epsilons_for_history": "comparison",
-    "feasgm_delta": "normalisation",
-    "feasgm_epsilon": "normalisation",
-    "feasgm_verdict": "normalisation",
     "full_batch_epsilon": "baselines.composition",
     "gaussian_delta": "baselines.gaussian_mechanism",
     "gaussian_epsilon": "baselines.gaussian_mechanism",
     "heuristic_monotonicity": "last_iterate.counterexamples",
-    "heuristic_monotonicity_for_history": "last_iterate.counterexamples",
-    "opacus1x_batch_arithmetic": "normalisation",
-    "public_divisor_verdict": "normalisation",
-    "quadratic_regulariser_comparison": "last_iterate.counterexamples",
     "quadratic_regulariser_epsilon": "last_iterate.counterexamples",
     "sgd_weights": "last_iterate.optimizer_weights",
     "standard_epsilon": "baselines.composition",
@@ -236,12 +194,9 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "ASGM",
-    "CALIBRATED_ACCOUNTANTS",
     "FEASGM",
     "OPACUS_RELEASES",
     "PRIVACY_MODELS",
-    "PRIVACY_MODEL_NAMES",
-    "SAMPLING_NAMES",
     "BallsInBins",
     "BallsInBinsBound",
     "BatchSizePlan",
@@ -261,20 +216,15 @@ __all__ = [
     "PoissonAssumed",
     "PoissonSampling",
     "PrivacyModel",
-    "PrivacyModelEntry",
-    "QuadraticComparison",
     "QuadraticResult",
     "RDPComposition",
     "RobustLastIterateHeuristic",
-    "RobustSamplingHeuristic",
     "SamplingHeuristic",
-    "SamplingName",
     "SamplingScheme",
     "ShiftedGaussianMixture",
     "ShuffleLowerBound",
     "ShuffledBatches",
     "StandardComposition",
-    "SuffixMaximum",
     "TrainingSegment",
     "UnknownSampling",
     "UnsupportedOptimizerError",
@@ -283,36 +233,24 @@ __all__ = [
     "WeightedHeuristicResult",
     "asgm_delta",
     "asgm_epsilon",
-    "balls_in_bins_pld",
     "builtin_schedule",
     "calibrate_noise_multiplier",
-    "certified_suffix_maximum",
-    "check_optimizer_supported",
     "compare_epsilons",
     "compare_epsilons_for_history",
     "compare_versions",
-    "feasgm_delta",
-    "feasgm_epsilon",
-    "feasgm_verdict",
     "full_batch_delta",
     "full_batch_epsilon",
     "gaussian_delta",
     "gaussian_epsilon",
     "heuristic_monotonicity",
-    "heuristic_monotonicity_for_history",
-    "opacus1x_batch_arithmetic",
     "plan_batch_sizes",
-    "public_divisor_verdict",
-    "quadratic_regulariser_comparison",
     "quadratic_regulariser_epsilon",
     "random_allocation_pld",
-    "sampling_from_dict",
     "sgd_weights",
     "standard_delta",
     "standard_epsilon",
     "standard_rdp_delta",
     "standard_rdp_epsilon",
-    "weighted_heuristic_delta_result",
     "weighted_heuristic_epsilon_result",
 ]
 

@@ -34,7 +34,9 @@ from opacus_lastiterate.analysis.privacy_models import choose
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment
 from opacus_lastiterate.analysis.sampling import SamplingScheme
 
-__all__ = ["CALIBRATED_ACCOUNTANTS", "calibrate_noise_multiplier", "canonical_accountant"]
+__all__ = [
+    "calibrate_noise_multiplier",
+]
 
 Accountant = Literal["heuristic", "robust_heuristic", "standard", "full_batch"]
 CALIBRATED_ACCOUNTANTS: tuple[str, ...] = ("heuristic", "robust_heuristic", "standard", "full_batch")

@@ -13,11 +13,9 @@ from opacus_lastiterate.analysis.privacy_models import PRIVACY_MODELS, privacy_m
 from opacus_lastiterate.analysis.run import DPSGDRun, RunLike, as_run
 
 __all__ = [
-    "COMPARED_MODELS",
     "EpsilonComparison",
     "compare_epsilons",
     "compare_epsilons_for_history",
-    "compared_models",
 ]
 
 COMPARED_MODELS: tuple[str, ...] = ("heuristic", "robust_heuristic", "standard", "full_batch")

@@ -14,12 +14,10 @@ from typing import Literal
 
 __all__ = [
     "OPACUS_RELEASES",
-    "SUM_REDUCTION_RULES",
     "Accounting",
     "Family",
     "OpacusRelease",
     "installed_release",
-    "installed_version",
     "release",
     "releases_between",
 ]

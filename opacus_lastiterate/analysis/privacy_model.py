@@ -16,7 +16,9 @@ from opacus_lastiterate.analysis._validation import check_delta, check_epsilon
 from opacus_lastiterate.analysis.run import DPSGDRun, RunLike, as_run
 from opacus_lastiterate.analysis.sampling import PoissonSampling, effective_sampling
 
-__all__ = ["PrivacyModel", "poisson_run"]
+__all__ = [
+    "PrivacyModel",
+]
 
 
 def poisson_run(run: RunLike, *, model: str, name: str) -> DPSGDRun:

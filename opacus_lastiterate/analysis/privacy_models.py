@@ -96,10 +96,8 @@ from opacus_lastiterate.analysis.sampling import (
 
 __all__ = [
     "PRIVACY_MODELS",
-    "PRIVACY_MODEL_NAMES",
     "Choice",
     "ModelName",
-    "PrivacyModelEntry",
     "choose",
     "privacy_model",
 ]

@@ -31,7 +31,10 @@ from typing import Any, Literal
 
 from opacus_lastiterate.analysis._validation import check_int
 
-__all__ = ["UNIT_KINDS", "PrivacyUnit", "UnitKind"]
+__all__ = [
+    "PrivacyUnit",
+    "UnitKind",
+]
 
 UnitKind = Literal["record", "user", "group", "sampled_user"]
 """The :attr:`PrivacyUnit.kind` literal."""

@@ -46,16 +46,13 @@ from opacus_lastiterate.analysis.sampling import (
 )
 
 __all__ = [
-    "DIVISOR_RULES",
     "DPSGDRun",
     "DivisorRule",
     "HistoryLike",
     "Normalisation",
     "RunLike",
     "TrainingSegment",
-    "append_steps",
     "as_run",
-    "as_segments",
     "suffix",
     "total_steps",
 ]

@@ -39,21 +39,13 @@ import numpy as np
 from opacus_lastiterate.analysis._validation import check_int, check_sample_rate
 
 __all__ = [
-    "RATE_RELATIVE_TOLERANCE",
-    "SAMPLING_NAMES",
     "BallsInBins",
     "DeterministicBatches",
     "EpochScheme",
     "PoissonSampling",
-    "SamplingName",
     "SamplingScheme",
     "ShuffledBatches",
     "UnknownSampling",
-    "advance_sampling",
-    "check_sampling",
-    "check_sampling_matches",
-    "effective_sampling",
-    "sampling_from_dict",
 ]
 
 SamplingName = Literal["poisson", "shuffled", "deterministic", "balls_in_bins", "unknown"]

@@ -62,10 +62,7 @@ from opacus_lastiterate.analysis.sampling_standard import NoAmplificationBound
 
 __all__ = [
     "DEFAULT_LOSS_DISCRETIZATION",
-    "DEFAULT_TAIL_TRUNCATION",
     "BallsInBinsBound",
-    "allocation_available",
-    "balls_in_bins_pld",
     "random_allocation_pld",
 ]
 

@@ -74,10 +74,7 @@ from opacus_lastiterate.exceptions import WeightedAccuracyWarning
 __all__ = [
     "EXACT_SUPPORT_LIMIT",
     "EpochLayout",
-    "RobustSamplingHeuristic",
     "SamplingHeuristic",
-    "epoch_layout",
-    "epoch_scheme_of",
 ]
 
 EXACT_SUPPORT_LIMIT = 20_000

@@ -76,16 +76,11 @@ from opacus_lastiterate.analysis.sampling import (
 from opacus_lastiterate.analysis.sampling_heuristic import epoch_layout, epoch_scheme_of
 
 __all__ = [
-    "POISSON_ASSUMED_LABEL",
-    "SHUFFLE_SLICE_WIDTH",
-    "SHUFFLE_VALUE_DISCRETIZATION",
     "NoAmplificationBound",
     "PoissonAssumed",
     "ShuffleLowerBound",
-    "no_amplification_mu",
     "shuffle_lower_bound_delta",
     "shuffle_lower_bound_epsilon",
-    "shuffle_lower_bound_pld",
 ]
 
 POISSON_ASSUMED_LABEL = "assumes Poisson sampling: not a guarantee for this run"

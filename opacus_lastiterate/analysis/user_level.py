@@ -72,7 +72,10 @@ from opacus_lastiterate.analysis.sampling import (
 from opacus_lastiterate.analysis.sampling_heuristic import EpochLayout, epoch_scheme_of, trim_tails
 from opacus_lastiterate.exceptions import WeightedAccuracyWarning
 
-__all__ = ["UserLevelHeuristic", "UserLevelSamplingHeuristic", "epoch_contribution_law"]
+__all__ = [
+    "UserLevelHeuristic",
+    "UserLevelSamplingHeuristic",
+]
 
 _TRUNCATION = 1e-30  # total tail mass cut from the tables (added to delta)
 _ON_GRID = 1e-12

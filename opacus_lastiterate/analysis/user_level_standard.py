@@ -59,7 +59,6 @@ __all__ = [
     "GroupPrivacyConversion",
     "UserLevelComposition",
     "UserLevelNoAmplificationBound",
-    "mixture_of_gaussians_step_pld",
 ]
 
 

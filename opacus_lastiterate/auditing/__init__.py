@@ -35,24 +35,20 @@ from typing import TYPE_CHECKING
 
 from opacus_lastiterate._lazy import lazy_attributes
 
-if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
+if TYPE_CHECKING:
     from opacus_lastiterate.auditing.gradient_space.adversaries import (
         AdversarialDataset,
         MaliciousDataset,
-        WorstCaseLandscape,
     )
     from opacus_lastiterate.auditing.gradient_space.arithmetic import DPSGDArithmetic, StepDivisor
     from opacus_lastiterate.auditing.gradient_space.canaries import (
         DiracCanary,
         DiracCanaryAdversary,
         GradientCanary,
-        RandomDirectionAdversary,
-        RandomDirectionCanary,
         SimulatedCoordinateAdversary,
     )
     from opacus_lastiterate.auditing.gradient_space.insertion import (
         Insertion,
-        PeriodicInsertion,
         PoissonInsertion,
     )
     from opacus_lastiterate.auditing.gradient_space.simulator import (
@@ -60,11 +56,9 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         audit_scores,
         simulate_adversarial_dataset,
         simulate_malicious_dataset,
-        simulate_worst_case_landscape,
     )
     from opacus_lastiterate.auditing.input_space.adversarial_samples import (
-        CRAFTING_OBJECTIVES,
-        DEFAULT_MARGIN,
+        CRAFTING_OBJECTIVES,  # the names resolved lazily by __getattr__, for type checkers and IDEs
         CraftedSample,
         CraftingObjective,
         ModelPopulation,
@@ -80,8 +74,6 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         run_input_audit,
     )
     from opacus_lastiterate.auditing.input_space.canaries import (
-        CANARY_TYPES,
-        SCORE_STATISTICS,
         CanaryType,
         InputCanary,
         InputScore,
@@ -91,7 +83,6 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         in_distribution_canary,
         least_likely_label,
         mislabelled_canary,
-        sample_scores,
     )
     from opacus_lastiterate.auditing.input_space.model_cache import CachedTrain
     from opacus_lastiterate.auditing.input_space.training import (
@@ -101,11 +92,9 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         digits_data,
     )
     from opacus_lastiterate.auditing.input_space.worst_case_init import (
-        canary_gradient_norm,
         worst_case_initialisation,
     )
     from opacus_lastiterate.auditing.opacus_releases.agreement import ProbeReport, check_probe
-    from opacus_lastiterate.auditing.opacus_releases.probe import run_probe
     from opacus_lastiterate.auditing.opacus_releases.real_code_audit import (
         RealOpacusAudit,
         audit_installed_opacus,
@@ -118,32 +107,26 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         RunRecords,
         ScoreFunction,
         TrainFunction,
-        TruncatedRecordWarning,
         audit_records,
         read_records,
-        run_assignment,
         run_audit,
     )
     from opacus_lastiterate.auditing.wiring import (
-        ParameterReport,
         WiringCheck,
-        WiringReport,
         check_private_training,
     )
 
 _LAZY: dict[str, str] = {
+    "CRAFTING_OBJECTIVES": "input_space.adversarial_samples",
     "AdversarialDataset": "gradient_space.adversaries",
     "Architecture": "input_space.training",
     "AuditRunner": "runner",
-    "CANARY_TYPES": "input_space.canaries",
-    "CRAFTING_OBJECTIVES": "input_space.adversarial_samples",
     "CachedTrain": "input_space.model_cache",
     "CanaryKind": "opacus_training",
     "CanaryType": "input_space.canaries",
     "CraftedSample": "input_space.adversarial_samples",
     "CraftingMode": "input_space.audit",
     "CraftingObjective": "input_space.adversarial_samples",
-    "DEFAULT_MARGIN": "input_space.adversarial_samples",
     "DPSGDArithmetic": "gradient_space.arithmetic",
     "DiracCanary": "gradient_space.canaries",
     "DiracCanaryAdversary": "gradient_space.canaries",
@@ -158,33 +141,24 @@ _LAZY: dict[str, str] = {
     "StepDivisor": "gradient_space.arithmetic",
     "OpacusDigitsTrainer": "opacus_training",
     "OpacusInputTrainer": "input_space.training",
-    "ParameterReport": "wiring",
-    "PeriodicInsertion": "gradient_space.insertion",
     "PoissonInsertion": "gradient_space.insertion",
     "ProbeReport": "opacus_releases.agreement",
     "RECORD_FORMAT": "runner",
-    "RandomDirectionAdversary": "gradient_space.canaries",
-    "RandomDirectionCanary": "gradient_space.canaries",
     "RealOpacusAudit": "opacus_releases.real_code_audit",
     "RunRecord": "runner",
     "RunRecords": "runner",
-    "SCORE_STATISTICS": "input_space.canaries",
     "SampleAudit": "input_space.audit",
     "ScoreFunction": "runner",
     "ScoreStatistic": "input_space.canaries",
     "SimulatedAudit": "gradient_space.simulator",
     "SimulatedCoordinateAdversary": "gradient_space.canaries",
     "TrainFunction": "runner",
-    "TruncatedRecordWarning": "runner",
     "WiringCheck": "wiring",
-    "WiringReport": "wiring",
-    "WorstCaseLandscape": "gradient_space.adversaries",
     "adaptive_expansion_objective": "input_space.adversarial_samples",
     "audit_installed_opacus": "opacus_releases.real_code_audit",
     "audit_records": "runner",
     "audit_scores": "gradient_space.simulator",
     "blank_canary": "input_space.canaries",
-    "canary_gradient_norm": "input_space.worst_case_init",
     "check_disjoint_runs": "input_space.audit",
     "check_private_training": "wiring",
     "check_probe": "opacus_releases.agreement",
@@ -195,25 +169,18 @@ _LAZY: dict[str, str] = {
     "least_likely_label": "input_space.canaries",
     "mislabelled_canary": "input_space.canaries",
     "read_records": "runner",
-    "run_assignment": "runner",
     "run_audit": "runner",
     "run_input_audit": "input_space.audit",
-    "run_probe": "opacus_releases.probe",
-    "sample_scores": "input_space.canaries",
     "simulate_adversarial_dataset": "gradient_space.simulator",
     "simulate_malicious_dataset": "gradient_space.simulator",
-    "simulate_worst_case_landscape": "gradient_space.simulator",
     "uniform_expansion_objective": "input_space.adversarial_samples",
     "worst_case_initialisation": "input_space.worst_case_init",
 }
 """Public name -> defining submodule; resolved on first access (torch loads then)."""
 
 __all__ = [
-    "CANARY_TYPES",
     "CRAFTING_OBJECTIVES",
-    "DEFAULT_MARGIN",
     "RECORD_FORMAT",
-    "SCORE_STATISTICS",
     "AdversarialDataset",
     "Architecture",
     "AuditRunner",
@@ -236,12 +203,8 @@ __all__ = [
     "ModelPopulation",
     "OpacusDigitsTrainer",
     "OpacusInputTrainer",
-    "ParameterReport",
-    "PeriodicInsertion",
     "PoissonInsertion",
     "ProbeReport",
-    "RandomDirectionAdversary",
-    "RandomDirectionCanary",
     "RealOpacusAudit",
     "RunRecord",
     "RunRecords",
@@ -252,16 +215,12 @@ __all__ = [
     "SimulatedCoordinateAdversary",
     "StepDivisor",
     "TrainFunction",
-    "TruncatedRecordWarning",
     "WiringCheck",
-    "WiringReport",
-    "WorstCaseLandscape",
     "adaptive_expansion_objective",
     "audit_installed_opacus",
     "audit_records",
     "audit_scores",
     "blank_canary",
-    "canary_gradient_norm",
     "check_disjoint_runs",
     "check_private_training",
     "check_probe",
@@ -272,14 +231,10 @@ __all__ = [
     "least_likely_label",
     "mislabelled_canary",
     "read_records",
-    "run_assignment",
     "run_audit",
     "run_input_audit",
-    "run_probe",
-    "sample_scores",
     "simulate_adversarial_dataset",
     "simulate_malicious_dataset",
-    "simulate_worst_case_landscape",
     "uniform_expansion_objective",
     "worst_case_initialisation",
 ]

@@ -50,8 +50,6 @@ __all__ = [
     "CanaryKind",
     "ConstantRunEpsilons",
     "OpacusDigitsTrainer",
-    "digits_arrays",
-    "train_dp_sgd",
 ]
 
 CanaryKind = Literal["gradient", "input"]

@@ -55,7 +55,10 @@ from torch import nn
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.exceptions import AuditWarning, PrivacyWiringError
 
-__all__ = ["ParameterReport", "WiringCheck", "WiringReport", "check_private_training"]
+__all__ = [
+    "WiringCheck",
+    "check_private_training",
+]
 
 _GHOST_HINT = (
     "ghost clipping computes no per-sample gradients, so only the n*C bound of the clipped "

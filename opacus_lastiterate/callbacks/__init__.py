@@ -23,14 +23,13 @@ from typing import TYPE_CHECKING, Any
 from opacus_lastiterate._requires import requires
 
 with requires("opacus_lastiterate.callbacks", "torch", "opacus"):  # clear error without torch
-    from opacus_lastiterate.callbacks.cadence import DOUBLING_START, Cadence
+    from opacus_lastiterate.callbacks.cadence import Cadence
     from opacus_lastiterate.callbacks.canary_audit import (
         CanaryAuditResult,
         InTrainingAuditReport,
         InTrainingCanaryAudit,
     )
     from opacus_lastiterate.callbacks.monitor import (
-        FIELDS,
         LABELS,
         EpsilonRecord,
         MonitorAudit,
@@ -57,8 +56,6 @@ _LAZY = {
 }
 
 __all__ = [
-    "DOUBLING_START",
-    "FIELDS",
     "LABELS",
     "Cadence",
     "CanaryAuditResult",

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from opacus_lastiterate.accountants import IncrementalRDP
 from opacus_lastiterate.accountants.any_accountant import check_accountant_state
+from opacus_lastiterate.accountants.incremental_rdp import IncrementalRDP
 from opacus_lastiterate.callbacks.records import FIELDS, EpsilonRecord
 
 __all__ = ["FORMAT", "RDP_RTOL", "RestoredState", "monitor_state", "restore", "rewind"]

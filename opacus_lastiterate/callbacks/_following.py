@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opacus_lastiterate._warn import warn
-from opacus_lastiterate.accountants import steps_of
-from opacus_lastiterate.accountants.any_accountant import revision_of
+from opacus_lastiterate.accountants.any_accountant import revision_of, steps_of
 from opacus_lastiterate.accountants.base import trim_history
 from opacus_lastiterate.exceptions import MonitorWarning
 

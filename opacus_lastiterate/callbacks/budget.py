@@ -24,7 +24,10 @@ from opacus_lastiterate.callbacks.evaluator import InlineEvaluator, QueuedStep
 from opacus_lastiterate.callbacks.records import EpsilonRecord
 from opacus_lastiterate.exceptions import PrivacyBudgetExceededError
 
-__all__ = ["BUDGET_METRICS", "BudgetGuard", "BudgetMetric", "PrivacyBudget"]
+__all__ = [
+    "BudgetMetric",
+    "PrivacyBudget",
+]
 
 BudgetMetric = Literal["heuristic_epsilon", "robust_heuristic_epsilon", "opacus_rdp_epsilon"]
 BUDGET_METRICS: tuple[str, ...] = (

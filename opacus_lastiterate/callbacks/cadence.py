@@ -16,12 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 __all__ = [
-    "DOUBLING_START",
     "Cadence",
-    "Cadences",
-    "OverheadBudget",
-    "check_cadence",
-    "check_max_overhead",
     "due",
 ]
 

@@ -27,7 +27,7 @@ from opacus_lastiterate.analysis.sampling import (
     effective_sampling,
 )
 
-__all__ = ["CanaryInclusion"]
+__all__ = []
 
 
 class CanaryInclusion:

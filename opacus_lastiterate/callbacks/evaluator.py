@@ -37,12 +37,12 @@ import numpy as np
 from opacus_lastiterate.accountants import (
     ASGMAccountant,
     FEASGMAccountant,
-    IncrementalRDP,
     LastIterateAccountant,
     RunAccountant,
-    steps_of,
 )
+from opacus_lastiterate.accountants.any_accountant import steps_of
 from opacus_lastiterate.accountants.base import trim_history
+from opacus_lastiterate.accountants.incremental_rdp import IncrementalRDP
 from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
     IncrementalWeightedHeuristic,
 )
@@ -53,14 +53,7 @@ from opacus_lastiterate.analysis.sampling import PoissonSampling, effective_samp
 from opacus_lastiterate.callbacks.cadence import Cadences, OverheadBudget, due
 from opacus_lastiterate.callbacks.records import EpsilonRecord, sampling_field
 
-__all__ = [
-    "MIN_RUN",
-    "NORMALISATION_ACCOUNTANTS",
-    "InlineEvaluator",
-    "QueuedStep",
-    "corrected_accountant_of",
-    "evaluated_state",
-]
+__all__ = []
 
 QueuedStep = tuple[int, float, float, float | None, SGDSettings | None]
 """A recorded step waiting for its record: (step, sigma, q, lr, SGD settings)."""

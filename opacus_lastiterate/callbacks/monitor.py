@@ -58,11 +58,9 @@ from typing import Any
 import numpy as np
 
 from opacus_lastiterate._warn import warn
-from opacus_lastiterate.accountants import (
-    LastIterateAccountant,
-    RunAccountant,
+from opacus_lastiterate.accountants import LastIterateAccountant, RunAccountant, detect_sampling
+from opacus_lastiterate.accountants.any_accountant import (
     accountant_of,
-    detect_sampling,
     last_step_of,
     steps_of,
     take_back_steps,
@@ -89,7 +87,6 @@ from opacus_lastiterate.callbacks.evaluator import (
     corrected_accountant_of,
 )
 from opacus_lastiterate.callbacks.records import (
-    FIELDS,
     LABELS,
     EpsilonRecord,
     MonitorAudit,
@@ -99,7 +96,6 @@ from opacus_lastiterate.callbacks.sinks import SinkDispatch, check_sink_rank, pr
 from opacus_lastiterate.exceptions import MonitorWarning
 
 __all__ = [
-    "FIELDS",
     "LABELS",
     "BudgetMetric",
     "EpsilonRecord",

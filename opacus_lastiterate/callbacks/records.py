@@ -22,14 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
-    "FIELDS",
     "LABELS",
-    "SAMPLING_LABELS",
     "EpsilonRecord",
     "MonitorAudit",
     "Sink",
-    "labels_for",
-    "sampling_field",
 ]
 
 SAMPLING_LABELS: dict[str, str] = {

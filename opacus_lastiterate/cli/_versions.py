@@ -72,11 +72,8 @@ def compare_versions(
     it reports with its own default accountant, the corrected epsilon, the last-iterate
     heuristic and warnings.
     """
-    from opacus_lastiterate.analysis.opacus_versions import (
-        ACCOUNTANT_LABELS,
-        VersionConfig,
-        installed_version,
-    )
+    from opacus_lastiterate.analysis.opacus_releases import installed_version
+    from opacus_lastiterate.analysis.opacus_versions import ACCOUNTANT_LABELS, VersionConfig
     from opacus_lastiterate.analysis.opacus_versions import compare_versions as compare
 
     if epochs is not None and steps is not None:

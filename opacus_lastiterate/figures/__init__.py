@@ -17,7 +17,11 @@ from types import ModuleType
 
 from opacus_lastiterate.figures._base import Column, FigureResult
 
-__all__ = ["FIGURES", "SIZES", "Column", "FigureResult", "load"]
+__all__ = [
+    "Column",
+    "FigureResult",
+    "load",
+]
 
 FIGURES: dict[str, tuple[str, str]] = {
     "last-iterate-fig1": (

@@ -35,7 +35,13 @@ from opacus_lastiterate.figures._plotting import (
     series_style,
 )
 
-__all__ = ["BATCHES", "DELTA", "NAME", "SIGMAS", "STEPS", "compute", "plot"]
+__all__ = [
+    "DELTA",
+    "NAME",
+    "STEPS",
+    "compute",
+    "plot",
+]
 
 NAME = "cebere-fig4"
 """The figure's name on the command line."""
@@ -58,12 +64,10 @@ def _ratio(last: float, first: float) -> float:
 
 def compute(size: str = "default", *, trials: int | None = None, seed: int = 0) -> FigureResult:
     """Exact, estimated and bounded eps_1 and eps_25 for every (sigma, B) of the size."""
-    from opacus_lastiterate.auditing import (
-        WorstCaseLandscape,
-        audit_scores,
-        simulate_worst_case_landscape,
-    )
+    from opacus_lastiterate.auditing import audit_scores
+    from opacus_lastiterate.auditing.gradient_space.adversaries import WorstCaseLandscape
     from opacus_lastiterate.auditing.gradient_space.exact import worst_case_landscape_epsilons
+    from opacus_lastiterate.auditing.gradient_space.simulator import simulate_worst_case_landscape
 
     n = TRIALS[size] if trials is None else trials
     grid = GRID[size]

@@ -33,14 +33,10 @@ from opacus_lastiterate.figures._plotting import OKABE_ITO, legend_below, panel_
 __all__ = [
     "DELTA",
     "NAME",
-    "REGIMES",
     "STEPS",
     "compute",
     "curve",
-    "draw_panel",
     "plot",
-    "plot_configuration",
-    "steps_grid",
 ]
 
 NAME = "last-iterate-fig1"

@@ -42,7 +42,13 @@ from opacus_lastiterate.figures._plotting import (
     save,
 )
 
-__all__ = ["DELTA", "NAME", "STEPS", "TRIALS", "compute", "plot"]
+__all__ = [
+    "DELTA",
+    "NAME",
+    "STEPS",
+    "compute",
+    "plot",
+]
 
 NAME = "last-iterate-fig3"
 """The figure's name on the command line."""

@@ -26,7 +26,15 @@ from opacus_lastiterate.analysis.last_iterate.counterexamples import (
 from opacus_lastiterate.figures._base import Column, FigureResult
 from opacus_lastiterate.figures._plotting import legend_below, panel_axes, save, series_style
 
-__all__ = ["ALPHA", "DELTA", "NAME", "ONE_STEP_EPSILONS", "RATES", "STEPS", "compute", "plot"]
+__all__ = [
+    "DELTA",
+    "NAME",
+    "ONE_STEP_EPSILONS",
+    "RATES",
+    "STEPS",
+    "compute",
+    "plot",
+]
 
 NAME = "last-iterate-fig5"
 """The figure's name on the command line."""

@@ -25,14 +25,11 @@ from opacus_lastiterate.figures._base import Column, FigureResult
 from opacus_lastiterate.figures._plotting import OKABE_ITO, legend_below, pyplot, save
 
 __all__ = [
-    "DATASET_SIZE",
     "DELTA",
     "EPOCHS",
     "NAME",
-    "PAPER_ROWS",
     "compute",
     "plot",
-    "plot_plan",
 ]
 
 NAME = "last-iterate-table1"

@@ -36,7 +36,11 @@ from opacus_lastiterate.figures._plotting import (
     save,
 )
 
-__all__ = ["ASGM_Q", "DIMENSION", "EASGM_Q", "NAME", "SIZES", "compute", "plot"]
+__all__ = [
+    "NAME",
+    "compute",
+    "plot",
+]
 
 NAME = "normalisation-fig2"
 """The figure's name on the command line."""
@@ -60,7 +64,7 @@ TRIALS = {"quick": 4_000, "default": 20_000, "full": 200_000}
 
 
 def _audited(losses: np.ndarray) -> tuple[float, float]:
-    from opacus_lastiterate.analysis.normalisation import importance_delta
+    from opacus_lastiterate.analysis.normalisation.empirical import importance_delta
 
     est = importance_delta(losses, [0.0], z=4.0)
     return float(est.estimate[0]), float(est.upper[0] - est.estimate[0])
@@ -82,9 +86,9 @@ def compute(
 ) -> FigureResult:
     """Audited and computed delta(0) for every N of ``SIZES[size]``."""
     from opacus_lastiterate.analysis._validation import check_noise_multiplier
-    from opacus_lastiterate.analysis.normalisation import (
-        asgm_pld,
-        divisor_leak_pld,
+    from opacus_lastiterate.analysis.normalisation.asgm import asgm_pld
+    from opacus_lastiterate.analysis.normalisation.divisor_leak import divisor_leak_pld
+    from opacus_lastiterate.analysis.normalisation.simulation import (
         simulate_asgm,
         simulate_divisor_leak,
     )

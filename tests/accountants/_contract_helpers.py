@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from opacus.accountants import IAccountant
 
-from opacus_lastiterate.accountants import registered_accountants
+from opacus_lastiterate.accountants.registration import registered_accountants
 
 __all__ = [
     "CONFIGURE",

@@ -72,8 +72,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opacus.accountants import IAccountant, RDPAccountant
 
-from opacus_lastiterate.accountants import STANDARD_ACCOUNTANTS, registered_accountants
 from opacus_lastiterate.accountants.base import RunAccountant
+from opacus_lastiterate.accountants.normalisation import STANDARD_ACCOUNTANTS
+from opacus_lastiterate.accountants.registration import registered_accountants
 
 from ._contract_helpers import make_answerable, registered_names
 

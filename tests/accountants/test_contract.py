@@ -40,7 +40,7 @@ from opacus.optimizers import DPOptimizer
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from opacus_lastiterate.accountants import registered_accountants
+from opacus_lastiterate.accountants.registration import registered_accountants
 
 from ._contract_helpers import make_answerable, registered_names
 

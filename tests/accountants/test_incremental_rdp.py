@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from opacus.accountants import RDPAccountant
 
-from opacus_lastiterate.accountants import IncrementalRDP
+from opacus_lastiterate.accountants.incremental_rdp import IncrementalRDP
 
 
 @pytest.mark.parametrize("seed", [0, 1])

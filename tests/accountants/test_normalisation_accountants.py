@@ -13,23 +13,15 @@ from opacus import PrivacyEngine
 from opacus.accountants import RDPAccountant
 from torch import nn
 
-from opacus_lastiterate.accountants import (
-    ASGMAccountant,
-    FEASGMAccountant,
-    NormalisationWarning,
-    registered_accountants,
-)
+from opacus_lastiterate.accountants import ASGMAccountant, FEASGMAccountant, NormalisationWarning
+from opacus_lastiterate.accountants.registration import registered_accountants
 from opacus_lastiterate.analysis.baselines.composition import (
     StandardComposition,
 )
-from opacus_lastiterate.analysis.normalisation import (
-    asgm_delta,
-    asgm_epsilon,
-    feasgm_delta,
-    feasgm_epsilon,
-    feasgm_verdict,
-    opacus1x_batch_arithmetic,
-)
+from opacus_lastiterate.analysis.normalisation import asgm_delta, asgm_epsilon
+from opacus_lastiterate.analysis.normalisation.divisor_leak import feasgm_delta, feasgm_epsilon
+from opacus_lastiterate.analysis.normalisation.divisor_verdict import feasgm_verdict
+from opacus_lastiterate.analysis.normalisation.opacus_arithmetic import opacus1x_batch_arithmetic
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")
 

@@ -38,7 +38,7 @@ import pytest
 import torch
 from opacus import PrivacyEngine
 
-from opacus_lastiterate.accountants import registered_accountants
+from opacus_lastiterate.accountants.registration import registered_accountants
 
 from ._contract_helpers import (
     TORCHVISION_IS_STAND_IN,

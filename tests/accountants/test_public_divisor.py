@@ -26,10 +26,8 @@ from opacus_lastiterate.accountants import (
 from opacus_lastiterate.analysis.baselines.composition import (
     StandardComposition,
 )
-from opacus_lastiterate.analysis.normalisation import (
-    opacus1x_batch_arithmetic,
-    unsafe_dataset_sizes,
-)
+from opacus_lastiterate.analysis.normalisation import unsafe_dataset_sizes
+from opacus_lastiterate.analysis.normalisation.opacus_arithmetic import opacus1x_batch_arithmetic
 
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing:UserWarning")
 

@@ -14,13 +14,12 @@ from opacus import PrivacyEngine
 from opacus.accountants import IAccountant, RDPAccountant
 
 from opacus_lastiterate.accountants import (
-    HAS_NATIVE_REGISTRY,
     HeuristicCalibrationWarning,
     LastIterateAccountant,
     register_accountant,
-    registered_accountants,
     registration,
 )
+from opacus_lastiterate.accountants.registration import HAS_NATIVE_REGISTRY, registered_accountants
 from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
 

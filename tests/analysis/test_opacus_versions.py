@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from opacus_lastiterate.analysis.normalisation import opacus1x_batch_arithmetic
+from opacus_lastiterate.analysis.normalisation.opacus_arithmetic import opacus1x_batch_arithmetic
+from opacus_lastiterate.analysis.opacus_releases import installed_version
 from opacus_lastiterate.analysis.opacus_versions import (
     OPACUS_RELEASES,
     ExampleWeighting,
@@ -20,7 +21,6 @@ from opacus_lastiterate.analysis.opacus_versions import (
     divisor,
     example_weighting,
     installed_release,
-    installed_version,
     release,
     releases_between,
     reported_epsilon,
@@ -268,7 +268,7 @@ def test_committed_real_code_audits_exceed_what_opacus_reports() -> None:
     """The audits of ``make probe-versions`` (real optimizers of 1.0.0, 1.6.0 and 0.15.0):
     the lower bound exceeds the epsilon the release prints and stays below the exact epsilon
     of the audited configuration; the printed epsilon is the version model's."""
-    from opacus_lastiterate.analysis.normalisation import feasgm_verdict
+    from opacus_lastiterate.analysis.normalisation.divisor_verdict import feasgm_verdict
 
     data = json.loads((PROBES.parent / "opacus_audits.json").read_text())
     assert data["command"].startswith("python scripts/probe_opacus_versions.py")

@@ -16,18 +16,19 @@ import torch
 from opacus.accountants import RDPAccountant
 
 import opacus_lastiterate.callbacks.cadence as cadence_module
-from opacus_lastiterate.accountants import IncrementalRDP, LastIterateAccountant
+from opacus_lastiterate.accountants import LastIterateAccountant
+from opacus_lastiterate.accountants.incremental_rdp import IncrementalRDP
 from opacus_lastiterate.analysis.baselines.composition import StandardComposition
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
 from opacus_lastiterate.callbacks import (
-    DOUBLING_START,
-    FIELDS,
     EpsilonRecord,
     PrivacyBudget,
     PrivacyBudgetExceededError,
     PrivacyMonitor,
 )
+from opacus_lastiterate.callbacks.cadence import DOUBLING_START
 from opacus_lastiterate.callbacks.cadence import due as _due
+from opacus_lastiterate.callbacks.records import FIELDS
 from tests.analysis._reference import (
     QuadratureHeuristic,
     torch_sgd_weights,

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 from opacus_lastiterate.callbacks import (
-    FIELDS,
     CsvSink,
     EpsilonRecord,
     JsonlSink,
@@ -28,6 +27,7 @@ from opacus_lastiterate.callbacks import (
     TensorBoardSink,
     WandbSink,
 )
+from opacus_lastiterate.callbacks.records import FIELDS
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
-from opacus_lastiterate.accountants import steps_of
+from opacus_lastiterate.accountants.any_accountant import steps_of
 from opacus_lastiterate.callbacks import (
     EpsilonRecord,
     JsonlSink,

@@ -37,36 +37,24 @@ Below it, the counts-level statistics that ScoreAudit applies at its selected th
 :func:`one_run_epsilon_bound`, :func:`one_run_fdp_bound`) audit given counts (no scores).
 """
 
-from opacus_lastiterate.analysis.audit.clopper_pearson import (
-    clopper_pearson_interval,
-    clopper_pearson_lower,
-    clopper_pearson_upper,
-)
-from opacus_lastiterate.analysis.audit.error_counts import ErrorCurve, error_counts_at, error_curve
+from opacus_lastiterate.analysis.audit.clopper_pearson import clopper_pearson_upper
+from opacus_lastiterate.analysis.audit.error_counts import ErrorCurve, error_curve
 from opacus_lastiterate.analysis.audit.gaussian_dp import (
     gaussian_dp_estimate_from_counts,
-    gaussian_dp_mu_from_error_rates,
 )
 from opacus_lastiterate.analysis.audit.one_run import (
-    ONE_RUN_DELTA_WARNING_LEVEL,
     one_run_epsilon_bound,
-    one_run_p_value,
 )
 from opacus_lastiterate.analysis.audit.one_run_fdp import (
-    FDP_FAMILIES,
     TradeOffFamily,
     one_run_fdp_bound,
-    one_run_fdp_rejects,
 )
 from opacus_lastiterate.analysis.audit.planning import (
     AuditPlan,
-    canaries_needed,
     plan_multi_run_audit,
     plan_one_run_audit,
-    runs_needed,
 )
 from opacus_lastiterate.analysis.audit.published import (
-    PUBLISHED_LABEL,
     published_gdp_epsilon,
     statistics_side_by_side,
 )
@@ -75,8 +63,6 @@ from opacus_lastiterate.analysis.audit.pure_dp import (
     epsilon_from_error_rates,
 )
 from opacus_lastiterate.analysis.audit.result import (
-    AUDIT_KINDS,
-    AUDIT_RESULT_FIELDS,
     AuditCounts,
     AuditKind,
     AuditResult,
@@ -91,7 +77,6 @@ from opacus_lastiterate.analysis.audit.score_audits import (
     audit_one_run,
 )
 from opacus_lastiterate.analysis.audit.threshold_strategies import (
-    DEFAULT_THRESHOLD_STRATEGY,
     Bonferroni,
     ExplicitThreshold,
     HeldOutSplit,
@@ -102,17 +87,10 @@ from opacus_lastiterate.analysis.audit.threshold_strategies import (
 )
 from opacus_lastiterate.exceptions import (
     AuditWarning,
-    NonRandomizedInclusionWarning,
     OneRunDeltaWarning,
 )
 
 __all__ = [
-    "AUDIT_KINDS",
-    "AUDIT_RESULT_FIELDS",
-    "DEFAULT_THRESHOLD_STRATEGY",
-    "FDP_FAMILIES",
-    "ONE_RUN_DELTA_WARNING_LEVEL",
-    "PUBLISHED_LABEL",
     "AuditCounts",
     "AuditKind",
     "AuditPlan",
@@ -126,7 +104,6 @@ __all__ = [
     "MultiRunCounts",
     "MultiSplit",
     "NaiveMax",
-    "NonRandomizedInclusionWarning",
     "OneRunCounts",
     "OneRunDeltaWarning",
     "RankGridBonferroni",
@@ -136,23 +113,15 @@ __all__ = [
     "audit_clopper_pearson",
     "audit_gaussian_dp",
     "audit_one_run",
-    "canaries_needed",
-    "clopper_pearson_interval",
-    "clopper_pearson_lower",
     "clopper_pearson_upper",
     "epsilon_bound_from_counts",
     "epsilon_from_error_rates",
-    "error_counts_at",
     "error_curve",
     "gaussian_dp_estimate_from_counts",
-    "gaussian_dp_mu_from_error_rates",
     "one_run_epsilon_bound",
     "one_run_fdp_bound",
-    "one_run_fdp_rejects",
-    "one_run_p_value",
     "plan_multi_run_audit",
     "plan_one_run_audit",
     "published_gdp_epsilon",
-    "runs_needed",
     "statistics_side_by_side",
 ]

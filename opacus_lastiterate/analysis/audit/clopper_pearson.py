@@ -20,7 +20,9 @@ from scipy.special import betainccinv, betaincinv
 from opacus_lastiterate.analysis._validation import check_in_interval, check_int
 from opacus_lastiterate.analysis.audit._arrays import check_counts
 
-__all__ = ["clopper_pearson_interval", "clopper_pearson_lower", "clopper_pearson_upper"]
+__all__ = [
+    "clopper_pearson_upper",
+]
 
 
 def _as_output(values: NDArray[np.float64], scalar: bool) -> float | NDArray[np.float64]:

@@ -18,7 +18,10 @@ from numpy.typing import ArrayLike, NDArray
 from opacus_lastiterate.analysis._validation import check_real
 from opacus_lastiterate.analysis.audit._arrays import check_scores
 
-__all__ = ["ErrorCurve", "error_counts_at", "error_curve"]
+__all__ = [
+    "ErrorCurve",
+    "error_curve",
+]
 
 
 def _readonly(a: NDArray) -> NDArray:

@@ -33,9 +33,7 @@ from opacus_lastiterate.analysis.audit.result import AuditResult, MultiRunCounts
 from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
 
 __all__ = [
-    "GDP_ESTIMATE_NOTE",
     "gaussian_dp_estimate_from_counts",
-    "gaussian_dp_mu_from_error_rates",
 ]
 
 GDP_ESTIMATE_NOTE = (

@@ -27,9 +27,7 @@ from opacus_lastiterate.analysis.audit.result import AuditResult, OneRunCounts, 
 from opacus_lastiterate.exceptions import NonRandomizedInclusionWarning, OneRunDeltaWarning
 
 __all__ = [
-    "ONE_RUN_DELTA_WARNING_LEVEL",
     "one_run_epsilon_bound",
-    "one_run_p_value",
 ]
 
 #: ``2 m delta`` above this triggers :class:`OneRunDeltaWarning` (``docs/auditing.md``, "One run").

@@ -44,7 +44,10 @@ from opacus_lastiterate.analysis.audit.one_run import _check_counts, warn_one_ru
 from opacus_lastiterate.analysis.audit.result import AuditResult, result_kind
 from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
 
-__all__ = ["FDP_FAMILIES", "TradeOffFamily", "one_run_fdp_bound", "one_run_fdp_rejects"]
+__all__ = [
+    "TradeOffFamily",
+    "one_run_fdp_bound",
+]
 
 TradeOffFamily = Literal["epsilon-delta", "gaussian"]
 FDP_FAMILIES: tuple[TradeOffFamily, ...] = ("epsilon-delta", "gaussian")

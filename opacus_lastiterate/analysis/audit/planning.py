@@ -42,10 +42,8 @@ from opacus_lastiterate.analysis.audit.threshold_strategies import (
 
 __all__ = [
     "AuditPlan",
-    "canaries_needed",
     "plan_multi_run_audit",
     "plan_one_run_audit",
-    "runs_needed",
 ]
 
 _MAX_RUNS = 10**9

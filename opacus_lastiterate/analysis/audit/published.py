@@ -43,8 +43,6 @@ from opacus_lastiterate.analysis.audit.threshold_strategies import (
 from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
 
 __all__ = [
-    "PUBLISHED_LABEL",
-    "PUBLISHED_ROOT_BRACKET",
     "published_gdp_epsilon",
     "statistics_side_by_side",
 ]

@@ -10,7 +10,6 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from opacus_lastiterate.analysis._validation import check_in_interval, check_int
 
 __all__ = [
-    "AUDIT_RESULT_FIELDS",
     "AuditCounts",
     "AuditKind",
     "AuditResult",

@@ -57,7 +57,6 @@ from opacus_lastiterate.analysis.audit._selection import (
 )
 
 __all__ = [
-    "DEFAULT_THRESHOLD_STRATEGY",
     "Bonferroni",
     "ExplicitThreshold",
     "HeldOutSplit",

@@ -48,7 +48,6 @@ from opacus_lastiterate.analysis.privacy_model import PrivacyModel, poisson_run
 from opacus_lastiterate.analysis.run import DPSGDRun, RunLike, as_run
 
 __all__ = [
-    "DEFAULT_DISCRETIZATION",
     "DEFAULT_NOISE_GROUPING",
     "FullBatchGaussian",
     "RDPComposition",

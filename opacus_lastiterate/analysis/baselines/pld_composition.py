@@ -49,11 +49,9 @@ from opacus_lastiterate.analysis.baselines.subsampled_gaussian_pld import (
 )
 
 __all__ = [
-    "TAIL_MASS_TRUNCATION",
     "CompositionCache",
     "PLDComposer",
     "clear_kept_compositions",
-    "compose_subsampled_gaussian",
     "group_noise",
     "incremental_pld",
 ]

@@ -19,7 +19,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["OPACUS_ORDERS", "classic_conversion", "improved_conversion", "subsampled_gaussian_rdp"]
+__all__ = [
+    "subsampled_gaussian_rdp",
+]
 
 OPACUS_ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
 """Opacus's default RDP orders (0.12.0 privacy_engine.py:18; 1.6.0 accountants/rdp.py:22);

@@ -30,7 +30,9 @@ from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from numpy.typing import NDArray
 from scipy import special
 
-__all__ = ["LossPmf", "subsampled_gaussian_pld", "subsampled_gaussian_pmfs"]
+__all__ = [
+    "subsampled_gaussian_pld",
+]
 
 _ADD = privacy_loss_mechanism.AdjacencyType.ADD
 _REMOVE = privacy_loss_mechanism.AdjacencyType.REMOVE

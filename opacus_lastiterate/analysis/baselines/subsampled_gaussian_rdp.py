@@ -35,7 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import special
 
-__all__ = ["composed_rdp", "poisson_gaussian_rdp"]
+__all__ = []
 
 _DP_ACCOUNTING_TERMS = 1000  # dp_accounting's _MAX_STEPS_LOG_A_FRAC
 _OPACUS_VECTOR_TERMS = 100_000

@@ -21,7 +21,10 @@ import math
 from opacus_lastiterate.analysis._validation import check_in_interval, check_int
 from opacus_lastiterate.analysis.last_iterate.adaptive_weights import canonical_adaptive_name
 
-__all__ = ["SIMULATED_OPTIMIZERS", "STUDIED_RANGES", "adaptive_heuristic_caveats"]
+__all__ = [
+    "STUDIED_RANGES",
+    "adaptive_heuristic_caveats",
+]
 
 #: Optimisers whose real mechanism the study simulated (AdamW's decoupled decay does not
 #: touch the gradient, so its second moment is Adam's).

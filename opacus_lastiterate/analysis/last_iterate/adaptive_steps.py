@@ -43,11 +43,8 @@ from opacus_lastiterate.analysis.last_iterate.adaptive_weights import (
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
 
 __all__ = [
-    "ADAPTIVE_STEP_FIELDS",
     "AdaptiveStep",
     "SGDEquivalent",
-    "adaptive_run_caveats",
-    "adaptive_run_weights",
 ]
 
 _SGD_EQUIVALENT = ("adam", "adamw")

@@ -55,14 +55,9 @@ from opacus_lastiterate.analysis._validation import check_in_interval, check_rea
 from opacus_lastiterate.exceptions import UnsupportedOptimizerError
 
 __all__ = [
-    "ADAPTIVE_HEURISTIC_LABEL",
-    "ADAPTIVE_WEIGHT_OPTIMIZERS",
     "AdaptiveSettings",
     "adaptive_weights",
-    "canonical_adaptive_name",
-    "expected_second_moment",
     "settings_from_param_group",
-    "weights_given_second_moment",
 ]
 
 #: The optimisers whose weights this module gives (lower-case torch class names).

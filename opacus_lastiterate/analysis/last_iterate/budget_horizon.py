@@ -34,7 +34,7 @@ from opacus_lastiterate.analysis.last_iterate.canary_count import (
 )
 from opacus_lastiterate.analysis.last_iterate.heuristic_pair import count_pair
 
-__all__ = ["shifted_count_epsilon", "steps_within_limit"]
+__all__ = []
 
 _MARGIN = 1e-9  # relative: the bound and the checked value each carry the root tolerance
 

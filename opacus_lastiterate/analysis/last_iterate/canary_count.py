@@ -20,12 +20,8 @@ import numpy as np
 from scipy import special
 
 __all__ = [
-    "BinomialSequence",
     "CountDistribution",
     "binomial_count",
-    "binomial_count_stack",
-    "convolve_counts",
-    "poisson_binomial_count",
 ]
 
 _TAIL_NATS = 75.0  # truncation level of each binomial factor (Bernstein bound e^-75)

@@ -21,7 +21,7 @@ import numpy as np
 from opacus_lastiterate.analysis.last_iterate.fourier_roots import Hints
 from opacus_lastiterate.analysis.last_iterate.step_factors import g_q, log_factors
 
-__all__ = ["FrequencyGrid", "PairwiseSum"]
+__all__ = []
 
 _SCAN = 384  # lattice points on [A, B]
 _CHUNK_ELEMENTS = 8192  # frequencies x steps per block when steps are folded

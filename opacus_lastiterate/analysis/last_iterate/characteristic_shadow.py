@@ -27,7 +27,7 @@ from opacus_lastiterate.analysis.last_iterate.optimizer_weights import HeavyBall
 from opacus_lastiterate.analysis.last_iterate.step_factors import PHASOR_CHARGE, g_q
 from opacus_lastiterate.analysis.last_iterate.weighted_fourier import FP_CHARGE
 
-__all__ = ["ShadowGrid"]
+__all__ = []
 
 _BLOCK = 16  # frozen steps folded per query, at least
 

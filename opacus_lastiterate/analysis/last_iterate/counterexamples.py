@@ -53,19 +53,11 @@ from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun, HistoryLike, as_segments, total_steps
 
 __all__ = [
-    "EXACT_MAX_STEPS",
-    "PAPER_FLOOR",
-    "PAPER_RATIO",
     "MonotonicityCheck",
-    "QuadraticComparison",
     "QuadraticResult",
     "heuristic_monotonicity",
-    "heuristic_monotonicity_for_history",
     "one_step_noise_multiplier",
-    "quadratic_regulariser_comparison",
     "quadratic_regulariser_epsilon",
-    "quadratic_regulariser_pair",
-    "quadratic_regulariser_weights",
     "zeroing_regulariser_epsilon",
 ]
 

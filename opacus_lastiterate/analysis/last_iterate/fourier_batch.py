@@ -40,7 +40,7 @@ from opacus_lastiterate.analysis.last_iterate.step_factors import (
 )
 from opacus_lastiterate.analysis.last_iterate.weighted_fourier import ETA, FP_CHARGE
 
-__all__ = ["BLOCK", "block_answers", "solve_many", "solve_steps"]
+__all__ = []
 
 BLOCK = 32
 """Steps per block: the kept state is asked (and moves forward) at each block's end."""

@@ -32,7 +32,7 @@ from scipy import special
 
 from opacus_lastiterate.analysis.last_iterate.weighted_fourier import Inversion
 
-__all__ = ["XTOL", "solve_epsilons"]
+__all__ = []
 
 XTOL = 1e-10
 """Bracket width, relative to s, below which a root is not refined further (about the

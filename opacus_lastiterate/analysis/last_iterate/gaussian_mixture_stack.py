@@ -35,7 +35,7 @@ from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import (
     _NEWTON_ACCEPT,
 )
 
-__all__ = ["MixtureStack", "StackSolution"]
+__all__ = []
 
 _PQ_STEPS = 8  # Newton steps on log delta_PQ before a lane is left to the one-pair path
 _INVERSE_STEPS = 12  # Newton steps on L(y) = -eps_PQ

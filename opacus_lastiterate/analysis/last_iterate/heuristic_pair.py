@@ -29,9 +29,6 @@ from opacus_lastiterate.analysis.run import TrainingSegment
 
 __all__ = [
     "count_pair",
-    "has_noiseless_step",
-    "segments_delta",
-    "segments_epsilon",
     "segments_pair",
 ]
 

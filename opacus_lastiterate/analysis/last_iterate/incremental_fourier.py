@@ -126,7 +126,11 @@ from opacus_lastiterate.analysis.last_iterate.weighted_fourier import (
     chernoff_upper,
 )
 
-__all__ = ["FREEZE_ERROR", "GRID_MARGIN", "STATE_FORMAT", "IncrementalCharacteristic", "run_fingerprint"]
+__all__ = [
+    "FREEZE_ERROR",
+    "GRID_MARGIN",
+    "IncrementalCharacteristic",
+]
 
 FREEZE_ERROR = 1e-6
 """Freezing adds at most about this times delta to the error bound (predicted)."""

@@ -57,18 +57,10 @@ from opacus_lastiterate.analysis._validation import (
 from opacus_lastiterate.exceptions import UnsupportedOptimizerError
 
 __all__ = [
-    "ADAPTIVE_OPTIMIZERS",
-    "BUILTIN_SCHEDULES",
-    "SUPPORTED_OPTIMIZERS",
-    "HeavyBallRecursion",
     "SGDSettings",
     "builtin_schedule",
-    "check_optimizer_supported",
-    "constant_schedule",
     "cosine_schedule",
-    "momentum_weights_closed_form",
     "sgd_weights",
-    "step_schedule",
 ]
 
 

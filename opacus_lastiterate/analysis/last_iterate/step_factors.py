@@ -18,7 +18,9 @@ import math
 
 import numpy as np
 
-__all__ = ["PHASOR_CHARGE", "Q_HALF", "Q_NEAR_HALF", "c_q", "g_q", "log_factors"]
+__all__ = [
+    "Q_NEAR_HALF",
+]
 
 PHASOR_CHARGE = 4.0
 """Rounding charged per factor for :func:`log_factors`' half-angle products, in units of

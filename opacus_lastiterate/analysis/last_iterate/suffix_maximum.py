@@ -82,11 +82,7 @@ from opacus_lastiterate.analysis.last_iterate.canary_count import poisson_binomi
 from opacus_lastiterate.analysis.last_iterate.heuristic_pair import count_pair
 from opacus_lastiterate.analysis.run import TrainingSegment, total_steps
 
-__all__ = [
-    "SuffixMaximum",
-    "certified_suffix_maximum",
-    "suffix_maximum_search",
-]
+__all__ = []
 
 _REL_PAD = 1e-12  # safety margin on every bound for the root finder of the engine: relative
 _ABS_PAD = 1e-14  # and absolute (eps near 0); the acceptance target allows 2 * _ABS_PAD

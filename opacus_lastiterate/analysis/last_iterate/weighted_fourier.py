@@ -46,7 +46,7 @@ import math
 
 import numpy as np
 
-__all__ = ["ETA", "FP_CHARGE", "MAX_TERMS", "Inversion", "chernoff_upper"]
+__all__ = []
 
 ETA = 1e-9
 """Each neglected tail (aliasing, truncation) is at most ETA x delta."""

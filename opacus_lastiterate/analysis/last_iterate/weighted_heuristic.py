@@ -73,10 +73,7 @@ from opacus_lastiterate.exceptions import WeightedAccuracyWarning
 
 __all__ = [
     "WeightedHeuristicResult",
-    "weighted_heuristic_delta_result",
     "weighted_heuristic_epsilon_result",
-    "weighted_heuristic_pair",
-    "weighted_sum_distribution",
 ]
 
 ArrayLike = Sequence[float] | np.ndarray

@@ -15,38 +15,23 @@ numpy / scipy / dp_accounting only. Each number names its model:
 
 from opacus_lastiterate.analysis.normalisation.asgm import (
     ASGM_MODEL,
-    EMPTY_BATCH_BEHAVIOUR,
     asgm_delta,
     asgm_epsilon,
     asgm_pld,
-    asgm_privacy_loss,
 )
 from opacus_lastiterate.analysis.normalisation.discretisation import (
-    DEFAULT_INTERVAL,
     DiscretizationMethod,
 )
 from opacus_lastiterate.analysis.normalisation.divisor_leak import (
-    FEASGM_MODEL,
-    divisor_leak_loss,
     divisor_leak_pld,
     feasgm_delta,
     feasgm_epsilon,
 )
 from opacus_lastiterate.analysis.normalisation.divisor_verdict import (
     DivisorVerdict,
-    feasgm_verdict,
-    public_divisor_verdict,
     unsafe_dataset_sizes,
 )
-from opacus_lastiterate.analysis.normalisation.empirical import (
-    EmpiricalDelta,
-    importance_delta,
-    threshold_delta,
-)
-from opacus_lastiterate.analysis.normalisation.opacus_arithmetic import (
-    OpacusBatchArithmetic,
-    opacus1x_batch_arithmetic,
-)
+from opacus_lastiterate.analysis.normalisation.empirical import importance_delta, threshold_delta
 from opacus_lastiterate.analysis.normalisation.simulation import (
     simulate_asgm,
     simulate_divisor_leak,
@@ -54,25 +39,15 @@ from opacus_lastiterate.analysis.normalisation.simulation import (
 
 __all__ = [
     "ASGM_MODEL",
-    "DEFAULT_INTERVAL",
-    "EMPTY_BATCH_BEHAVIOUR",
-    "FEASGM_MODEL",
     "DiscretizationMethod",
     "DivisorVerdict",
-    "EmpiricalDelta",
-    "OpacusBatchArithmetic",
     "asgm_delta",
     "asgm_epsilon",
     "asgm_pld",
-    "asgm_privacy_loss",
-    "divisor_leak_loss",
     "divisor_leak_pld",
     "feasgm_delta",
     "feasgm_epsilon",
-    "feasgm_verdict",
     "importance_delta",
-    "opacus1x_batch_arithmetic",
-    "public_divisor_verdict",
     "simulate_asgm",
     "simulate_divisor_leak",
     "threshold_delta",

@@ -73,11 +73,9 @@ from opacus_lastiterate.analysis.run import RunLike, as_run
 __all__ = [
     "ASGM",
     "ASGM_MODEL",
-    "EMPTY_BATCH_BEHAVIOUR",
     "asgm_delta",
     "asgm_epsilon",
     "asgm_pld",
-    "asgm_privacy_loss",
 ]
 
 ASGM_MODEL = "ASGM (batch size revealed, other gradients zero)"

@@ -45,17 +45,8 @@ from opacus_lastiterate.analysis._validation import check_in_interval
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 
 __all__ = [
-    "DEFAULT_INTERVAL",
     "DiscretizationMethod",
-    "LossTails",
     "WorstOfPLDs",
-    "check_discretization_method",
-    "check_interval",
-    "discretise",
-    "identity_pld",
-    "pld_from_tails",
-    "worst_delta",
-    "worst_epsilon",
 ]
 
 DiscretizationMethod = Literal["connect_dots", "round_up"]

@@ -65,8 +65,6 @@ from opacus_lastiterate.analysis.run import RunLike, as_run
 
 __all__ = [
     "FEASGM",
-    "FEASGM_MODEL",
-    "divisor_leak_loss",
     "divisor_leak_pld",
     "feasgm_delta",
     "feasgm_epsilon",

@@ -33,8 +33,6 @@ from opacus_lastiterate.analysis.normalisation.opacus_arithmetic import (
 
 __all__ = [
     "DivisorVerdict",
-    "feasgm_verdict",
-    "public_divisor_verdict",
     "unsafe_dataset_sizes",
 ]
 

@@ -29,7 +29,10 @@ from opacus_lastiterate.analysis.audit.clopper_pearson import (
     clopper_pearson_upper,
 )
 
-__all__ = ["EmpiricalDelta", "importance_delta", "threshold_delta"]
+__all__ = [
+    "importance_delta",
+    "threshold_delta",
+]
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from opacus_lastiterate.analysis._validation import check_int
 
-__all__ = ["OpacusBatchArithmetic", "opacus1x_batch_arithmetic"]
+__all__ = []
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,10 @@ from opacus_lastiterate.analysis._validation import (
 from opacus_lastiterate.analysis.normalisation.asgm import asgm_privacy_loss
 from opacus_lastiterate.analysis.normalisation.divisor_leak import divisor_leak_loss
 
-__all__ = ["asgm_dimension_llr", "simulate_asgm", "simulate_divisor_leak"]
+__all__ = [
+    "simulate_asgm",
+    "simulate_divisor_leak",
+]
 
 _CHUNK = 2_000_000  # floats per vectorised block
 _PMF_FLOOR = 1e-40  # batch sizes rarer than this are left out of the likelihoods

@@ -20,11 +20,10 @@ from typing import TYPE_CHECKING
 
 from opacus_lastiterate._lazy import lazy_attributes
 
-if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
+if TYPE_CHECKING:
     from opacus_lastiterate.auditing.gradient_space.adversaries import (
         AdversarialDataset,
         MaliciousDataset,
-        WorstCaseLandscape,
     )
     from opacus_lastiterate.auditing.gradient_space.arithmetic import (
         DPSGDArithmetic,
@@ -34,21 +33,15 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         DiracCanary,
         DiracCanaryAdversary,
         GradientCanary,
-        RandomDirectionAdversary,
-        RandomDirectionCanary,
         SimulatedCoordinateAdversary,
     )
     from opacus_lastiterate.auditing.gradient_space.exact import (
         ExactEpsilon,
-        ExactEpsilons,
-        discrete_epsilon,
         malicious_dataset_epsilon,
-        malicious_dataset_test_rates,
-        worst_case_landscape_epsilons,
+        malicious_dataset_test_rates,  # the names resolved lazily by __getattr__, for type checkers and IDEs
     )
     from opacus_lastiterate.auditing.gradient_space.insertion import (
         Insertion,
-        PeriodicInsertion,
         PoissonInsertion,
     )
     from opacus_lastiterate.auditing.gradient_space.simulator import (
@@ -56,35 +49,26 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         audit_scores,
         simulate_adversarial_dataset,
         simulate_malicious_dataset,
-        simulate_worst_case_landscape,
     )
 
 _LAZY: dict[str, str] = {
+    "malicious_dataset_test_rates": "exact",
     "AdversarialDataset": "adversaries",
     "DPSGDArithmetic": "arithmetic",
     "DiracCanary": "canaries",
     "DiracCanaryAdversary": "canaries",
     "ExactEpsilon": "exact",
-    "ExactEpsilons": "exact",
     "GradientCanary": "canaries",
     "Insertion": "insertion",
     "MaliciousDataset": "adversaries",
     "StepDivisor": "arithmetic",
-    "PeriodicInsertion": "insertion",
     "PoissonInsertion": "insertion",
-    "RandomDirectionAdversary": "canaries",
-    "RandomDirectionCanary": "canaries",
     "SimulatedAudit": "simulator",
     "SimulatedCoordinateAdversary": "canaries",
-    "WorstCaseLandscape": "adversaries",
     "audit_scores": "simulator",
-    "discrete_epsilon": "exact",
     "malicious_dataset_epsilon": "exact",
-    "malicious_dataset_test_rates": "exact",
     "simulate_adversarial_dataset": "simulator",
     "simulate_malicious_dataset": "simulator",
-    "simulate_worst_case_landscape": "simulator",
-    "worst_case_landscape_epsilons": "exact",
 }
 """Public name -> defining submodule; resolved on first access."""
 
@@ -94,26 +78,18 @@ __all__ = [
     "DiracCanary",
     "DiracCanaryAdversary",
     "ExactEpsilon",
-    "ExactEpsilons",
     "GradientCanary",
     "Insertion",
     "MaliciousDataset",
-    "PeriodicInsertion",
     "PoissonInsertion",
-    "RandomDirectionAdversary",
-    "RandomDirectionCanary",
     "SimulatedAudit",
     "SimulatedCoordinateAdversary",
     "StepDivisor",
-    "WorstCaseLandscape",
     "audit_scores",
-    "discrete_epsilon",
     "malicious_dataset_epsilon",
     "malicious_dataset_test_rates",
     "simulate_adversarial_dataset",
     "simulate_malicious_dataset",
-    "simulate_worst_case_landscape",
-    "worst_case_landscape_epsilons",
 ]
 
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())

@@ -37,7 +37,10 @@ from opacus_lastiterate.auditing.gradient_space.arithmetic import DPSGDArithmeti
 from opacus_lastiterate.auditing.gradient_space.canaries import DiracCanary
 from opacus_lastiterate.auditing.gradient_space.insertion import Insertion, PoissonInsertion
 
-__all__ = ["AdversarialDataset", "MaliciousDataset", "WorstCaseLandscape"]
+__all__ = [
+    "AdversarialDataset",
+    "MaliciousDataset",
+]
 
 
 def _check_insertion(insertion: object) -> Insertion:

@@ -33,8 +33,6 @@ __all__ = [
     "DiracCanary",
     "DiracCanaryAdversary",
     "GradientCanary",
-    "RandomDirectionAdversary",
-    "RandomDirectionCanary",
     "SimulatedCoordinateAdversary",
 ]
 

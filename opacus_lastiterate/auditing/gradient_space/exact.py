@@ -61,11 +61,8 @@ from opacus_lastiterate.auditing.gradient_space.arithmetic import DPSGDArithmeti
 
 __all__ = [
     "ExactEpsilon",
-    "ExactEpsilons",
-    "discrete_epsilon",
     "malicious_dataset_epsilon",
     "malicious_dataset_test_rates",
-    "worst_case_landscape_epsilons",
 ]
 
 _SPAN_SD = 12.0  # grid and kernel half-widths, in standard deviations

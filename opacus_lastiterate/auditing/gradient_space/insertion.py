@@ -14,7 +14,10 @@ from numpy.typing import NDArray
 
 from opacus_lastiterate.analysis._validation import check_int, check_sample_rate
 
-__all__ = ["Insertion", "PeriodicInsertion", "PoissonInsertion", "check_rng"]
+__all__ = [
+    "Insertion",
+    "PoissonInsertion",
+]
 
 
 def check_rng(rng: object) -> np.random.Generator:

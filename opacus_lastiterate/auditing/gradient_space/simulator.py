@@ -58,7 +58,6 @@ __all__ = [
     "audit_scores",
     "simulate_adversarial_dataset",
     "simulate_malicious_dataset",
-    "simulate_worst_case_landscape",
 ]
 
 Method = Literal["analytic", "literal"]

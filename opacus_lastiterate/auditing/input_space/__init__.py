@@ -25,12 +25,9 @@ from typing import TYPE_CHECKING
 from opacus_lastiterate._lazy import lazy_attributes
 from opacus_lastiterate._requires import require
 
-if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
+if TYPE_CHECKING:
     from opacus_lastiterate.auditing.input_space.adversarial_samples import (
-        ALL_CRAFTING_OBJECTIVES,
-        CRAFTING_OBJECTIVES,
-        DEFAULT_MARGIN,
-        PUBLISHED_CRAFTING_OBJECTIVES,
+        CRAFTING_OBJECTIVES,  # the names resolved lazily by __getattr__, for type checkers and IDEs
         CraftedSample,
         CraftingObjective,
         ModelPopulation,
@@ -51,8 +48,6 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         BatchedModels,
     )
     from opacus_lastiterate.auditing.input_space.canaries import (
-        CANARY_TYPES,
-        SCORE_STATISTICS,
         CanaryType,
         InputCanary,
         InputScore,
@@ -62,11 +57,9 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         in_distribution_canary,
         least_likely_label,
         mislabelled_canary,
-        sample_scores,
     )
     from opacus_lastiterate.auditing.input_space.canary_set import (
         InputCanaries,
-        fair_coins,
         make_input_canaries,
     )
     from opacus_lastiterate.auditing.input_space.model_cache import (
@@ -75,7 +68,6 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     from opacus_lastiterate.auditing.input_space.protocols import (
         AuditProtocol,
         annamalai_protocol,
-        full_batch_noise_multiplier,
         run_protocol,
         yoon_protocol,
     )
@@ -86,30 +78,24 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         digits_data,
     )
     from opacus_lastiterate.auditing.input_space.worst_case_init import (
-        canary_gradient_norm,
         worst_case_initialisation,
     )
 
 _LAZY: dict[str, str] = {
-    "ALL_CRAFTING_OBJECTIVES": "adversarial_samples",
+    "CRAFTING_OBJECTIVES": "adversarial_samples",
     "AuditProtocol": "protocols",
     "BatchedDPGD": "batched_training",
     "BatchedModels": "batched_training",
-    "PUBLISHED_CRAFTING_OBJECTIVES": "adversarial_samples",
     "annamalai_protocol": "protocols",
-    "full_batch_noise_multiplier": "protocols",
     "published_objective": "adversarial_samples",
     "run_protocol": "protocols",
     "yoon_protocol": "protocols",
     "Architecture": "training",
-    "CANARY_TYPES": "canaries",
-    "CRAFTING_OBJECTIVES": "adversarial_samples",
     "CachedTrain": "model_cache",
     "CanaryType": "canaries",
     "CraftedSample": "adversarial_samples",
     "CraftingMode": "audit",
     "CraftingObjective": "adversarial_samples",
-    "DEFAULT_MARGIN": "adversarial_samples",
     "Initialisation": "training",
     "InputAuditReport": "audit",
     "InputCanaries": "canary_set",
@@ -117,35 +103,26 @@ _LAZY: dict[str, str] = {
     "InputScore": "canaries",
     "ModelPopulation": "adversarial_samples",
     "OpacusInputTrainer": "training",
-    "SCORE_STATISTICS": "canaries",
     "SampleAudit": "audit",
     "ScoreStatistic": "canaries",
     "adaptive_expansion_objective": "adversarial_samples",
     "blank_canary": "canaries",
-    "canary_gradient_norm": "worst_case_init",
     "check_disjoint_runs": "audit",
     "clip_backdoor_canary": "canaries",
     "craft_adversarial_sample": "adversarial_samples",
     "digits_data": "training",
     "in_distribution_canary": "canaries",
-    "fair_coins": "canary_set",
     "least_likely_label": "canaries",
     "make_input_canaries": "canary_set",
     "mislabelled_canary": "canaries",
     "run_input_audit": "audit",
-    "sample_scores": "canaries",
     "uniform_expansion_objective": "adversarial_samples",
     "worst_case_initialisation": "worst_case_init",
 }
 """Public name -> defining submodule; resolved on first access."""
 
 __all__ = [
-    "ALL_CRAFTING_OBJECTIVES",
-    "CANARY_TYPES",
     "CRAFTING_OBJECTIVES",
-    "DEFAULT_MARGIN",
-    "PUBLISHED_CRAFTING_OBJECTIVES",
-    "SCORE_STATISTICS",
     "Architecture",
     "AuditProtocol",
     "BatchedDPGD",
@@ -167,13 +144,10 @@ __all__ = [
     "adaptive_expansion_objective",
     "annamalai_protocol",
     "blank_canary",
-    "canary_gradient_norm",
     "check_disjoint_runs",
     "clip_backdoor_canary",
     "craft_adversarial_sample",
     "digits_data",
-    "fair_coins",
-    "full_batch_noise_multiplier",
     "in_distribution_canary",
     "least_likely_label",
     "make_input_canaries",
@@ -181,7 +155,6 @@ __all__ = [
     "published_objective",
     "run_input_audit",
     "run_protocol",
-    "sample_scores",
     "uniform_expansion_objective",
     "worst_case_initialisation",
     "yoon_protocol",

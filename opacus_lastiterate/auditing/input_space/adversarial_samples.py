@@ -48,10 +48,7 @@ from opacus_lastiterate.auditing.input_space.canaries import (
 )
 
 __all__ = [
-    "ALL_CRAFTING_OBJECTIVES",
     "CRAFTING_OBJECTIVES",
-    "DEFAULT_MARGIN",
-    "PUBLISHED_CRAFTING_OBJECTIVES",
     "CraftedSample",
     "CraftingObjective",
     "ModelPopulation",

@@ -34,12 +34,8 @@ from typing import Any, Literal
 import numpy as np
 
 from opacus_lastiterate.analysis._validation import check_int
-from opacus_lastiterate.analysis.audit import (
-    DEFAULT_THRESHOLD_STRATEGY,
-    AuditResult,
-    ScoreAudit,
-    ThresholdStrategy,
-)
+from opacus_lastiterate.analysis.audit import AuditResult, ScoreAudit, ThresholdStrategy
+from opacus_lastiterate.analysis.audit.threshold_strategies import DEFAULT_THRESHOLD_STRATEGY
 from opacus_lastiterate.auditing.input_space.adversarial_samples import (
     ALL_CRAFTING_OBJECTIVES,
     CRAFTING_OBJECTIVES,

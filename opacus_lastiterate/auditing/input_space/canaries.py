@@ -30,8 +30,6 @@ from torch import nn
 from opacus_lastiterate.analysis._validation import check_int, check_positive
 
 __all__ = [
-    "CANARY_TYPES",
-    "SCORE_STATISTICS",
     "CanaryType",
     "InputCanary",
     "InputScore",
@@ -41,7 +39,6 @@ __all__ = [
     "in_distribution_canary",
     "least_likely_label",
     "mislabelled_canary",
-    "sample_scores",
 ]
 
 CanaryType = Literal[

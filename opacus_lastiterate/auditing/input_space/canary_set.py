@@ -25,7 +25,10 @@ from torch.utils.data import ConcatDataset, Dataset, TensorDataset
 from opacus_lastiterate.analysis._validation import check_int
 from opacus_lastiterate.auditing.input_space.canaries import InputCanary
 
-__all__ = ["InputCanaries", "fair_coins", "make_input_canaries"]
+__all__ = [
+    "InputCanaries",
+    "make_input_canaries",
+]
 
 
 def fair_coins(seed: int, num: int, salt: int) -> NDArray[np.bool_]:

@@ -53,7 +53,6 @@ from opacus_lastiterate.auditing.input_space.training import OpacusInputTrainer
 __all__ = [
     "AuditProtocol",
     "annamalai_protocol",
-    "full_batch_noise_multiplier",
     "run_protocol",
     "yoon_protocol",
 ]

@@ -25,61 +25,29 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         ProbeCheck,
         ProbeReport,
         check_probe,
-        check_probes,
-    )
-    from opacus_lastiterate.auditing.opacus_releases.probe import (
-        PROBE_ACCOUNTANT,
-        PROBE_DELTA,
-        api_generation,
-        audit_observations,
-        import_opacus,
-        installed_version,
-        run_probe,
     )
     from opacus_lastiterate.auditing.opacus_releases.real_code_audit import (
         RealOpacusAudit,
-        asgm_scores,
         audit_installed_opacus,
-        feasgm_scores,
         summarise_audit,
     )
 
 _LAZY: dict[str, str] = {
-    "PROBE_ACCOUNTANT": "probe",
-    "PROBE_DELTA": "probe",
     "ProbeCheck": "agreement",
     "ProbeReport": "agreement",
     "RealOpacusAudit": "real_code_audit",
-    "api_generation": "probe",
-    "asgm_scores": "real_code_audit",
     "audit_installed_opacus": "real_code_audit",
-    "audit_observations": "probe",
     "check_probe": "agreement",
-    "check_probes": "agreement",
-    "feasgm_scores": "real_code_audit",
-    "import_opacus": "probe",
-    "installed_version": "probe",
-    "run_probe": "probe",
     "summarise_audit": "real_code_audit",
 }
 """Public name -> defining submodule; resolved on first access."""
 
 __all__ = [
-    "PROBE_ACCOUNTANT",
-    "PROBE_DELTA",
     "ProbeCheck",
     "ProbeReport",
     "RealOpacusAudit",
-    "api_generation",
-    "asgm_scores",
     "audit_installed_opacus",
-    "audit_observations",
     "check_probe",
-    "check_probes",
-    "feasgm_scores",
-    "import_opacus",
-    "installed_version",
-    "run_probe",
     "summarise_audit",
 ]
 

@@ -32,7 +32,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ProbeCheck", "ProbeReport", "check_probe", "check_probes"]
+__all__ = [
+    "ProbeCheck",
+    "ProbeReport",
+    "check_probe",
+]
 
 _REL_DIVISOR = 1e-5
 _CHI2_LEVEL = 1e-6

@@ -25,7 +25,7 @@ from typing import Any
 
 from opacus_lastiterate.auditing.opacus_releases.modes import MonitorFactory
 
-__all__ = ["DISTRIBUTED_MODES", "probe_rank"]
+__all__ = []
 
 DISTRIBUTED_MODES = ("ddp", "ddp_ghost", "fsdp")
 

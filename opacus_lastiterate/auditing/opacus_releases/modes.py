@@ -34,14 +34,11 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "ADACLIP_DEFAULTS",
     "MODES",
-    "MODE_SINCE",
     "ModeObservation",
     "MonitorFactory",
     "probe_mode",
     "summary",
-    "tiny_model",
 ]
 
 MonitorFactory = Callable[[Any, Any, dict[str, Any]], tuple[Any, list[Any]]]

@@ -60,15 +60,7 @@ else:  # run by path: this folder is sys.path[0], the package is not importable
     _driver = importlib.import_module("_driver")
     _observations = importlib.import_module("_observations")
 
-__all__ = [
-    "PROBE_ACCOUNTANT",
-    "PROBE_DELTA",
-    "api_generation",
-    "audit_observations",
-    "import_opacus",
-    "installed_version",
-    "run_probe",
-]
+__all__ = []
 
 Record = Dict[str, Any]  # noqa: UP006 (this file also runs on Python 3.8)
 

@@ -41,9 +41,7 @@ from opacus_lastiterate.analysis.audit import AuditResult, ScoreAudit
 
 __all__ = [
     "RealOpacusAudit",
-    "asgm_scores",
     "audit_installed_opacus",
-    "feasgm_scores",
     "summarise_audit",
 ]
 
@@ -75,7 +73,7 @@ def feasgm_scores(
     noise_multiplier: float, dimension: int,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """(scores with the canary, scores without): total divisor-leak log-likelihood ratio."""
-    from opacus_lastiterate.analysis.normalisation import divisor_leak_loss
+    from opacus_lastiterate.analysis.normalisation.divisor_leak import divisor_leak_loss
 
     q = check_sample_rate(sample_rate)
 
@@ -197,10 +195,12 @@ def summarise_audit(
         "dimension": d, "delta": delta, "trials_per_world": int(np.asarray(obs["with_u"]).shape[0]),
     }
     if mechanism == "FEASGM":
-        from opacus_lastiterate.analysis.normalisation import (
+        from opacus_lastiterate.analysis.normalisation.divisor_leak import (
             FEASGM_MODEL,
             divisor_leak_pld,
-            feasgm_verdict,
+        )
+        from opacus_lastiterate.analysis.normalisation.divisor_verdict import feasgm_verdict
+        from opacus_lastiterate.analysis.normalisation.opacus_arithmetic import (
             opacus1x_batch_arithmetic,
         )
 
@@ -228,7 +228,8 @@ def summarise_audit(
         eps_config = float(pld.get_epsilon_for_delta(delta))
         config_model = FEASGM_MODEL.format(dimension=d)
     else:
-        from opacus_lastiterate.analysis.normalisation import ASGM_MODEL, asgm_epsilon, asgm_pld
+        from opacus_lastiterate.analysis.normalisation import ASGM_MODEL, asgm_epsilon
+        from opacus_lastiterate.analysis.normalisation.asgm import asgm_pld
 
         if sample_rate is None:
             raise ValueError("ASGM: give `sample_rate`.")

@@ -16,7 +16,6 @@ from opacus_lastiterate.auditing.runner.audit_runner import AuditRunner, audit_r
 from opacus_lastiterate.auditing.runner.contract import (
     ScoreFunction,
     TrainFunction,
-    run_assignment,
 )
 from opacus_lastiterate.auditing.runner.records import (
     RECORD_FORMAT,
@@ -24,7 +23,6 @@ from opacus_lastiterate.auditing.runner.records import (
     RunRecords,
     read_records,
 )
-from opacus_lastiterate.exceptions import TruncatedRecordWarning
 
 __all__ = [
     "RECORD_FORMAT",
@@ -33,9 +31,7 @@ __all__ = [
     "RunRecords",
     "ScoreFunction",
     "TrainFunction",
-    "TruncatedRecordWarning",
     "audit_records",
     "read_records",
-    "run_assignment",
     "run_audit",
 ]

@@ -42,11 +42,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from opacus_lastiterate.analysis._validation import check_in_interval, check_int
-from opacus_lastiterate.analysis.audit import (
-    DEFAULT_THRESHOLD_STRATEGY,
-    AuditResult,
-    ThresholdStrategy,
-)
+from opacus_lastiterate.analysis.audit import AuditResult, ThresholdStrategy
+from opacus_lastiterate.analysis.audit.threshold_strategies import DEFAULT_THRESHOLD_STRATEGY
 from opacus_lastiterate.auditing.runner.contract import (
     ScoreFunction,
     Task,

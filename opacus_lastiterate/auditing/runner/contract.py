@@ -18,7 +18,10 @@ import numpy as np
 
 from opacus_lastiterate.analysis._validation import check_int, check_real
 
-__all__ = ["ScoreFunction", "TrainFunction", "run_assignment"]
+__all__ = [
+    "ScoreFunction",
+    "TrainFunction",
+]
 
 _SEED_BOUND = 2**31  # training seeds lie in [0, 2**31): valid for numpy, torch and random
 

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["callable_identity", "canonical_json", "check_json", "config_diff", "config_hash"]
+__all__ = []
 
 
 def _qualified_name(obj: Any) -> str:

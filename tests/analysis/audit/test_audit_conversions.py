@@ -12,8 +12,8 @@ from opacus_lastiterate.analysis.audit import (
     epsilon_bound_from_counts,
     epsilon_from_error_rates,
     gaussian_dp_estimate_from_counts,
-    gaussian_dp_mu_from_error_rates,
 )
+from opacus_lastiterate.analysis.audit.gaussian_dp import gaussian_dp_mu_from_error_rates
 
 
 def direct_pure(fpr: float, fnr: float, delta: float) -> float:

@@ -10,12 +10,12 @@ import pytest
 from scipy import stats
 
 from opacus_lastiterate.analysis.audit import (
-    NonRandomizedInclusionWarning,
     OneRunDeltaWarning,
     audit_one_run,
     one_run_epsilon_bound,
-    one_run_p_value,
 )
+from opacus_lastiterate.analysis.audit.one_run import one_run_p_value
+from opacus_lastiterate.exceptions import NonRandomizedInclusionWarning
 
 
 def direct_p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:

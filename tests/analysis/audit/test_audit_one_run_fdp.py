@@ -19,13 +19,13 @@ from scipy import stats
 
 from opacus_lastiterate.analysis.audit import (
     Bonferroni,
-    NonRandomizedInclusionWarning,
     ScoreAudit,
     one_run_epsilon_bound,
     one_run_fdp_bound,
-    one_run_fdp_rejects,
 )
+from opacus_lastiterate.analysis.audit.one_run_fdp import one_run_fdp_rejects
 from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
+from opacus_lastiterate.exceptions import NonRandomizedInclusionWarning
 
 VECTORS = json.loads(
     (Path(__file__).parent / "data" / "jax_privacy_one_run_vectors.json").read_text()

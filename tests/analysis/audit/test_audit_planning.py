@@ -17,11 +17,10 @@ from opacus_lastiterate.analysis.audit import (
     RankGridBonferroni,
     audit_clopper_pearson,
     audit_one_run,
-    canaries_needed,
     plan_multi_run_audit,
     plan_one_run_audit,
-    runs_needed,
 )
+from opacus_lastiterate.analysis.audit.planning import canaries_needed, runs_needed
 
 
 def perfect_cp_eps(n_out: int, n_in: int, delta: float, sig_per_rate: float) -> float:

@@ -5,11 +5,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opacus_lastiterate.analysis.audit import (
+from opacus_lastiterate.analysis.audit import epsilon_from_error_rates, one_run_epsilon_bound
+from opacus_lastiterate.analysis.audit.clopper_pearson import (
     clopper_pearson_lower,
     clopper_pearson_upper,
-    epsilon_from_error_rates,
-    one_run_epsilon_bound,
 )
 
 confidences = st.floats(min_value=0.5, max_value=0.999)

@@ -7,12 +7,12 @@ import pytest
 from scipy import optimize, stats
 
 from opacus_lastiterate.analysis.audit import (
-    PUBLISHED_LABEL,
     Bonferroni,
     ScoreAudit,
     published_gdp_epsilon,
     statistics_side_by_side,
 )
+from opacus_lastiterate.analysis.audit.published import PUBLISHED_LABEL
 
 
 def reference(ins: np.ndarray, outs: np.ndarray, alpha: float, delta: float) -> float:

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from opacus_lastiterate.analysis.audit import (
-    AUDIT_RESULT_FIELDS,
     AuditResult,
     MultiRunCounts,
     NaiveMax,
@@ -17,6 +16,7 @@ from opacus_lastiterate.analysis.audit import (
     audit_clopper_pearson,
     audit_gaussian_dp,
 )
+from opacus_lastiterate.analysis.audit.result import AUDIT_RESULT_FIELDS
 
 
 def test_result_is_frozen_and_carries_everything() -> None:

@@ -13,13 +13,13 @@ from opacus_lastiterate.analysis.audit import (
     Bonferroni,
     ExplicitThreshold,
     NaiveMax,
-    NonRandomizedInclusionWarning,
     ScoreAudit,
     audit_clopper_pearson,
     audit_gaussian_dp,
     audit_one_run,
     error_curve,
 )
+from opacus_lastiterate.exceptions import NonRandomizedInclusionWarning
 
 
 def scores(seed: int = 0, n: int = 300) -> tuple[np.ndarray, np.ndarray]:

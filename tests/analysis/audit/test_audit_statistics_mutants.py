@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from opacus_lastiterate.analysis.audit import (
+from opacus_lastiterate.analysis.audit.clopper_pearson import (
     clopper_pearson_interval,
     clopper_pearson_lower,
     clopper_pearson_upper,

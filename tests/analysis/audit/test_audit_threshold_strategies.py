@@ -20,11 +20,11 @@ from opacus_lastiterate.analysis.audit import (
     audit_clopper_pearson,
     audit_gaussian_dp,
     audit_one_run,
-    clopper_pearson_upper,
     epsilon_bound_from_counts,
-    error_counts_at,
     error_curve,
 )
+from opacus_lastiterate.analysis.audit.clopper_pearson import clopper_pearson_upper
+from opacus_lastiterate.analysis.audit.error_counts import error_counts_at
 
 
 def scores(seed: int, n: int = 400, mu: float = 2.0) -> tuple[np.ndarray, np.ndarray]:

@@ -9,12 +9,8 @@ import numpy as np
 import pytest
 
 from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
-from opacus_lastiterate.analysis.normalisation import (
-    asgm_delta,
-    asgm_epsilon,
-    asgm_pld,
-    asgm_privacy_loss,
-)
+from opacus_lastiterate.analysis.normalisation import asgm_delta, asgm_epsilon
+from opacus_lastiterate.analysis.normalisation.asgm import asgm_pld, asgm_privacy_loss
 from tests.analysis.normalisation._reference import asgm_delta_quadrature
 
 EPS = [0.0, 0.3, 1.0, 2.5]

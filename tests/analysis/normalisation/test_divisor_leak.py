@@ -9,13 +9,13 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution
 
 from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
-from opacus_lastiterate.analysis.normalisation import (
+from opacus_lastiterate.analysis.normalisation.divisor_leak import (
     divisor_leak_loss,
     divisor_leak_pld,
     feasgm_delta,
     feasgm_epsilon,
-    opacus1x_batch_arithmetic,
 )
+from opacus_lastiterate.analysis.normalisation.opacus_arithmetic import opacus1x_batch_arithmetic
 from tests.analysis.normalisation._reference import divisor_leak_delta_quadrature
 
 EPS = [0.0, 0.2, 1.0, 2.0]

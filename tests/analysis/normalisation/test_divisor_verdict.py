@@ -6,13 +6,12 @@ import dataclasses
 
 import pytest
 
-from opacus_lastiterate.analysis.normalisation import (
-    DivisorVerdict,
+from opacus_lastiterate.analysis.normalisation import DivisorVerdict, unsafe_dataset_sizes
+from opacus_lastiterate.analysis.normalisation.divisor_verdict import (
     feasgm_verdict,
-    opacus1x_batch_arithmetic,
     public_divisor_verdict,
-    unsafe_dataset_sizes,
 )
+from opacus_lastiterate.analysis.normalisation.opacus_arithmetic import opacus1x_batch_arithmetic
 
 
 def test_mnist_batch_256_is_safe() -> None:

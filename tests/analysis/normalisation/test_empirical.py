@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_delta
-from opacus_lastiterate.analysis.normalisation import importance_delta, threshold_delta
+from opacus_lastiterate.analysis.normalisation.empirical import importance_delta, threshold_delta
 
 
 def _gaussian_losses(mu: float, trials: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

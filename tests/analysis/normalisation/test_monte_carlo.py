@@ -16,13 +16,12 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution
 
 from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
-from opacus_lastiterate.analysis.normalisation import (
-    asgm_pld,
-    divisor_leak_pld,
-    importance_delta,
+from opacus_lastiterate.analysis.normalisation.asgm import asgm_pld
+from opacus_lastiterate.analysis.normalisation.divisor_leak import divisor_leak_pld
+from opacus_lastiterate.analysis.normalisation.empirical import importance_delta, threshold_delta
+from opacus_lastiterate.analysis.normalisation.simulation import (
     simulate_asgm,
     simulate_divisor_leak,
-    threshold_delta,
 )
 
 CONFIDENCE = 0.999

@@ -16,7 +16,7 @@ from opacus import PrivacyEngine
 from opacus.data_loader import DPDataLoader
 from torch.utils.data import DataLoader, Dataset
 
-from opacus_lastiterate.analysis.normalisation import opacus1x_batch_arithmetic
+from opacus_lastiterate.analysis.normalisation.opacus_arithmetic import opacus1x_batch_arithmetic
 
 
 class _Sized(Dataset):

@@ -9,10 +9,10 @@ from opacus_lastiterate.auditing import (
     AdversarialDataset,
     DPSGDArithmetic,
     MaliciousDataset,
-    PeriodicInsertion,
     PoissonInsertion,
-    WorstCaseLandscape,
 )
+from opacus_lastiterate.auditing.gradient_space.adversaries import WorstCaseLandscape
+from opacus_lastiterate.auditing.gradient_space.insertion import PeriodicInsertion
 
 
 def test_arithmetic_validation_and_divisors() -> None:

@@ -8,12 +8,14 @@ import pytest
 from opacus_lastiterate.auditing import (
     DiracCanary,
     DiracCanaryAdversary,
-    PeriodicInsertion,
     PoissonInsertion,
-    RandomDirectionAdversary,
-    RandomDirectionCanary,
     SimulatedCoordinateAdversary,
 )
+from opacus_lastiterate.auditing.gradient_space.canaries import (
+    RandomDirectionAdversary,
+    RandomDirectionCanary,
+)
+from opacus_lastiterate.auditing.gradient_space.insertion import PeriodicInsertion
 
 
 def test_dirac_craft_insert_score() -> None:

@@ -14,18 +14,18 @@ from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_ep
 from opacus_lastiterate.auditing import (
     DPSGDArithmetic,
     MaliciousDataset,
-    PeriodicInsertion,
     PoissonInsertion,
-    WorstCaseLandscape,
     simulate_malicious_dataset,
-    simulate_worst_case_landscape,
 )
+from opacus_lastiterate.auditing.gradient_space.adversaries import WorstCaseLandscape
 from opacus_lastiterate.auditing.gradient_space.exact import (
     discrete_epsilon,
     malicious_dataset_epsilon,
     malicious_dataset_test_rates,
     worst_case_landscape_epsilons,
 )
+from opacus_lastiterate.auditing.gradient_space.insertion import PeriodicInsertion
+from opacus_lastiterate.auditing.gradient_space.simulator import simulate_worst_case_landscape
 
 
 def test_first_step_is_the_gaussian_closed_form() -> None:

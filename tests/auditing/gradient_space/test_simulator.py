@@ -18,14 +18,14 @@ from opacus_lastiterate.auditing import (
     AdversarialDataset,
     DPSGDArithmetic,
     MaliciousDataset,
-    PeriodicInsertion,
     PoissonInsertion,
-    WorstCaseLandscape,
     audit_scores,
     simulate_adversarial_dataset,
     simulate_malicious_dataset,
-    simulate_worst_case_landscape,
 )
+from opacus_lastiterate.auditing.gradient_space.adversaries import WorstCaseLandscape
+from opacus_lastiterate.auditing.gradient_space.insertion import PeriodicInsertion
+from opacus_lastiterate.auditing.gradient_space.simulator import simulate_worst_case_landscape
 
 KS_LEVEL = 1e-4  # each KS test rejects a true null with probability 1e-4
 Z_TOL = 4.5  # moment checks: |error| <= 4.5 standard errors (two-sided level ~ 7e-6)

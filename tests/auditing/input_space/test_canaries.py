@@ -17,8 +17,8 @@ from opacus_lastiterate.auditing import (
     in_distribution_canary,
     least_likely_label,
     mislabelled_canary,
-    sample_scores,
 )
+from opacus_lastiterate.auditing.input_space.canaries import sample_scores
 
 
 def _linear(weight: np.ndarray, bias: np.ndarray) -> nn.Module:

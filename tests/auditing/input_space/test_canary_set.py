@@ -13,9 +13,9 @@ from opacus_lastiterate.auditing.input_space import (
     InputCanaries,
     InputCanary,
     InputScore,
-    fair_coins,
     make_input_canaries,
 )
+from opacus_lastiterate.auditing.input_space.canary_set import fair_coins
 
 
 def _classification_sets(n: int = 120, held_out: int = 60) -> tuple[TensorDataset, TensorDataset]:

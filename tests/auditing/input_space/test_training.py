@@ -12,12 +12,12 @@ from torch import nn
 from opacus_lastiterate.auditing import (
     InputCanary,
     OpacusInputTrainer,
-    canary_gradient_norm,
     digits_data,
     in_distribution_canary,
     mislabelled_canary,
     worst_case_initialisation,
 )
+from opacus_lastiterate.auditing.input_space.worst_case_init import canary_gradient_norm
 
 X, Y = digits_data()
 

@@ -134,7 +134,7 @@ def test_audit_scores_count_empty_steps_as_log_one_minus_q() -> None:
     obs = {f"{w}_{k}": a for w in ("with", "without") for k, a in (("u", u), ("v", v), ("status", status))}
     kw = dict(divisor_without=9.0, divisor_with=10.0, sample_rate=0.1, noise_multiplier=2.0, dimension=100)
     ins, outs = feasgm_scores(obs, **kw)
-    from opacus_lastiterate.analysis.normalisation import divisor_leak_loss
+    from opacus_lastiterate.analysis.normalisation.divisor_leak import divisor_leak_loss
 
     expected0 = float(divisor_leak_loss(0.1, 9.0, **kw)) + math.log(0.9)
     assert ins[0] == pytest.approx(expected0) and outs[0] == pytest.approx(expected0)

@@ -29,12 +29,12 @@ from opacus_lastiterate.auditing.runner import (
     AuditRunner,
     RunRecord,
     TrainFunction,
-    TruncatedRecordWarning,
     audit_records,
     read_records,
-    run_assignment,
     run_audit,
 )
+from opacus_lastiterate.auditing.runner.contract import run_assignment
+from opacus_lastiterate.exceptions import TruncatedRecordWarning
 from tests.analysis._reference import gaussian_mechanism_epsilon
 
 DELTA = 1e-5

@@ -22,12 +22,9 @@ import pytest
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray")
 
-from opacus_lastiterate.auditing.runner import (  # noqa: E402
-    AuditRunner,
-    TruncatedRecordWarning,
-    read_records,
-    run_assignment,
-)
+from opacus_lastiterate.auditing.runner import AuditRunner, read_records  # noqa: E402
+from opacus_lastiterate.auditing.runner.contract import run_assignment  # noqa: E402
+from opacus_lastiterate.exceptions import TruncatedRecordWarning  # noqa: E402
 
 # slow: a Ray cluster and its workers start in tens of seconds on a small machine.
 # xdist_group would keep the module on one xdist worker (one cluster) under
