@@ -82,3 +82,24 @@ def test_bad_optimizer_options_are_usage_errors(
         main(argv)
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_table_prints_the_adaptive_label_beside_the_adamw_heuristic(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The text table: the weighted row of an AdamW run is labelled as the adaptive heuristic
+    (and its value is the one --json gives); the constant-rate rows keep their own labels."""
+    argv = ["epsilon", "--steps", str(T), "--sample-rate", str(Q), "--noise-multiplier",
+            str(SIGMA), "--delta", str(DELTA), "--lr-schedule", "cosine", "--optimizer", "adamw",
+            "--weight-decay", "0.1"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    weighted = [line for line in lines if line.strip().startswith("weighted")]
+    assert len(weighted) == 1
+    assert "heuristic; adaptive second moment treated as fixed" in weighted[0]
+    assert "optimizer adamw" in weighted[0]
+    assert main([*argv, "--json"]) == 0
+    value = json.loads(capsys.readouterr().out)["weighted_heuristic"]
+    assert f"{value:10.4f}" in weighted[0]
+    plain = [line for line in lines if line.strip().startswith("heuristic ")]
+    assert len(plain) == 1 and "adaptive second moment" not in plain[0]
