@@ -33,14 +33,9 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opacus_lastiterate._warn import warn
-from opacus_lastiterate.accountants.adaptive_plan import (
-    AdaptivePlan,
-    adaptive_plan_of_new_accountants,
-    plan_for_calibration,
-)
 from opacus_lastiterate.accountants.base import RunAccountant, sampling_of_new_accountants
 from opacus_lastiterate.accountants.sampling_detection import DetectedSampling, detect_sampling
 from opacus_lastiterate.analysis.sampling import (
@@ -49,6 +44,9 @@ from opacus_lastiterate.analysis.sampling import (
     effective_sampling,
 )
 from opacus_lastiterate.exceptions import SamplingWarning
+
+if TYPE_CHECKING:
+    from opacus_lastiterate.accountants.adaptive_plan import AdaptivePlan
 
 __all__ = ["install", "warn_about_detection"]
 
@@ -117,6 +115,8 @@ def _wrap_make_private_with_epsilon(original: Callable[..., Any]) -> Callable[..
 
     @functools.wraps(original)
     def make_private_with_epsilon(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from opacus_lastiterate.accountants.adaptive_plan import adaptive_plan_of_new_accountants
+
         optimizer_settings = kwargs.pop("optimizer_settings", None)
         plan = _adaptive_plan(self, signature, args, kwargs, optimizer_settings)
         scheme: SamplingScheme | None = None
@@ -142,6 +142,8 @@ def _adaptive_plan(
     """The plan of ``make_private_with_epsilon``'s adaptive run when the engine's accountant
     is the last-iterate one (:func:`~.adaptive_plan.plan_for_calibration`), else None;
     ``optimizer_settings`` with another accountant is a ValueError."""
+    # imported here: without torch, the package's import names torch first (base, above)
+    from opacus_lastiterate.accountants.adaptive_plan import plan_for_calibration
     from opacus_lastiterate.accountants.last_iterate import LastIterateAccountant
 
     if not isinstance(getattr(engine, "accountant", None), LastIterateAccountant):
