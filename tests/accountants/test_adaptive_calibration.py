@@ -91,3 +91,45 @@ def test_a_planned_schedule_is_calibrated_and_differs_from_constant_rate() -> No
 def test_bad_plans_are_refused(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises((TypeError, ValueError), match=match):
         _calibrate(**kwargs)
+
+
+def test_an_accountant_created_under_a_plan_answers_an_assigned_history_with_it() -> None:
+    """What Opacus's get_noise_multiplier does inside the call: a fresh accountant, a history
+    assigned, get_epsilon; the answer is the from-scratch adaptive heuristic, so labelled."""
+    from opacus_lastiterate.accountants import LastIterateAccountant
+    from opacus_lastiterate.accountants.adaptive_plan import (
+        AdaptivePlan,
+        adaptive_plan_of_new_accountants,
+    )
+
+    settings = [AdaptiveSettings("adamw", lr=lr, weight_decay=0.01) for lr in RATES]
+    with adaptive_plan_of_new_accountants(AdaptivePlan(tuple(settings), CLIP / BATCH)):
+        planned = LastIterateAccountant()
+    plain = LastIterateAccountant()  # outside the block: no plan
+    for acc in (planned, plain):
+        acc.history = [(1.5, Q, STEPS)]
+    assert planned.adaptive_optimizer == "adamw" and plain.adaptive_optimizer is None
+    assert planned.heuristic_label == "heuristic; adaptive second moment treated as fixed"
+    assert planned.get_epsilon(DELTA) == pytest.approx(_from_scratch(1.5, settings), rel=2e-3)
+    assert plain.get_epsilon(DELTA) == pytest.approx(_from_scratch(1.5, None), rel=1e-9)
+    # a history the plan does not cover (another length) falls back to the constant rate
+    planned.history = [(1.5, Q, STEPS + 1)]
+    assert planned.adaptive_optimizer is None
+
+
+def test_an_optimizer_whose_groups_differ_needs_optimizer_settings() -> None:
+    from opacus_lastiterate.accountants.adaptive_plan import plan_for_calibration
+
+    a, b = nn.Linear(2, 2), nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW([{"params": a.parameters()},
+                                   {"params": b.parameters(), "lr": 0.1}], lr=1e-3)
+    loader = DataLoader(TensorDataset(torch.zeros(64, 2)), batch_size=BATCH)
+    with pytest.raises(ValueError, match="optimizer_settings"):
+        plan_for_calibration(optimizer=optimizer, optimizer_settings=None, data_loader=loader,
+                             max_grad_norm=1.0, steps=10)
+    plan = plan_for_calibration(optimizer=optimizer, optimizer_settings=AdaptiveSettings(
+        "adamw", lr=1e-3), data_loader=loader, max_grad_norm=[3.0, 4.0], steps=10)
+    assert plan is not None and plan.noise_scale == pytest.approx(5.0 / BATCH)
+    sgd = torch.optim.SGD(a.parameters(), lr=0.1)
+    assert plan_for_calibration(optimizer=sgd, optimizer_settings=None, data_loader=loader,
+                                max_grad_norm=1.0, steps=10) is None
