@@ -458,6 +458,8 @@ class LastIterateAccountant(RunAccountant):
                 else "the plain last-iterate heuristic epsilon (pass robust=True to "
                 "make_private_with_epsilon to calibrate the robust value, the one to report)"
             )
+            if not robust and self.adaptive_optimizer is not None:  # a calibration's plan
+                which = f"the last-iterate {ADAPTIVE_HEURISTIC_LABEL} ({self.adaptive_optimizer})"
             warn(
                 "LastIterateAccountant.history was assigned directly, as Opacus's "
                 "get_noise_multiplier (make_private_with_epsilon) does to calibrate the noise: "

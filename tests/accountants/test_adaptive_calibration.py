@@ -133,3 +133,18 @@ def test_an_optimizer_whose_groups_differ_needs_optimizer_settings() -> None:
     sgd = torch.optim.SGD(a.parameters(), lr=0.1)
     assert plan_for_calibration(optimizer=sgd, optimizer_settings=None, data_loader=loader,
                                 max_grad_norm=1.0, steps=10) is None
+
+
+def test_the_calibration_warning_names_the_adaptive_heuristic() -> None:
+    from opacus_lastiterate.accountants import LastIterateAccountant
+    from opacus_lastiterate.accountants.adaptive_plan import (
+        AdaptivePlan,
+        adaptive_plan_of_new_accountants,
+    )
+    from opacus_lastiterate.exceptions import HeuristicCalibrationWarning
+
+    with adaptive_plan_of_new_accountants(AdaptivePlan(AdaptiveSettings("adam", lr=1e-3), 0.1)):
+        acc = LastIterateAccountant()
+    acc.history = [(1.0, Q, STEPS)]
+    with pytest.warns(HeuristicCalibrationWarning, match="adaptive second moment treated as fixed"):
+        acc.get_epsilon(DELTA)
