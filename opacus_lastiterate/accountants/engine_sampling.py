@@ -20,7 +20,11 @@ twice is harmless) so that:
 * while ``make_private_with_epsilon`` calibrates the noise (Opacus's
   ``get_noise_multiplier`` creates a fresh accountant by name), accountants of this package
   created in that call start with the scheme of the loader the call will use, so the noise
-  multiplier is calibrated for the run that is trained.
+  multiplier is calibrated for the run that is trained; and for an adaptive optimizer (Adam,
+  AdamW, ...) a ``LastIterateAccountant`` created there answers with the optimizer's weights
+  (:mod:`~opacus_lastiterate.accountants.adaptive_plan`): the settings of the optimizer given
+  to the call, assumed for every step, or the per-step ``optimizer_settings=`` keyword, which
+  this wrapper takes out of the call (Opacus never sees it).
 
 Reading the loader never aborts ``make_private``: anything unexpected is a warning, and the
 accountant then keeps Opacus's Poisson view (labelled as assumed).
@@ -31,7 +35,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants.base import RunAccountant, sampling_of_new_accountants
@@ -42,6 +46,9 @@ from opacus_lastiterate.analysis.sampling import (
     effective_sampling,
 )
 from opacus_lastiterate.exceptions import SamplingWarning
+
+if TYPE_CHECKING:
+    from opacus_lastiterate.accountants.adaptive_plan import AdaptivePlan
 
 __all__ = [
     "install",
@@ -113,6 +120,10 @@ def _wrap_make_private_with_epsilon(original: Callable[..., Any]) -> Callable[..
 
     @functools.wraps(original)
     def make_private_with_epsilon(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from opacus_lastiterate.accountants.adaptive_plan import adaptive_plan_of_new_accountants
+
+        optimizer_settings = kwargs.pop("optimizer_settings", None)
+        plan = _adaptive_plan(self, signature, args, kwargs, optimizer_settings)
         scheme: SamplingScheme | None = None
         if isinstance(getattr(self, "accountant", None), RunAccountant):
             try:
@@ -123,11 +134,40 @@ def _wrap_make_private_with_epsilon(original: Callable[..., Any]) -> Callable[..
                     scheme = detect_sampling(loader).scheme
             except Exception:  # Opacus reports bad arguments itself
                 scheme = None
-        with sampling_of_new_accountants(scheme):
+        with sampling_of_new_accountants(scheme), adaptive_plan_of_new_accountants(plan):
             return original(self, *args, **kwargs)
 
     setattr(make_private_with_epsilon, _MARK, True)
     return make_private_with_epsilon
+
+
+def _adaptive_plan(
+    engine: Any, signature: inspect.Signature, args: Any, kwargs: Any, settings: Any
+) -> AdaptivePlan | None:
+    """The plan of ``make_private_with_epsilon``'s adaptive run when the engine's accountant
+    is the last-iterate one (:func:`~.adaptive_plan.plan_for_calibration`), else None;
+    ``optimizer_settings`` with another accountant is a ValueError."""
+    # imported here: without torch, the package's import names torch first (base, above)
+    from opacus_lastiterate.accountants.adaptive_plan import plan_for_calibration
+    from opacus_lastiterate.accountants.last_iterate import LastIterateAccountant
+
+    if not isinstance(getattr(engine, "accountant", None), LastIterateAccountant):
+        if settings is not None:
+            raise ValueError(
+                "`optimizer_settings` is for PrivacyEngine(accountant='last_iterate'): the "
+                "other accountants do not read the optimizer's weights."
+            )
+        return None
+    bound = signature.bind_partial(engine, *args, **kwargs).arguments
+    missing = [k for k in ("optimizer", "data_loader", "max_grad_norm", "epochs") if k not in bound]
+    if missing:
+        return None  # Opacus reports the missing arguments itself
+    loader = bound["data_loader"]
+    steps = int(bound["epochs"] / (1 / len(loader)))  # get_noise_multiplier's number of steps
+    return plan_for_calibration(
+        optimizer=bound["optimizer"], optimizer_settings=settings, data_loader=loader,
+        max_grad_norm=bound["max_grad_norm"], steps=steps,
+    )  # fmt: skip
 
 
 def install() -> None:

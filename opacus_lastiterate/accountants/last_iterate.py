@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from opacus_lastiterate._warn import warn
+from opacus_lastiterate.accountants.adaptive_plan import planned_adaptive, warn_adaptive_caveats
 from opacus_lastiterate.accountants.adaptive_trace import (
     AdaptiveTrace,
     decode_adaptive_trace,
@@ -47,18 +48,11 @@ from opacus_lastiterate.analysis._validation import (
     check_sample_rate,
 )
 from opacus_lastiterate.analysis.kept_model import KeptModel
-from opacus_lastiterate.analysis.last_iterate.adaptive_steps import (
-    AdaptiveStep,
-    adaptive_run_caveats,
-)
+from opacus_lastiterate.analysis.last_iterate.adaptive_steps import AdaptiveStep
 from opacus_lastiterate.analysis.last_iterate.adaptive_weights import ADAPTIVE_HEURISTIC_LABEL
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import WeightedHeuristicResult
-from opacus_lastiterate.exceptions import (
-    AdaptiveHeuristicWarning,
-    HeuristicCalibrationWarning,
-    OptimizerTraceWarning,
-)
+from opacus_lastiterate.exceptions import HeuristicCalibrationWarning, OptimizerTraceWarning
 
 __all__ = [
     "LastIterateAccountant",
@@ -120,6 +114,7 @@ class LastIterateAccountant(RunAccountant):
         self._last_settings: SGDSettings | None = None  # last_settings, built when asked
         self._adaptive = AdaptiveTrace()  # the steps of an adaptive optimizer
         self._caveats_warned = False
+        self._plan = planned_adaptive()  # make_private_with_epsilon's (adaptive_plan)
         super().__init__()
 
     # -- bookkeeping hooks (see RunAccountant) ----------------------------------------------
@@ -138,10 +133,11 @@ class LastIterateAccountant(RunAccountant):
         return self.last_settings
 
     def _after_reset(self) -> None:
-        # a history written from outside has no optimizer settings
-        self._kept = KeptModel.from_run(self.run, accuracy=self.weight_accuracy)
+        # a history written from outside has no optimizer settings, but a calibration's plan
+        planned = None if self._plan is None else self._plan.runs(self._segments)
+        self._kept = KeptModel.from_run(self.run, planned, accuracy=self.weight_accuracy)
         self._trace = SettingsTrace()
-        self._adaptive = AdaptiveTrace()
+        self._adaptive = AdaptiveTrace(planned)
         self._caveats_warned = False
         self._last_settings = None
         self._monotonicity = MonotonicityWatch()
@@ -214,7 +210,14 @@ class LastIterateAccountant(RunAccountant):
         """What :meth:`get_epsilon` is now: ``"heuristic"``, or for an adaptive optimizer's
         run :data:`~opacus_lastiterate.analysis.last_iterate.adaptive_weights.
         ADAPTIVE_HEURISTIC_LABEL` ("heuristic; adaptive second moment treated as fixed")."""
-        return ADAPTIVE_HEURISTIC_LABEL if self._adaptive_in_use() else HEURISTIC_LABEL
+        return HEURISTIC_LABEL if self.adaptive_optimizer is None else ADAPTIVE_HEURISTIC_LABEL
+
+    @property
+    def adaptive_optimizer(self) -> str | None:
+        """The adaptive optimizer whose weights :meth:`get_epsilon` uses now (torch's
+        lower-case class name, ``"adamw"``; the records' ``optimizer``), else None."""
+        last = self._adaptive.last
+        return last.settings.optimizer if last is not None and self._adaptive_in_use() else None
 
     def _adaptive_in_use(self) -> bool:
         return bool(len(self._adaptive)) and self._weights_in_use()
@@ -454,6 +457,8 @@ class LastIterateAccountant(RunAccountant):
                 else "the plain last-iterate heuristic epsilon (pass robust=True to "
                 "make_private_with_epsilon to calibrate the robust value, the one to report)"
             )
+            if not robust and self.adaptive_optimizer is not None:  # a calibration's plan
+                which = f"the last-iterate {ADAPTIVE_HEURISTIC_LABEL} ({self.adaptive_optimizer})"
             warn(
                 "LastIterateAccountant.history was assigned directly, as Opacus's "
                 "get_noise_multiplier (make_private_with_epsilon) does to calibrate the noise: "
@@ -482,6 +487,14 @@ class LastIterateAccountant(RunAccountant):
         With optimizer settings recorded by the hook for every step (varying learning rate,
         momentum or weight decay), this is the weighted heuristic, rounded up to within
         :attr:`weight_accuracy`; otherwise the constant-rate formula, answered incrementally.
+        For an adaptive optimizer (Adam, AdamW, ...: :attr:`adaptive_optimizer`) it is the
+        weighted heuristic with the optimizer's frozen-second-moment weights, labelled
+        :attr:`heuristic_label` = "heuristic; adaptive second moment treated as fixed" (an
+        approximation on top of a heuristic; ``docs/adaptive_optimizers.md``); the monitor's
+        records carry the optimizer and that label (``EpsilonRecord.labels()``). A history
+        assigned while ``make_private_with_epsilon`` calibrates an adaptive optimizer's run
+        is answered the same way, with the planned settings
+        (:mod:`~opacus_lastiterate.accountants.adaptive_plan`).
         A recorded step without noise makes it inf (:class:`ZeroNoiseWarning`).
 
         Args:
@@ -498,8 +511,8 @@ class LastIterateAccountant(RunAccountant):
                 skipped when recorded schedule/momentum weights are in use.
 
         Returns:
-            The heuristic epsilon; 0.0 for an empty history. Not a proven DP bound for deep
-            networks.
+            The heuristic epsilon (:attr:`heuristic_label` says which); 0.0 for an empty
+            history. Not a proven DP bound for deep networks.
 
         Raises:
             TypeError: for a keyword this method does not take (Opacus forwards every
@@ -515,7 +528,8 @@ class LastIterateAccountant(RunAccountant):
         name = "robust_heuristic" if robust else "heuristic"
         eps = kept.epsilon(d, name)
         if not robust and not self._caveats_warned and self._adaptive_in_use():
-            self._warn_adaptive_caveats()
+            self._caveats_warned = True  # once per run
+            warn_adaptive_caveats(self._adaptive.runs(), self._segments, self._num_steps)
         if (
             check_monotone
             and not self._externally_assigned
@@ -524,23 +538,6 @@ class LastIterateAccountant(RunAccountant):
         ):
             self._monotonicity.after_query(d, eps, self._segments, self._num_steps, kept)
         return eps
-
-    def _warn_adaptive_caveats(self) -> None:
-        """Warn once per run when the adaptive optimizer's run lies outside the settings
-        where its heuristic was checked (:func:`~opacus_lastiterate.analysis.last_iterate.
-        adaptive_steps.adaptive_run_caveats`)."""
-        self._caveats_warned = True
-        sigma = [s.noise_multiplier for s in self._segments]
-        q = [s.sample_rate for s in self._segments]
-        caveats = adaptive_run_caveats(self._adaptive.runs(), sigma, q)
-        if caveats:
-            warn(
-                f"The {ADAPTIVE_HEURISTIC_LABEL} epsilon of this run (at step "
-                f"{self._num_steps}) is outside the settings where it was checked against "
-                "simulation (docs/adaptive_optimizers.md): " + " ".join(caveats)
-                + " (Warned once per run.)",
-                AdaptiveHeuristicWarning,
-            )
 
     @synchronized
     def get_delta(self, epsilon: float) -> float:

@@ -13,12 +13,23 @@ heuristic, final model only, not a proven bound for deep networks), ``"robust_he
 (its max over the last t <= T steps), ``"standard"`` (composition over all iterates, dp_accounting PLD, an
 upper bound) and ``"full_batch"`` (full-batch DP-GD with the same expected step and noise,
 closed form).
+
+**Adaptive optimizers** (``docs/adaptive_optimizers.md``). With ``optimizer_settings`` (the
+settings of Adam, AdamW, ... at every planned step, or one for every step) the heuristic is
+the weighted heuristic with the optimizer's frozen-second-moment weights, labelled
+"heuristic; adaptive second moment treated as fixed". Those weights depend on the noise the
+optimizer sees, sigma x ``noise_scale`` (``noise_scale`` = C / B, the clipping norm over the
+expected batch size), so they are recomputed at every noise multiplier tried
+(:func:`~.last_iterate.adaptive_weights.adaptive_weights`; the run is answered as an
+accountant's recorded run, by :class:`~.kept_model.KeptModel`). What is calibrated is the run the
+settings describe: a learning-rate schedule, betas or weight decay not in them are not
+assumed.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from opacus_lastiterate.analysis._validation import (
@@ -29,6 +40,12 @@ from opacus_lastiterate.analysis._validation import (
     check_steps,
 )
 from opacus_lastiterate.analysis.baselines.composition import DEFAULT_DISCRETIZATION
+from opacus_lastiterate.analysis.kept_model import KeptModel
+from opacus_lastiterate.analysis.last_iterate.adaptive_steps import AdaptiveStep
+from opacus_lastiterate.analysis.last_iterate.adaptive_weights import (
+    AdaptiveSettings,
+    adaptive_weights,
+)
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.privacy_models import choose
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment
@@ -64,20 +81,63 @@ def canonical_accountant(accountant: object, name: str = "accountant") -> str:
 def _model(
     accountant: str, steps: int, sample_rate: float, interval: float,
     sampling: SamplingScheme | None,
-) -> Callable[[float], PrivacyModel]:
+    adaptive: tuple[list[AdaptiveSettings], float] | None = None,
+) -> Callable[[float], PrivacyModel | KeptModel]:
     """The registry's model ``accountant`` of the run at noise multiplier sigma, as
-    :func:`~.privacy_models.choose` decides it for the scheme (the run is checked once)."""
+    :func:`~.privacy_models.choose` decides it for the scheme (the run is checked once);
+    with ``adaptive`` = (settings per step, C / B), the run recorded with those settings and
+    noise std sigma C / B (:class:`~.kept_model.KeptModel`, whose heuristic reads the
+    adaptive weights at that sigma)."""
     params = {"value_discretization_interval": interval} if accountant == "standard" else {}
     run = DPSGDRun.constant(
         steps=steps, sample_rate=sample_rate, noise_multiplier=1.0, sampling=sampling
     )
     choice = choose(accountant, sampling=run.sampling, weighted=False)
 
-    def build(sigma: float) -> PrivacyModel:
+    def build(sigma: float) -> PrivacyModel | KeptModel:
         segment = TrainingSegment(sigma, sample_rate, steps)
-        return choice.build(DPSGDRun.from_history([segment], sampling=run.sampling), **params)
+        scheme_run = DPSGDRun.from_history([segment], sampling=run.sampling)
+        if adaptive is None:
+            return choice.build(scheme_run, **params)
+        # the adaptive run as an accountant records it: the chooser's kept engine answers
+        # (an Adam or AdamW run through its SGD equivalent), as for a trained run
+        runs: list[tuple[AdaptiveStep, int]] = []
+        for settings in adaptive[0]:
+            step = AdaptiveStep(settings, sigma * adaptive[1])
+            if runs and runs[-1][0] == step:
+                runs[-1] = (step, runs[-1][1] + 1)
+            else:
+                runs.append((step, 1))
+        return KeptModel.from_run(scheme_run, runs)
 
     return build
+
+
+def _adaptive(
+    accountant: str, settings: object, noise_scale: float, steps: int
+) -> tuple[list[AdaptiveSettings], float] | None:
+    """(settings per step, C / B) of ``optimizer_settings``, validated; None without."""
+    if settings is None:
+        return None
+    if accountant != "heuristic":
+        raise ValueError(
+            f"`optimizer_settings` is for accountant='heuristic' (the one that reads the "
+            f"adaptive weights), got {accountant!r}."
+        )
+    scale = check_positive("noise_scale", noise_scale)
+    if isinstance(settings, AdaptiveSettings):
+        return [settings] * steps, scale
+    if isinstance(settings, (str, bytes)) or not isinstance(settings, Sequence):
+        raise TypeError(
+            "`optimizer_settings` must be an AdaptiveSettings or a sequence of them, got "
+            f"{type(settings).__name__}."
+        )
+    if len(settings) != steps:
+        raise ValueError(
+            f"`optimizer_settings` must have one entry per step ({steps}), got {len(settings)}."
+        )
+    adaptive_weights(list(settings), noise_std=1.0)  # a TypeError/ValueError naming the entry
+    return list(settings), scale
 
 
 def calibrate_noise_multiplier(
@@ -90,6 +150,8 @@ def calibrate_noise_multiplier(
     sampling: SamplingScheme | None = None,
     value_discretization_interval: float = DEFAULT_DISCRETIZATION,
     rtol: float = 1e-4,
+    optimizer_settings: AdaptiveSettings | Sequence[AdaptiveSettings] | None = None,
+    noise_scale: float = 1.0,
 ) -> float:
     """Smallest noise multiplier (within ``rtol`` relative, rounded up) whose epsilon at
     ``delta`` is at most ``target_epsilon`` for T = ``steps`` steps at rate ``sample_rate``.
@@ -106,9 +168,18 @@ def calibrate_noise_multiplier(
         value_discretization_interval: PLD value discretisation interval of the standard
             accountant (default 1e-4, :mod:`~.privacy_models`).
         rtol: relative accuracy of the returned sigma, in (0, 0.1].
+        optimizer_settings: an adaptive optimizer's settings (module docstring, "Adaptive
+            optimizers"): one :class:`~.last_iterate.adaptive_weights.AdaptiveSettings` for
+            every step, or one per step (a schedule); only with ``accountant="heuristic"``.
+            The returned sigma then meets the target on the heuristic with the optimizer's
+            weights ("heuristic; adaptive second moment treated as fixed").
+        noise_scale: with ``optimizer_settings``, C / B > 0 (``max_grad_norm`` over the
+            expected batch size): the optimizer sees noise of std sigma x ``noise_scale``
+            per coordinate, which sets the weights (against the optimizer's eps).
 
     Raises:
-        ValueError: no noise multiplier in [1e-4, 1e6] meets the target.
+        ValueError: no noise multiplier in [1e-4, 1e6] meets the target; bad
+            ``optimizer_settings`` (named, as TypeError when not settings).
     """
     target = check_positive("target_epsilon", target_epsilon)
     d = check_delta(delta)
@@ -117,7 +188,9 @@ def calibrate_noise_multiplier(
     accountant = canonical_accountant(accountant)  # type: ignore[assignment]
     interval = check_positive("value_discretization_interval", value_discretization_interval)
     tol = check_in_interval("rtol", rtol, 0.0, 0.1, high_open=False)
-    build = _model(accountant, t, q, interval, sampling)
+    build = _model(
+        accountant, t, q, interval, sampling, _adaptive(accountant, optimizer_settings, noise_scale, t)
+    )
 
     seen: dict[float, float] = {}
 

@@ -212,6 +212,7 @@ class InlineEvaluator:
             final=True,
             sampling=sampling_field(self.sampling),
             poisson_assumed_epsilon=assumed,
+            optimizer=self.adaptive_optimizer,
         )
 
     # -- for the budget guard ---------------------------------------------------------------
@@ -420,7 +421,14 @@ class InlineEvaluator:
             final=False,
             sampling=sampling_field(self.sampling),
             poisson_assumed_epsilon=assumed,
+            optimizer=self.adaptive_optimizer,
         )
+
+    @property
+    def adaptive_optimizer(self) -> str | None:
+        """The adaptive optimizer whose weights the replica's heuristic uses (the records'
+        ``optimizer``, which labels the heuristic), None without one."""
+        return None if self.replica is None else self.replica.adaptive_optimizer
 
     @property
     def sampling(self) -> Any:

@@ -10,8 +10,13 @@ per-step RDP and conversion, its ``get_epsilon`` to the last bit), not the regis
 on a run whose batches come in epochs it holds that scheme's no-amplification bound (the
 registry's ``"standard_rdp"`` for it). Each field carries a label in :data:`LABELS`
 saying what kind of number it is (heuristic, upper bound); a field that was not computed at a
-step is ``None``. :class:`MonitorAudit` is what the monitor needs from an in-training audit
-that reads the records as they are emitted.
+step is ``None``. The labels depend on the run: its sampling scheme (``sampling``) and, for an
+adaptive optimizer (Adam, AdamW, ...), the optimizer whose frozen-second-moment weights the
+heuristic uses (``optimizer``: the heuristic is then labelled
+:data:`~opacus_lastiterate.analysis.last_iterate.adaptive_weights.ADAPTIVE_HEURISTIC_LABEL`,
+``docs/adaptive_optimizers.md``); :meth:`EpsilonRecord.labels` derives them from the record.
+:class:`MonitorAudit` is what the monitor needs from an in-training audit that reads the
+records as they are emitted.
 """
 
 from __future__ import annotations
@@ -20,6 +25,11 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
+
+from opacus_lastiterate.analysis.last_iterate.adaptive_weights import (
+    ADAPTIVE_HEURISTIC_LABEL,
+    ADAPTIVE_WEIGHT_OPTIMIZERS,
+)
 
 __all__ = [
     "LABELS",
@@ -74,12 +84,25 @@ class EpsilonRecord:
     steps. None when the monitor counted none for this step."""
     sampling: str = "poisson"
     poisson_assumed_epsilon: float | None = None
+    optimizer: str | None = None
+    """The adaptive optimizer whose frozen-second-moment weights ``heuristic_epsilon`` uses
+    (torch's lower-case class name, as the command line's ``--optimizer``: ``"adam"``,
+    ``"adamw"``, ...; :data:`ADAPTIVE_WEIGHT_OPTIMIZERS`), which :meth:`labels` turns into the
+    label "heuristic; adaptive second moment treated as fixed"; None when the heuristic is
+    SGD's (the constant-rate formula, or SGD's schedule and momentum weights)."""
+
+    def __post_init__(self) -> None:
+        if self.optimizer is not None and self.optimizer not in ADAPTIVE_WEIGHT_OPTIMIZERS:
+            raise ValueError(
+                f"`optimizer` must be None or one of {', '.join(ADAPTIVE_WEIGHT_OPTIMIZERS)}, "
+                f"got {self.optimizer!r}."
+            )
 
     def labels(self) -> dict[str, str]:
         """What each epsilon field of this record is, for its run's sampling scheme
         (``sampling``: ``"poisson"``, ``"shuffled"``, ``"deterministic"``, ``"balls_in_bins"``,
-        or ``"unknown (assumes <scheme>)"``)."""
-        return labels_for(self.sampling)
+        or ``"unknown (assumes <scheme>)"``) and adaptive optimizer (``optimizer``)."""
+        return labels_for(self.sampling, self.optimizer)
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a plain dict, in :data:`FIELDS` order."""
@@ -94,9 +117,11 @@ class EpsilonRecord:
         """The record of :meth:`as_dict`.
 
         Raises:
-            ValueError: unless the keys are exactly the fields (:data:`FIELDS`).
+            ValueError: unless the keys are exactly the fields (:data:`FIELDS`; ``optimizer``
+                may be absent, as in records written before it existed: None), or an
+                ``optimizer`` that is not an adaptive optimizer's name.
         """
-        if set(values) != set(FIELDS):
+        if set(values) | {"optimizer"} != set(FIELDS):
             raise ValueError(f"a record must have the keys {FIELDS}, got {sorted(values)}.")
         return cls(**values)
 
@@ -112,12 +137,24 @@ def sampling_field(scheme: object) -> str:
     return str(name)
 
 
-def labels_for(sampling: str) -> dict[str, str]:
+def labels_for(sampling: str, optimizer: str | None = None) -> dict[str, str]:
     """The labels of the epsilon fields of a run whose scheme is called ``sampling``: the
     heuristics are always for that scheme; the standard fields are the Poisson composition
     for Poisson runs and the bound without amplification otherwise (:data:`SAMPLING_LABELS`);
-    an unknown sampler's labels say which scheme they assume."""
+    an unknown sampler's labels say which scheme they assume. With an adaptive ``optimizer``
+    (:attr:`EpsilonRecord.optimizer`) the heuristic is labelled "heuristic; adaptive second
+    moment treated as fixed", and the robust heuristic as the constant-rate formula's (it
+    does not read the optimizer's weights)."""
     out = dict(LABELS)
+    if optimizer is not None:
+        out["heuristic_epsilon"] = (
+            f"last-iterate {ADAPTIVE_HEURISTIC_LABEL} ({optimizer} weights; an approximation "
+            "on top of a heuristic), final model only, not a DP guarantee"
+        )
+        out["robust_heuristic_epsilon"] = (
+            f"{LABELS['robust_heuristic_epsilon']}, of the constant-rate formula (not the "
+            f"{optimizer} weights)"
+        )
     if sampling == "poisson" or sampling.endswith("(assumes poisson)"):
         del out["poisson_assumed_epsilon"]  # the standard fields are Poisson's already
     else:

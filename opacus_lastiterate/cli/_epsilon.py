@@ -26,6 +26,7 @@ import click
 from opacus_lastiterate.cli._optimizer import (
     adaptive_label,
     adaptive_weights_of,
+    calibrate_adaptive,
     optimizer_options,
 )
 from opacus_lastiterate.cli._options import (
@@ -454,7 +455,8 @@ def _plot_curve(args: dict[str, Any], weighted: Any) -> None:
 @click.option("--epsilon", type=NON_NEGATIVE, default=None,
               help="Give delta at this epsilon instead of epsilon at --delta.")
 @click.option("--target-epsilon", type=POSITIVE, default=None,
-              help="Calibrate: the noise multiplier that meets this epsilon at --delta.")
+              help="Calibrate: the noise multiplier that meets this epsilon at --delta (with "
+              "--optimizer adam, adamw, ...: on the adaptive heuristic, C / B = 1).")
 @click.option("--calibrate", "calibrate", multiple=True,
               type=click.Choice(list(_CALIBRATE_CHOICES)),
               help="With --target-epsilon: the accountant(s) to calibrate (repeatable; "
@@ -498,6 +500,7 @@ def epsilon(**args: Any) -> None:
     epsilon at delta:   --noise-multiplier S --delta D
     delta at epsilon:   --noise-multiplier S --epsilon E
     calibrate sigma:    --target-epsilon E --delta D [--calibrate heuristic|robust_heuristic|...]
+                        [--optimizer adamw --lr-schedule ...: the adaptive heuristic]
 
     The heuristic describes the final model only and is exact for linear losses, not a proven
     bound for deep networks; the standard epsilon is the proven bound when every iterate is
@@ -515,6 +518,9 @@ def epsilon(**args: Any) -> None:
             f"--nesterov{_and_optimizer(args)} (the weighted heuristic of an epoch scheme: "
             "privacy_model('heuristic', run) in Python)."
         )
+    if _weighted_requested(args):  # a bad schedule file is reported before any computation
+        args["learning_rates"] = _learning_rates(args["lr_schedule"], args["steps"],
+                                                 args["step_size"], args["gamma"])
     if target is not None:
         if noise is not None or eps is not None:
             raise click.UsageError(
@@ -523,6 +529,8 @@ def epsilon(**args: Any) -> None:
             )
         if delta is None:
             raise click.UsageError("--target-epsilon needs --delta.")
+        if args["optimizer"] != "sgd" and args["plot"] is None:  # the adaptive heuristic
+            return calibrate_adaptive(args)
         if args["plot"] is not None or _weighted_requested(args):
             raise click.UsageError(
                 "--target-epsilon calibrates the constant-rate accountants: leave out --plot, "
@@ -542,10 +550,6 @@ def epsilon(**args: Any) -> None:
         )
     if delta is None and args["plot"] is not None:
         raise click.UsageError("--plot draws epsilon against T at --delta: pass --delta.")
-    if _weighted_requested(args):  # a bad schedule file is reported before any computation
-        args["learning_rates"] = _learning_rates(
-            args["lr_schedule"], args["steps"], args["step_size"], args["gamma"]
-        )
     args["run"] = _run(args)
     if delta is not None:
         _epsilon_for_delta(args)

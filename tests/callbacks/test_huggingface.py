@@ -274,5 +274,7 @@ def test_default_trainer_adamw_logs_the_adaptive_heuristic_every_step(tmp_path: 
     for r, (n, eps) in zip(records, expected + expected[-1:], strict=True):
         assert r.step == n and r.heuristic_epsilon is not None
         assert r.heuristic_epsilon == pytest.approx(eps, rel=2 * acc.weight_accuracy)
+        assert r.optimizer == "adamw"  # the record labels its heuristic as the adaptive one
+        assert ADAPTIVE_HEURISTIC_LABEL in r.labels()["heuristic_epsilon"]
     lrs = [r.lr for r in records[:5]]
     assert lrs == sorted(lrs, reverse=True) and len(set(lrs)) == 5  # the linear decay

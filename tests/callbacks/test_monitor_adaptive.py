@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,9 +19,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from opacus_lastiterate.analysis.last_iterate.adaptive_weights import ADAPTIVE_HEURISTIC_LABEL
 from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
-from opacus_lastiterate.callbacks import EpsilonRecord, PrivacyMonitor
+from opacus_lastiterate.callbacks import EpsilonRecord, JsonlSink, PrivacyMonitor
 from opacus_lastiterate.exceptions import OptimizerTraceWarning
-from tests.callbacks.conftest import BATCH, DELTA, N, train
+from tests.callbacks.conftest import BATCH, DELTA, N, make_dp, train
 
 SIGMA, CLIP, LR, BETAS, WD = 1.0, 1.0, 0.01, (0.9, 0.99), 0.1
 WARMUP, STEPS = 3, 10
@@ -75,13 +76,13 @@ def _numpy_adamw_weights(lrs: list[float]) -> np.ndarray:
     return w
 
 
-def test_monitor_logs_the_adaptive_heuristic_every_step() -> None:
+def test_monitor_logs_the_adaptive_heuristic_every_step(tmp_path: Path) -> None:
     engine, model, opt, loader = _make_adamw()
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lambda)
     records: list[EpsilonRecord] = []
     monitor = PrivacyMonitor(
-        engine, delta=DELTA, sinks=[records.append], optimizer=opt, weighted_every=1,
-        flush_every=None,
+        engine, delta=DELTA, sinks=[records.append, JsonlSink(tmp_path / "log.jsonl")],
+        optimizer=opt, weighted_every=1, flush_every=None,
     )
     lrs: list[float] = []
 
@@ -95,6 +96,14 @@ def test_monitor_logs_the_adaptive_heuristic_every_step() -> None:
         monitor.flush()
     assert [r.step for r in records] == list(range(1, STEPS + 1))  # one row per step
     assert engine.accountant.heuristic_label == ADAPTIVE_HEURISTIC_LABEL
+    assert engine.accountant.adaptive_optimizer == "adamw"
+    # every record names the optimizer, and its labels (also read back from the JSONL file)
+    # say what the heuristic is
+    rows = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["optimizer"] for r in rows] == ["adamw"] * STEPS
+    for r in records + [EpsilonRecord.from_dict(row) for row in rows]:
+        assert r.optimizer == "adamw"
+        assert ADAPTIVE_HEURISTIC_LABEL in r.labels()["heuristic_epsilon"]
     assert [r.lr for r in records] == lrs and len(set(lrs)) > 3
     q = BATCH / N
     for r in records:
@@ -148,3 +157,15 @@ def test_adaptive_trace_survives_the_monitor_checkpoint() -> None:
     with pytest.raises(ValueError, match="beta1"):
         restored.load_state_dict(bad)
     assert acc2.adaptive_trace == acc.adaptive_trace  # nothing changed
+
+
+def test_sgd_records_keep_the_plain_label() -> None:
+    """The label follows the run: an SGD run's records name no adaptive optimizer."""
+    engine, model, opt, loader = make_dp(momentum=0.9)
+    records: list[EpsilonRecord] = []
+    monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=opt)
+    train(model, opt, loader, 3)
+    monitor.finish()
+    assert records and all(r.optimizer is None for r in records)
+    assert engine.accountant.adaptive_optimizer is None
+    assert ADAPTIVE_HEURISTIC_LABEL not in records[-1].labels()["heuristic_epsilon"]
