@@ -17,8 +17,9 @@ twice is harmless) so that:
   and is not a guarantee for that run.
 * while ``make_private_with_epsilon`` calibrates the noise (Opacus's
   ``get_noise_multiplier`` creates a fresh accountant by name), accountants of this package
-  created in that call start with the scheme of the loader the call will use, so the noise
-  multiplier is calibrated for the run that is trained.
+  created in that call start with the scheme of the loader the call will use, and with the
+  privacy unit of the engine's accountant (:mod:`.unit_setting`), so the noise multiplier is
+  calibrated for the run that is trained and for what it protects.
 
 Reading the loader never aborts ``make_private``: anything unexpected is a warning, and the
 accountant then keeps Opacus's Poisson view (labelled as assumed).
@@ -34,6 +35,8 @@ from typing import Any
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants.base import RunAccountant, sampling_of_new_accountants
 from opacus_lastiterate.accountants.sampling_detection import DetectedSampling, detect_sampling
+from opacus_lastiterate.accountants.unit_setting import unit_of_new_accountants
+from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
 from opacus_lastiterate.analysis.sampling import (
     PoissonSampling,
     SamplingScheme,
@@ -109,6 +112,8 @@ def _wrap_make_private_with_epsilon(original: Callable[..., Any]) -> Callable[..
     @functools.wraps(original)
     def make_private_with_epsilon(self: Any, *args: Any, **kwargs: Any) -> Any:
         scheme: SamplingScheme | None = None
+        unit = getattr(getattr(self, "accountant", None), "unit", None)
+        unit = unit if isinstance(unit, PrivacyUnit) else None
         if isinstance(getattr(self, "accountant", None), RunAccountant):
             try:
                 bound = signature.bind_partial(self, *args, **kwargs)
@@ -118,7 +123,7 @@ def _wrap_make_private_with_epsilon(original: Callable[..., Any]) -> Callable[..
                     scheme = detect_sampling(loader).scheme
             except Exception:  # Opacus reports bad arguments itself
                 scheme = None
-        with sampling_of_new_accountants(scheme):
+        with sampling_of_new_accountants(scheme), unit_of_new_accountants(unit):
             return original(self, *args, **kwargs)
 
     setattr(make_private_with_epsilon, _MARK, True)

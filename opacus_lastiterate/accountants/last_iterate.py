@@ -39,6 +39,12 @@ from opacus_lastiterate.accountants.optimizer_trace import (
     encode_trace,
     trim_trace,
 )
+from opacus_lastiterate.accountants.unit_setting import (
+    check_unit,
+    new_accountant_unit,
+    state_unit,
+    unit_state,
+)
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_epsilon,
@@ -54,6 +60,8 @@ from opacus_lastiterate.analysis.last_iterate.adaptive_steps import (
 from opacus_lastiterate.analysis.last_iterate.adaptive_weights import ADAPTIVE_HEURISTIC_LABEL
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import WeightedHeuristicResult
+from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
+from opacus_lastiterate.analysis.sampling import PoissonSampling, effective_sampling
 from opacus_lastiterate.exceptions import (
     AdaptiveHeuristicWarning,
     HeuristicCalibrationWarning,
@@ -91,6 +99,11 @@ class LastIterateAccountant(RunAccountant):
     KeptModel`): asking for epsilon after every step costs a warm-started root find, not a
     computation from scratch.
 
+    The privacy unit (``docs/privacy_units.md``): ``LastIterateAccountant(unit=
+    PrivacyUnit.user(max_records=16))``, or ``accountant.unit = ...`` on the accountant that
+    ``PrivacyEngine(accountant="last_iterate")`` made; :meth:`get_epsilon` is then the
+    number of that unit, and ``make_private_with_epsilon`` calibrates for it.
+
     Attributes:
         history: ``(noise_multiplier, sample_rate, num_steps)`` segments, oldest first,
             run-length merged like Opacus's ``RDPAccountant`` (a copy; assign to replace).
@@ -103,15 +116,20 @@ class LastIterateAccountant(RunAccountant):
 
     _MECHANISM = MECHANISM
 
-    def __init__(self, *, weight_accuracy: float = 1e-3) -> None:
+    def __init__(
+        self, *, weight_accuracy: float = 1e-3, unit: PrivacyUnit | None = None
+    ) -> None:
         """Create an accountant with an empty history (Opacus's registry calls ``cls()``).
 
         Args:
             weight_accuracy: requested relative accuracy of the schedule/momentum-weighted
                 epsilon, in (0, 1) (:attr:`weight_accuracy`).
+            unit: what the numbers protect (:attr:`unit`); None: the unit of an enclosing
+                :func:`~.unit_setting.unit_of_new_accountants`, else one record.
         """
         accuracy = check_in_interval("weight_accuracy", weight_accuracy, 0.0, 1.0)
-        self._kept = KeptModel(accuracy=accuracy)
+        self._unit = check_unit(new_accountant_unit() if unit is None else unit)
+        self._kept = KeptModel(accuracy=accuracy, unit=self._unit)
         self._calibration_warned = False
         self._trace = SettingsTrace()
         self._trace_disabled = False
@@ -237,7 +255,23 @@ class LastIterateAccountant(RunAccountant):
         kept = self._kept
         kept.sampling = self.sampling
         kept.accuracy = self.weight_accuracy
+        kept.unit = self._unit
         return kept
+
+    @property
+    def unit(self) -> PrivacyUnit:
+        """What every number of the accountant protects (``docs/privacy_units.md``): one
+        record, a user with at most k records, or a group of k. Set it (a
+        :class:`~opacus_lastiterate.analysis.privacy_unit.PrivacyUnit`, None for one record)
+        at any time: the recorded steps stay, the numbers are those of the new unit. For a
+        unit of more than one record the heuristic and the standard epsilon are computed from
+        scratch (no kept engine), and the robust heuristic has no model (``ValueError``)."""
+        return self._unit
+
+    @unit.setter
+    @synchronized
+    def unit(self, unit: PrivacyUnit | None) -> None:
+        self._unit = check_unit(unit)
 
     @property
     @synchronized
@@ -347,6 +381,7 @@ class LastIterateAccountant(RunAccountant):
         d = check_delta(delta)
         if not (
             sigma > 0.0
+            and self._unit.is_record
             and not self._externally_assigned
             and not self.uses_epoch_sampling
             and not self._weights_in_use()
@@ -406,6 +441,7 @@ class LastIterateAccountant(RunAccountant):
         out: dict[str, Any] = {
             "optimizer_trace": encode_trace([] if partial else self._trace.columns()),
             "optimizer_trace_disabled": self._trace_disabled or partial,
+            **unit_state(self._unit),  # absent for one record
         }
         if len(self._adaptive) and not partial:  # absent for SGD runs
             out["adaptive_trace"] = encode_adaptive_trace(self._adaptive.runs())
@@ -415,6 +451,7 @@ class LastIterateAccountant(RunAccountant):
         return out
 
     def _check_extra_state(self, state_dict: Mapping[str, Any]) -> Any:
+        state_unit(state_dict, self._unit)  # a state of another unit is refused
         trace, disabled, adaptive = decode_traces(state_dict)
         saved = state_dict.get("weighted_characteristic")
         if saved is not None and not isinstance(saved, Mapping):
@@ -470,7 +507,8 @@ class LastIterateAccountant(RunAccountant):
     def uses_epoch_sampling(self) -> bool:
         """Whether the run's batches come in epochs (shuffled, deterministic, balls-in-bins),
         so the heuristic is the per-scheme one and not the Poisson formula."""
-        return self._kept_model().choice("heuristic").kept is None
+        scheme = effective_sampling(self.sampling)
+        return scheme is not None and not isinstance(scheme, PoissonSampling)
 
     @synchronized
     def get_epsilon(
@@ -478,7 +516,8 @@ class LastIterateAccountant(RunAccountant):
     ) -> float:
         """Heuristic epsilon of the final model at ``delta`` (``docs/last_iterate.md``), for
         the run's sampling scheme (:attr:`sampling`: Poisson unless ``make_private`` saw
-        another loader or one was declared; ``docs/samplers.md``).
+        another loader or one was declared; ``docs/samplers.md``) and its :attr:`unit`
+        (``docs/privacy_units.md``: one record unless stated).
 
         With optimizer settings recorded by the hook for every step (varying learning rate,
         momentum or weight decay), this is the weighted heuristic, rounded up to within
@@ -505,6 +544,7 @@ class LastIterateAccountant(RunAccountant):
         Raises:
             TypeError: for a keyword this method does not take (Opacus forwards every
                 keyword of ``make_private_with_epsilon``; a misspelt one is not ignored).
+            ValueError: ``robust=True`` with a unit of more than one record (no model).
         """
         d = check_delta(delta)
         if not isinstance(robust, bool):
@@ -565,7 +605,10 @@ class LastIterateAccountant(RunAccountant):
         Args:
             delta: if given, include the heuristic epsilon at this delta.
         """
-        lines = [f"LastIterateAccountant: {self.num_steps} steps in {len(self)} segment(s)."]
+        lines = [
+            f"LastIterateAccountant: {self.num_steps} steps in {len(self)} segment(s); "
+            f"privacy unit: {self._unit.describe()}."
+        ]
         if self._adaptive_in_use():
             lines.append(
                 f"Adaptive optimizer ({self._adaptive.runs()[0][0].settings.optimizer}) "
@@ -586,8 +629,9 @@ class LastIterateAccountant(RunAccountant):
         if delta is not None:
             d = check_delta(delta)
             eps = self.get_epsilon(d)
-            lines.append(f"Heuristic epsilon at delta={d:g}: {eps:.4f}.")
-            if not self._weights_in_use() and self._num_steps:
+            unit = "" if self._unit.is_record else f" ({self._unit.label()})"
+            lines.append(f"Heuristic epsilon{unit} at delta={d:g}: {eps:.4f}.")
+            if not self._weights_in_use() and self._num_steps and self._unit.is_record:
                 robust = self.get_epsilon(d, robust=True)
                 lines.append(
                     f"Robust heuristic epsilon (max over the last t <= T steps): {robust:.4f}"
@@ -597,4 +641,8 @@ class LastIterateAccountant(RunAccountant):
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return f"LastIterateAccountant(num_steps={self.num_steps}, segments={len(self)}; {_CAVEAT})"
+        unit = "" if self._unit.is_record else f", unit={self._unit.code()!r}"
+        return (
+            f"LastIterateAccountant(num_steps={self.num_steps}, segments={len(self)}{unit}; "
+            f"{_CAVEAT})"
+        )

@@ -14,11 +14,14 @@ removed (or, for fixed-size batches, zeroed out) together. For every model of th
 user with at most k records and a group of k records get the same number: the worst user owns
 exactly k records, and a group of k is one such user; only the label differs.
 
-:meth:`PrivacyUnit.as_dict` gives the JSON form and :meth:`PrivacyUnit.from_dict` reads it back.
+:meth:`PrivacyUnit.as_dict` gives the JSON form and :meth:`PrivacyUnit.from_dict` reads it back;
+:meth:`PrivacyUnit.code` gives the short text form (``"record"``, ``"user(16)"``,
+``"group(4)"``: the monitor's records, the CLI) and :meth:`PrivacyUnit.parse` reads it back.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -31,6 +34,8 @@ UnitKind = Literal["record", "user", "group"]
 """The :attr:`PrivacyUnit.kind` literal."""
 UNIT_KINDS: tuple[str, ...] = ("record", "user", "group")
 """Every unit kind, in the order of the module docstring."""
+
+_CODE = re.compile(r"(record)|(?:(user|group)\(\s*(\d+)\s*\))")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +100,34 @@ class PrivacyUnit:
         if self.kind == "user":
             return f"user-level, {self.max_records} records"
         return f"group of {self.max_records} records"
+
+    def code(self) -> str:
+        """The short text form: ``"record"``, ``"user(k)"`` or ``"group(k)"``
+        (:meth:`parse` reads it back)."""
+        return "record" if self.kind == "record" else f"{self.kind}({self.max_records})"
+
+    @classmethod
+    def parse(cls, text: object, name: str = "unit") -> PrivacyUnit:
+        """The unit of :meth:`code`'s output.
+
+        Raises:
+            TypeError: ``text`` is not a string; ValueError: it is not such a form (both
+                naming ``name``).
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"`{name}` must be a string such as 'user(16)', got {text!r}.")
+        found = _CODE.fullmatch(text.strip())
+        if found is None:
+            raise ValueError(
+                f"`{name}` must be 'record', 'user(k)' or 'group(k)' with k an integer >= 1, "
+                f"got {text!r}."
+            )
+        if found.group(1):
+            return cls.record()
+        try:
+            return cls(found.group(2), int(found.group(3)))  # type: ignore[arg-type]
+        except ValueError as err:
+            raise ValueError(f"`{name}` {text!r}: {err}") from err
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe form (:meth:`from_dict` reads it back)."""

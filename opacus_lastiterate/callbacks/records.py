@@ -10,8 +10,13 @@ per-step RDP and conversion, its ``get_epsilon`` to the last bit), not the regis
 on a run whose batches come in epochs it holds that scheme's no-amplification bound (the
 registry's ``"standard_rdp"`` for it). Each field carries a label in :data:`LABELS`
 saying what kind of number it is (heuristic, upper bound); a field that was not computed at a
-step is ``None``. :class:`MonitorAudit` is what the monitor needs from an in-training audit
-that reads the records as they are emitted.
+step is ``None``. Every record names what its numbers protect, ``privacy_unit``
+(``"record"``, ``"user(k)"``, ``"group(k)"``: the accountant's unit, ``docs/privacy_units.md``);
+for a unit of more than one record the heuristic and standard fields are that unit's, the
+robust heuristic is not computed (no model) and the fields of Opacus's and the normalisation
+accountants stay one record's, each so labelled (:func:`labels_for`). :class:`MonitorAudit`
+is what the monitor needs from an in-training audit that reads the records as they are
+emitted.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
+
+from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
 
 __all__ = [
     "FIELDS",
@@ -78,12 +85,15 @@ class EpsilonRecord:
     steps. None when the monitor counted none for this step."""
     sampling: str = "poisson"
     poisson_assumed_epsilon: float | None = None
+    privacy_unit: str = "record"
+    """What the numbers protect: ``"record"``, ``"user(k)"`` or ``"group(k)"``
+    (:meth:`~opacus_lastiterate.analysis.privacy_unit.PrivacyUnit.code`)."""
 
     def labels(self) -> dict[str, str]:
         """What each epsilon field of this record is, for its run's sampling scheme
         (``sampling``: ``"poisson"``, ``"shuffled"``, ``"deterministic"``, ``"balls_in_bins"``,
-        or ``"unknown (assumes <scheme>)"``)."""
-        return labels_for(self.sampling)
+        or ``"unknown (assumes <scheme>)"``) and privacy unit (``privacy_unit``)."""
+        return labels_for(self.sampling, self.privacy_unit)
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a plain dict, in :data:`FIELDS` order."""
@@ -98,10 +108,12 @@ class EpsilonRecord:
         """The record of :meth:`as_dict`.
 
         Raises:
-            ValueError: unless the keys are exactly the fields (:data:`FIELDS`).
+            ValueError: unless the keys are exactly the fields (:data:`FIELDS`) and
+                ``privacy_unit`` is a unit's short form.
         """
         if set(values) != set(FIELDS):
             raise ValueError(f"a record must have the keys {FIELDS}, got {sorted(values)}.")
+        PrivacyUnit.parse(values["privacy_unit"], "privacy_unit")
         return cls(**values)
 
 
@@ -116,11 +128,12 @@ def sampling_field(scheme: object) -> str:
     return str(name)
 
 
-def labels_for(sampling: str) -> dict[str, str]:
+def labels_for(sampling: str, privacy_unit: str = "record") -> dict[str, str]:
     """The labels of the epsilon fields of a run whose scheme is called ``sampling``: the
     heuristics are always for that scheme; the standard fields are the Poisson composition
     for Poisson runs and the bound without amplification otherwise (:data:`SAMPLING_LABELS`);
-    an unknown sampler's labels say which scheme they assume."""
+    an unknown sampler's labels say which scheme they assume. For a ``privacy_unit`` other
+    than ``"record"`` each label says what its number protects (module docstring)."""
     out = dict(LABELS)
     if sampling == "poisson" or sampling.endswith("(assumes poisson)"):
         del out["poisson_assumed_epsilon"]  # the standard fields are Poisson's already
@@ -133,7 +146,19 @@ def labels_for(sampling: str) -> dict[str, str]:
             )
     if sampling != "poisson":
         out = {k: f"{v} [batches: {sampling}]" for k, v in out.items()}
+    unit = PrivacyUnit.parse(privacy_unit, "privacy_unit")
+    if not unit.is_record:
+        out = {k: f"{v} [{_UNIT_NOTES.get(k, 'protects ' + unit.describe())}]"
+               for k, v in out.items()}
+        out["robust_heuristic_epsilon"] = f"not computed: no robust heuristic for {unit.code()}"
     return out
+
+
+_UNIT_NOTES = {
+    "opacus_rdp_epsilon": "protects one record only, not the run's unit",
+    "corrected_epsilon": "protects one record only, not the run's unit",
+}
+"""The fields that stay one record's for a run of another unit (:func:`labels_for`)."""
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(EpsilonRecord))
