@@ -44,7 +44,8 @@ def unit_options(f: Any) -> Any:
 def unit_of_options(args: dict[str, Any]) -> Any:
     """The :class:`PrivacyUnit` of ``--records-per-user`` / ``--group-size`` (None: neither,
     one record)."""
-    per_user, group = args.get("records_per_user"), args.get("group_size")
+    per_user: int | None = args.get("records_per_user")
+    group: int | None = args.get("group_size")
     if per_user is not None and group is not None:
         raise click.UsageError("Pass at most one of --records-per-user and --group-size.")
     if per_user is None and group is None:
@@ -53,7 +54,8 @@ def unit_of_options(args: dict[str, Any]) -> Any:
 
     if per_user is not None:
         return PrivacyUnit.user(per_user)
-    return PrivacyUnit.group(int(group))
+    assert group is not None
+    return PrivacyUnit.group(group)
 
 
 def check_unit_request(args: dict[str, Any], unit: Any) -> None:
