@@ -39,9 +39,10 @@ from opacus_lastiterate.accountants.optimizer_trace import (
     encode_trace,
     trim_trace,
 )
+from opacus_lastiterate.accountants.summary import CAVEAT, summary
 from opacus_lastiterate.accountants.unit_setting import (
+    UnitOwner,
     check_unit,
-    new_accountant_unit,
     state_unit,
     unit_state,
 )
@@ -82,13 +83,9 @@ StepSettings = SGDSettings | AdaptiveStep
 HEURISTIC_LABEL = "heuristic"
 """The label of the heuristic of an SGD run (:attr:`LastIterateAccountant.heuristic_label`)."""
 
-_CAVEAT = (
-    "last-iterate heuristic (Steinke et al., ICLR 2025) for the final model only; "
-    "exact for linear losses, not a proven DP bound for deep networks"
-)
 
 
-class LastIterateAccountant(RunAccountant):
+class LastIterateAccountant(UnitOwner, RunAccountant):
     """Opacus accountant for the last-iterate heuristic epsilon of the final model.
 
     Use it by name once :mod:`opacus_lastiterate` is imported
@@ -99,10 +96,8 @@ class LastIterateAccountant(RunAccountant):
     KeptModel`): asking for epsilon after every step costs a warm-started root find, not a
     computation from scratch.
 
-    The privacy unit (``docs/privacy_units.md``): ``LastIterateAccountant(unit=
-    PrivacyUnit.user(max_records=16))``, or ``accountant.unit = ...`` on the accountant that
-    ``PrivacyEngine(accountant="last_iterate")`` made; :meth:`get_epsilon` is then the
-    number of that unit, and ``make_private_with_epsilon`` calibrates for it.
+    The privacy unit (:attr:`unit`, ``docs/privacy_units.md``): ``unit=`` here, or
+    ``accountant.unit = PrivacyUnit.user(16)`` on the one ``PrivacyEngine`` made.
 
     Attributes:
         history: ``(noise_multiplier, sample_rate, num_steps)`` segments, oldest first,
@@ -128,7 +123,7 @@ class LastIterateAccountant(RunAccountant):
                 :func:`~.unit_setting.unit_of_new_accountants`, else one record.
         """
         accuracy = check_in_interval("weight_accuracy", weight_accuracy, 0.0, 1.0)
-        self._unit = check_unit(new_accountant_unit() if unit is None else unit)
+        self._unit = check_unit(unit, new=True)
         self._kept = KeptModel(accuracy=accuracy, unit=self._unit)
         self._calibration_warned = False
         self._trace = SettingsTrace()
@@ -239,6 +234,12 @@ class LastIterateAccountant(RunAccountant):
         return bool(len(self._adaptive)) and self._weights_in_use()
 
     @property
+    def settings_unusable(self) -> bool:
+        """Whether the optimizer's settings were seen and cannot be used (the constant-rate
+        formula answers from then on)."""
+        return self._trace_disabled
+
+    @property
     def optimizer_trace(self) -> list[TraceEntry]:
         """Recorded SGD settings, run-length encoded: (lr, momentum, dampening, nesterov,
         weight_decay, steps). Empty unless the accountant's hook saw the optimizer."""
@@ -257,21 +258,6 @@ class LastIterateAccountant(RunAccountant):
         kept.accuracy = self.weight_accuracy
         kept.unit = self._unit
         return kept
-
-    @property
-    def unit(self) -> PrivacyUnit:
-        """What every number of the accountant protects (``docs/privacy_units.md``): one
-        record, a user with at most k records, or a group of k. Set it (a
-        :class:`~opacus_lastiterate.analysis.privacy_unit.PrivacyUnit`, None for one record)
-        at any time: the recorded steps stay, the numbers are those of the new unit. For a
-        unit of more than one record the heuristic and the standard epsilon are computed from
-        scratch (no kept engine), and the robust heuristic has no model (``ValueError``)."""
-        return self._unit
-
-    @unit.setter
-    @synchronized
-    def unit(self, unit: PrivacyUnit | None) -> None:
-        self._unit = check_unit(unit)
 
     @property
     @synchronized
@@ -600,49 +586,9 @@ class LastIterateAccountant(RunAccountant):
     # -- display ----------------------------------------------------------------------------
 
     def describe(self, delta: float | None = None) -> str:
-        """A human-readable summary that says what the number is and is not.
-
-        Args:
-            delta: if given, include the heuristic epsilon at this delta.
-        """
-        lines = [
-            f"LastIterateAccountant: {self.num_steps} steps in {len(self)} segment(s); "
-            f"privacy unit: {self._unit.describe()}."
-        ]
-        if self._adaptive_in_use():
-            lines.append(
-                f"Adaptive optimizer ({self._adaptive.runs()[0][0].settings.optimizer}) "
-                f"recorded from the optimizer: weighted heuristic ({ADAPTIVE_HEURISTIC_LABEL}), "
-                f"rounded up to within {self.weight_accuracy:g} relative."
-            )
-        elif self._weights_in_use():
-            lines.append(
-                "Learning-rate schedule / momentum / weight decay recorded from the optimizer: "
-                f"weighted heuristic, rounded up to within {self.weight_accuracy:g} relative."
-            )
-        else:
-            lines.append(
-                "Constant-rate formula (plain SGD at a constant learning rate"
-                + ("; the optimizer's settings could not be used" if self._trace_disabled else "")
-                + ")."
-            )
-        if delta is not None:
-            d = check_delta(delta)
-            eps = self.get_epsilon(d)
-            unit = "" if self._unit.is_record else f" ({self._unit.label()})"
-            lines.append(f"Heuristic epsilon{unit} at delta={d:g}: {eps:.4f}.")
-            if not self._weights_in_use() and self._num_steps and self._unit.is_record:
-                robust = self.get_epsilon(d, robust=True)
-                lines.append(
-                    f"Robust heuristic epsilon (max over the last t <= T steps): {robust:.4f}"
-                    + (" (above the plain value: report it)." if robust > eps * (1 + 1e-9) else ".")
-                )
-        lines.append(f"This is the {_CAVEAT}.")
-        return "\n".join(lines)
+        """A human-readable summary that says what the number is and is not
+        (:func:`~.summary.summary`; with ``delta``, the heuristic epsilon at it)."""
+        return summary(self, delta)
 
     def __repr__(self) -> str:
-        unit = "" if self._unit.is_record else f", unit={self._unit.code()!r}"
-        return (
-            f"LastIterateAccountant(num_steps={self.num_steps}, segments={len(self)}{unit}; "
-            f"{_CAVEAT})"
-        )
+        return f"LastIterateAccountant(num_steps={self.num_steps}, segments={len(self)}; {CAVEAT})"

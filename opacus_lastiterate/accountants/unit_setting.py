@@ -7,6 +7,8 @@ a fact about the data that Opacus never sees. The user states it on the
 (``LastIterateAccountant(unit=...)`` or ``accountant.unit = ...``); this module holds what
 that needs besides the accountant:
 
+* :class:`UnitOwner`: the accountant's :attr:`~UnitOwner.unit` property (a mixin, with the
+  accountant's lock);
 * :func:`check_unit`: the one validation (None means one record);
 * :func:`unit_of_new_accountants`: within the block, a new accountant starts with the unit
   (what ``make_private_with_epsilon`` needs: Opacus's calibration creates a fresh accountant by
@@ -23,10 +25,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from opacus_lastiterate.accountants.base import synchronized
 from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
 
 __all__ = [
     "STATE_KEY",
+    "UnitOwner",
     "check_unit",
     "new_accountant_unit",
     "state_unit",
@@ -45,14 +49,15 @@ _NEW_ACCOUNTANT_UNIT: contextvars.ContextVar[PrivacyUnit | None] = contextvars.C
 )
 
 
-def check_unit(unit: object, name: str = "unit") -> PrivacyUnit:
-    """``unit`` as a :class:`PrivacyUnit` (None: one record).
+def check_unit(unit: object, name: str = "unit", *, new: bool = False) -> PrivacyUnit:
+    """``unit`` as a :class:`PrivacyUnit` (None: one record, or for a ``new`` accountant the
+    unit of the enclosing :func:`unit_of_new_accountants`).
 
     Raises:
         TypeError: naming ``name``, for anything else.
     """
     if unit is None:
-        return RECORD
+        return (new and _NEW_ACCOUNTANT_UNIT.get()) or RECORD
     if not isinstance(unit, PrivacyUnit):
         raise TypeError(
             f"`{name}` must be a PrivacyUnit (PrivacyUnit.user(max_records=k), "
@@ -112,3 +117,30 @@ def state_unit(state_dict: Mapping[str, Any], expected: PrivacyUnit) -> PrivacyU
             "before loading); nothing was loaded."
         )
     return unit
+
+
+class UnitOwner:
+    """The :attr:`unit` of an accountant (a mixin of an accountant with ``_lock``: the unit is
+    set between two recorded steps, never during one)."""
+
+    _unit: PrivacyUnit = RECORD
+
+    @property
+    def unit(self) -> PrivacyUnit:
+        """What every number of the accountant protects (``docs/privacy_units.md``): one
+        record, a user with at most k records, or a group of k. Set it (a
+        :class:`~opacus_lastiterate.analysis.privacy_unit.PrivacyUnit`, None for one record)
+        at any time: the recorded steps stay, the numbers are those of the new unit. For a
+        unit of more than one record the heuristic and the standard epsilon are computed from
+        scratch (no kept engine), and the robust heuristic has no model (``ValueError``).
+
+        Raises:
+            TypeError: (when set) naming ``unit``, for anything but a unit or None; the unit
+                is then unchanged.
+        """
+        return self._unit
+
+    @unit.setter
+    @synchronized
+    def unit(self, unit: PrivacyUnit | None) -> None:
+        self._unit = check_unit(unit)

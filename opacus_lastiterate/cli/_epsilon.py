@@ -41,12 +41,7 @@ from opacus_lastiterate.cli._options import (
     plot_option,
     writing,
 )
-from opacus_lastiterate.cli._unit import (
-    check_unit_request,
-    unit_numbers,
-    unit_of_options,
-    unit_options,
-)
+from opacus_lastiterate.cli._unit import unit_numbers, unit_options
 
 __all__ = ["WEIGHTED_LABEL", "epsilon"]
 
@@ -150,9 +145,14 @@ def _weighted(args: dict[str, Any], quantity: str, argument: float) -> Any:
 
 
 def _weights(args: dict[str, Any]) -> Any:
-    """The per-step weights of the optimizer options (``args["learning_rates"]`` set)."""
+    """The per-step weights of the optimizer options (None without); reads --lr-schedule."""
+    if not _weighted_requested(args):
+        return None
     from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
-
+    if "learning_rates" not in args:
+        args["learning_rates"] = _learning_rates(
+            args["lr_schedule"], args["steps"], args["step_size"], args["gamma"]
+        )
     if args["optimizer"] != "sgd":
         return adaptive_weights_of(args)
     return sgd_weights(args["learning_rates"], momentum=args["momentum"],
@@ -523,15 +523,8 @@ def epsilon(**args: Any) -> None:
             f"--nesterov{_and_optimizer(args)} (the weighted heuristic of an epoch scheme: "
             "privacy_model('heuristic', run) in Python)."
         )
-    unit = unit_of_options(args)
-    if unit is not None:  # the numbers of a user or a group (cli/_unit.py)
-        check_unit_request(args, unit)
-        if _weighted_requested(args):
-            args["learning_rates"] = _learning_rates(
-                args["lr_schedule"], args["steps"], args["step_size"], args["gamma"]
-            )
-        unit_numbers(args, unit, _weights(args) if _weighted_requested(args) else None)
-        return
+    if unit_numbers(args, lambda: _weights(args)):
+        return  # the numbers of a user or a group (cli/_unit.py)
     if target is not None:
         if noise is not None or eps is not None:
             raise click.UsageError(
@@ -559,10 +552,7 @@ def epsilon(**args: Any) -> None:
         )
     if delta is None and args["plot"] is not None:
         raise click.UsageError("--plot draws epsilon against T at --delta: pass --delta.")
-    if _weighted_requested(args):  # a bad schedule file is reported before any computation
-        args["learning_rates"] = _learning_rates(
-            args["lr_schedule"], args["steps"], args["step_size"], args["gamma"]
-        )
+    _weights(args)  # a bad schedule file is reported before any computation
     args["run"] = _run(args)
     if delta is not None:
         _epsilon_for_delta(args)

@@ -13,6 +13,7 @@ the unit and the sampling scheme.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -76,10 +77,16 @@ def check_unit_request(args: dict[str, Any], unit: Any) -> None:
         )
 
 
-def unit_numbers(args: dict[str, Any], unit: Any, weights: Any) -> None:
+def unit_numbers(args: dict[str, Any], weights_of: Callable[[], Any]) -> bool:
     """Print (or emit as JSON) the :data:`UNIT_MODELS` numbers of the run of ``args`` (its
-    ``scheme`` and :func:`check_unit_request` already checked) for ``unit``, with per-step
-    ``weights`` or None."""
+    ``scheme`` already checked) for the unit of its options, with the per-step weights
+    ``weights_of()`` (None: constant rate), and return True; False, with nothing done,
+    without a unit option."""
+    unit = unit_of_options(args)
+    if unit is None:
+        return False
+    check_unit_request(args, unit)
+    weights = weights_of()
     from opacus_lastiterate.analysis.privacy_models import privacy_model
     from opacus_lastiterate.analysis.run import DPSGDRun
 
@@ -118,7 +125,7 @@ def unit_numbers(args: dict[str, Any], unit: Any, weights: Any) -> None:
             **values,
             "labels": labels,
         })
-        return
+        return True
     scheme = "" if args["scheme"] is None else f"{args['scheme'].describe()}, "
     given = f"delta = {argument:g}" if quantity == "epsilon" else f"epsilon = {argument:g}"
     click.echo(
@@ -129,3 +136,4 @@ def unit_numbers(args: dict[str, Any], unit: Any, weights: Any) -> None:
         shown = fmt_eps(values[name]) if quantity == "epsilon" else f"{values[name]:11.4e}"
         click.echo(f"  {name:<17} {'eps' if quantity == 'epsilon' else 'delta'} = {shown}   "
                    f"{labels[name]}")
+    return True
