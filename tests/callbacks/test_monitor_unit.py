@@ -139,3 +139,26 @@ def test_a_robust_budget_is_refused_for_a_user() -> None:
     )
     with pytest.raises(ValueError, match="robust_heuristic_epsilon"):
         train(model, opt, loader, 1)
+
+
+def test_shuffled_batches_keep_opacus_field_record_level_and_the_rest_the_users() -> None:
+    from opacus_lastiterate.accountants import LastIterateAccountant
+    from opacus_lastiterate.analysis.sampling import ShuffledBatches
+    from tests.analysis._reference import gaussian_mechanism_epsilon
+    from tests.analysis.test_user_level import _epochs, _product, _shuffled_epoch_law
+
+    n, b, steps, sigma = 6, 2, 6, 0.8  # two epochs of three batches
+    accountant = LastIterateAccountant(unit=USER)
+    accountant.declare_sampling(ShuffledBatches(n, b))
+    for _ in range(steps):
+        accountant.step(noise_multiplier=sigma, sample_rate=b / n)
+    final = PrivacyMonitor(accountant, delta=DELTA).finish()
+    assert final is not None and final.sampling == "shuffled" and final.privacy_unit == "user(2)"
+    laws = [_shuffled_epoch_law(n, b, False, 2, e) for e in _epochs(np.ones(steps), n // b)]
+    exact = _exact_epsilon(_product(laws), sigma * math.sqrt(steps))
+    assert final.heuristic_epsilon == pytest.approx(exact, rel=1e-8)
+    # every epoch a Gaussian mechanism: sensitivity 1 for a record, 2 for the user's records
+    mu = math.sqrt(2) / sigma
+    assert final.opacus_rdp_epsilon >= gaussian_mechanism_epsilon(mu, DELTA) * (1 - 1e-6)
+    assert final.opacus_rdp_epsilon < gaussian_mechanism_epsilon(2 * mu, DELTA)
+    assert final.standard_epsilon == pytest.approx(gaussian_mechanism_epsilon(2 * mu, DELTA), rel=1e-6)
