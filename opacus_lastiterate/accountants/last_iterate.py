@@ -367,7 +367,7 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
         d = check_delta(delta)
         if not (
             sigma > 0.0
-            and self._unit.is_record
+            and self._unit.single_record
             and not self._externally_assigned
             and not self.uses_epoch_sampling
             and not self._weights_in_use()

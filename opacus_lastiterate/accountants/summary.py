@@ -55,7 +55,7 @@ def summary(accountant: Any, delta: float | None = None) -> str:
         eps = accountant.get_epsilon(d)
         of_unit = "" if unit.is_record else f" ({unit.label()})"
         lines.append(f"Heuristic epsilon{of_unit} at delta={d:g}: {eps:.4f}.")
-        if not accountant.uses_weights and accountant.num_steps and unit.is_record:
+        if not accountant.uses_weights and accountant.num_steps and unit.single_record:
             robust = accountant.get_epsilon(d, robust=True)
             above = " (above the plain value: report it)." if robust > eps * (1 + 1e-9) else "."
             lines.append(

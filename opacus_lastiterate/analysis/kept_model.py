@@ -253,7 +253,7 @@ class KeptModel:
         (:meth:`IncrementalHeuristic.advance`) in batches of at most as many steps as came
         before (at least 16): the batch solve extrapolates from the last solves, which holds
         over a batch as long as the run so far but not over a much longer one."""
-        if not self._unit.is_record:
+        if not self._unit.single_record:
             raise ValueError(
                 f"`unit` is {self._unit.describe()}: the batch solve is the record-level "
                 "heuristic; record the steps with append and ask epsilon."
@@ -389,7 +389,7 @@ class KeptModel:
         run that maps onto SGD (module docstring), and one record as the unit (for another
         unit the number is :meth:`epsilon`'s, from scratch)."""
         d = check_delta(delta)
-        if not self._unit.is_record:
+        if not self._unit.single_record:
             raise ValueError(
                 f"`unit` is {self._unit.describe()}: the kept weighted engine is the "
                 "record-level one; epsilon(delta) gives the number of this unit."

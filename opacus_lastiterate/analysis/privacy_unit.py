@@ -84,6 +84,12 @@ class PrivacyUnit:
         """Whether the unit is one record."""
         return self.kind == "record"
 
+    @property
+    def single_record(self) -> bool:
+        """Whether the unit holds one record at most (a record, a user with one record, a
+        group of one): the record-level models then answer, with the record-level numbers."""
+        return self.max_records == 1
+
     def describe(self) -> str:
         """One line: what a neighbouring dataset changes."""
         if self.kind == "record":

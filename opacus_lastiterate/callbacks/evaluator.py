@@ -216,7 +216,7 @@ class InlineEvaluator:
         heuristic = robust = None
         if self.replica is not None:
             heuristic = self._heuristic()
-            if self.unit.is_record:  # no robust model for another unit
+            if self.unit.single_record:  # no robust model for another unit
                 robust = float(self.replica.get_epsilon(d, robust=True))
         pld, corrected, assumed = self._standard()
         return EpsilonRecord(
@@ -273,7 +273,7 @@ class InlineEvaluator:
         c = self.cadences
         if (
             replica is None or c.heuristic_every != 1 or replica.uses_weights
-            or not replica.unit.is_record
+            or not replica.unit.single_record
         ):
             return i
         _, sigma, q, _, settings = queue[i]
@@ -320,7 +320,7 @@ class InlineEvaluator:
         replica = self.replica
         if (
             replica is None or not replica.uses_weights or replica.uses_epoch_sampling
-            or not replica.unit.is_record  # the kept engine is one record's
+            or not replica.unit.single_record  # the kept engine is one record's
         ):
             return None
         if not isinstance(replica.last_settings, SGDSettings):  # adaptive: the replica answers
@@ -424,7 +424,7 @@ class InlineEvaluator:
         c = self.cadences
         robust = None
         replica = self.replica
-        if replica is not None and replica.unit.is_record and (
+        if replica is not None and replica.unit.single_record and (
             need == "robust_heuristic_epsilon" or self._is_due(step, "robust", c.robust_every)
         ):
             robust = float(
@@ -486,7 +486,7 @@ class InlineEvaluator:
         """The registry's ``name`` for the evaluated steps, chosen for the run's scheme and
         weights: the replica's kept model (of its unit), else (or for one ``record``) the
         registry on the evaluated history."""
-        if self.replica is not None and not (record and not self.unit.is_record):
+        if self.replica is not None and not (record and not self.unit.single_record):
             return self.replica.kept_model.epsilon(self.delta, name)
         return float(privacy_model(name, self._scheme_run()).epsilon(self.delta))
 

@@ -150,7 +150,8 @@ def labels_for(sampling: str, privacy_unit: str = "record") -> dict[str, str]:
     if not unit.is_record:
         out = {k: f"{v} [{_UNIT_NOTES.get(k, 'protects ' + unit.describe())}]"
                for k, v in out.items()}
-        out["robust_heuristic_epsilon"] = f"not computed: no robust heuristic for {unit.code()}"
+        if not unit.single_record:
+            out["robust_heuristic_epsilon"] = f"not computed: no robust heuristic for {unit.code()}"
     return out
 
 

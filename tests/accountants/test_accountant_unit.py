@@ -160,3 +160,14 @@ def test_make_private_with_epsilon_calibrates_for_the_unit() -> None:
     assert exact <= 4.0 * (1 + 1e-6)
     below = _exact_epsilon(_poisson_law(np.ones(8), 1 / 8, 2), 0.95 * sigma * math.sqrt(8))
     assert below > 4.0  # and is not far more than needed
+
+
+def test_a_user_with_one_record_gets_the_record_numbers() -> None:
+    one, record = _stepped(PrivacyUnit.user(1)), _stepped(None)
+    assert one.get_epsilon(DELTA) == record.get_epsilon(DELTA)
+    assert one.get_epsilon(DELTA, robust=True) == record.get_epsilon(DELTA, robust=True)
+    fresh_one, fresh_record = LastIterateAccountant(unit=PrivacyUnit.user(1)), LastIterateAccountant()
+    batch = fresh_one.replay_steps(SIGMA, Q, None, 4, delta=DELTA)  # the batch solve
+    assert batch is not None
+    assert np.array_equal(batch, fresh_record.replay_steps(SIGMA, Q, None, 4, delta=DELTA))
+    assert one.state_dict()["privacy_unit"] == {"kind": "user", "max_records": 1}
