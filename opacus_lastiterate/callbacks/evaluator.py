@@ -13,10 +13,11 @@ values are the registry's, chosen for the run (``replica.kept_model.epsilon(delt
 batches are not Poisson (the accountant's ``sampling``, ``docs/samplers.md``) the bound of
 that scheme, and ``poisson_assumed_epsilon`` carries the Poisson value, labelled as an
 assumption; every record names its scheme. The replica has the accountant's privacy unit
-(``docs/privacy_units.md``): for a unit of more than one record the heuristic, standard and
-Poisson-assumed values are that unit's, computed from scratch at every step they are due (no
+(``docs/privacy_units.md``): for a unit of more than one record the heuristic and standard
+values are that unit's, computed from scratch at every step they are due (no
 batch solve, no kept weighted engine: those are one record's), the robust value is not
-computed (no model), and Opacus's RDP value and the corrected one stay one record's
+computed (no model), and Opacus's RDP value, the Poisson-assumed one (Opacus's number) and the
+corrected one stay one record's
 (:func:`~opacus_lastiterate.callbacks.records.labels_for` says so).
 
 Queued steps are solved together where they can be: runs of one constant-rate setting
@@ -504,7 +505,7 @@ class InlineEvaluator:
         pld = self._registry("standard")  # the registry loads dp_accounting on first use
         assumed = None
         if self.epoch_sampling:  # Opacus's number: the same steps as if Poisson
-            poisson = DPSGDRun.from_history(self.history, unit=self.unit)
+            poisson = DPSGDRun.from_history(self.history)  # one record's, as Opacus's
             assumed = float(privacy_model("standard", poisson).epsilon(self.delta))
         corrected = None
         acc = self.corrected

@@ -158,6 +158,7 @@ def labels_for(sampling: str, privacy_unit: str = "record") -> dict[str, str]:
 _UNIT_NOTES = {
     "opacus_rdp_epsilon": "protects one record only, not the run's unit",
     "corrected_epsilon": "protects one record only, not the run's unit",
+    "poisson_assumed_epsilon": "protects one record only, not the run's unit",
 }
 """The fields that stay one record's for a run of another unit (:func:`labels_for`)."""
 

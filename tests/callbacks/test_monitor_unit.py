@@ -162,3 +162,4 @@ def test_shuffled_batches_keep_opacus_field_record_level_and_the_rest_the_users(
     assert final.opacus_rdp_epsilon >= gaussian_mechanism_epsilon(mu, DELTA) * (1 - 1e-6)
     assert final.opacus_rdp_epsilon < gaussian_mechanism_epsilon(2 * mu, DELTA)
     assert final.standard_epsilon == pytest.approx(gaussian_mechanism_epsilon(2 * mu, DELTA), rel=1e-6)
+    assert "one record only" in final.labels()["poisson_assumed_epsilon"]  # Opacus's number
