@@ -39,13 +39,7 @@ from opacus_lastiterate.analysis.last_iterate.adaptive_weights import (
 from opacus_lastiterate.analysis.run import TrainingSegment
 from opacus_lastiterate.exceptions import AdaptiveHeuristicWarning
 
-__all__ = [
-    "AdaptivePlan",
-    "adaptive_plan_of_new_accountants",
-    "plan_for_calibration",
-    "planned_adaptive",
-    "warn_adaptive_caveats",
-]
+__all__ = []
 
 AdaptiveRuns = list[tuple[AdaptiveStep, int]]
 

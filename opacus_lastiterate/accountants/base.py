@@ -160,7 +160,8 @@ class RunAccountant(IAccountant):
         self._sampling: SamplingScheme | None = _NEW_ACCOUNTANT_SAMPLING.get()
         self._sampling_declared = False
         self._sampling_checked_rate: float | None = None
-        self._unit = PrivacyUnit.record()
+        # a subclass that takes a unit (LastIterateAccountant(unit=...)) sets it first
+        self._unit: PrivacyUnit = self.__dict__.get("_unit", PrivacyUnit.record())
         self._revision = object()
         self._lock = threading.RLock()
         # IAccountant.__init__ would assign ``self.history = []``; nothing to validate here.
@@ -172,7 +173,6 @@ class RunAccountant(IAccountant):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.__dict__.setdefault("_unit", PrivacyUnit.record())  # pickled before units
         self._lock = threading.RLock()
 
     # -- history ------------------------------------------------------------------------------
@@ -245,7 +245,11 @@ class RunAccountant(IAccountant):
     def observe_unit(self, unit: PrivacyUnit) -> None:
         """Take the privacy unit detected from the training loader: one record, or
         ``PrivacyUnit.sampled_user()`` (users sampled, each user's records clipped together;
-        the numbers are then those of a dataset of users).
+        the numbers are then those of a dataset of users). A loader of records leaves a unit
+        the user stated (``LastIterateAccountant(unit=PrivacyUnit.user(k))``) as it is; a
+        loader over users replaces one record, and next to another stated unit it is warned
+        about (:class:`~opacus_lastiterate.exceptions.SamplingWarning`) and the stated unit
+        is kept.
 
         Raises:
             TypeError: ``unit`` is not a :class:`PrivacyUnit`.
@@ -259,6 +263,17 @@ class RunAccountant(IAccountant):
                 f"`unit` must make one contribution per step (a record, or a user under "
                 f"user-level sampling), got {unit.describe()}."
             )
+        if unit == self._unit or unit.is_record:
+            return
+        if not self._unit.is_record:
+            warn(
+                f"The training loader draws users (user-level sampling), but this accountant's "
+                f"unit was stated as {self._unit.code()!r}: the numbers stay those of "
+                f"{self._unit.describe()}. Set accountant.unit = PrivacyUnit.sampled_user() "
+                "for the numbers of a sampled user.",
+                SamplingWarning,
+            )
+            return
         self._unit = unit
         self._run = None
 

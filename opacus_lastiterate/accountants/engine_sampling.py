@@ -19,12 +19,14 @@ twice is harmless) so that:
   and is not a guarantee for that run.
 * while ``make_private_with_epsilon`` calibrates the noise (Opacus's
   ``get_noise_multiplier`` creates a fresh accountant by name), accountants of this package
-  created in that call start with the scheme of the loader the call will use, so the noise
-  multiplier is calibrated for the run that is trained; and for an adaptive optimizer (Adam,
-  AdamW, ...) a ``LastIterateAccountant`` created there answers with the optimizer's weights
-  (:mod:`~opacus_lastiterate.accountants.adaptive_plan`): the settings of the optimizer given
-  to the call, assumed for every step, or the per-step ``optimizer_settings=`` keyword, which
-  this wrapper takes out of the call (Opacus never sees it).
+  created in that call start with the scheme of the loader the call will use, and with the
+  privacy unit of the engine's accountant (:mod:`.unit_setting`), so the noise multiplier is
+  calibrated for the run that is trained and for what it protects; and for an adaptive
+  optimizer (Adam, AdamW, ...) a ``LastIterateAccountant`` created there answers with the
+  optimizer's weights (:mod:`~opacus_lastiterate.accountants.adaptive_plan`): the settings of
+  the optimizer given to the call, assumed for every step, or the per-step
+  ``optimizer_settings=`` keyword, which this wrapper takes out of the call (Opacus never sees
+  it).
 
 Reading the loader never aborts ``make_private``: anything unexpected is a warning, and the
 accountant then keeps Opacus's Poisson view (labelled as assumed).
@@ -40,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants.base import RunAccountant, sampling_of_new_accountants
 from opacus_lastiterate.accountants.sampling_detection import DetectedSampling, detect_sampling
+from opacus_lastiterate.accountants.unit_setting import unit_of_new_accountants
+from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
 from opacus_lastiterate.analysis.sampling import (
     PoissonSampling,
     SamplingScheme,
@@ -125,6 +129,8 @@ def _wrap_make_private_with_epsilon(original: Callable[..., Any]) -> Callable[..
         optimizer_settings = kwargs.pop("optimizer_settings", None)
         plan = _adaptive_plan(self, signature, args, kwargs, optimizer_settings)
         scheme: SamplingScheme | None = None
+        unit = getattr(getattr(self, "accountant", None), "unit", None)
+        unit = unit if isinstance(unit, PrivacyUnit) else None
         if isinstance(getattr(self, "accountant", None), RunAccountant):
             try:
                 bound = signature.bind_partial(self, *args, **kwargs)
@@ -134,7 +140,11 @@ def _wrap_make_private_with_epsilon(original: Callable[..., Any]) -> Callable[..
                     scheme = detect_sampling(loader).scheme
             except Exception:  # Opacus reports bad arguments itself
                 scheme = None
-        with sampling_of_new_accountants(scheme), adaptive_plan_of_new_accountants(plan):
+        with (
+            sampling_of_new_accountants(scheme),
+            unit_of_new_accountants(unit),
+            adaptive_plan_of_new_accountants(plan),
+        ):
             return original(self, *args, **kwargs)
 
     setattr(make_private_with_epsilon, _MARK, True)

@@ -40,6 +40,13 @@ from opacus_lastiterate.accountants.optimizer_trace import (
     encode_trace,
     trim_trace,
 )
+from opacus_lastiterate.accountants.summary import CAVEAT, summary
+from opacus_lastiterate.accountants.unit_setting import (
+    UnitOwner,
+    check_unit,
+    state_unit,
+    unit_state,
+)
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_epsilon,
@@ -52,7 +59,12 @@ from opacus_lastiterate.analysis.last_iterate.adaptive_steps import AdaptiveStep
 from opacus_lastiterate.analysis.last_iterate.adaptive_weights import ADAPTIVE_HEURISTIC_LABEL
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import WeightedHeuristicResult
-from opacus_lastiterate.exceptions import HeuristicCalibrationWarning, OptimizerTraceWarning
+from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
+from opacus_lastiterate.analysis.sampling import PoissonSampling, effective_sampling
+from opacus_lastiterate.exceptions import (
+    HeuristicCalibrationWarning,
+    OptimizerTraceWarning,
+)
 
 __all__ = [
     "LastIterateAccountant",
@@ -67,13 +79,9 @@ StepSettings = SGDSettings | AdaptiveStep
 HEURISTIC_LABEL = "heuristic"
 """The label of the heuristic of an SGD run (:attr:`LastIterateAccountant.heuristic_label`)."""
 
-_CAVEAT = (
-    "last-iterate heuristic (Steinke et al., ICLR 2025) for the final model only; "
-    "exact for linear losses, not a proven DP bound for deep networks"
-)
 
 
-class LastIterateAccountant(RunAccountant):
+class LastIterateAccountant(UnitOwner, RunAccountant):
     """Opacus accountant for the last-iterate heuristic epsilon of the final model.
 
     Use it by name once :mod:`opacus_lastiterate` is imported
@@ -83,6 +91,9 @@ class LastIterateAccountant(RunAccountant):
     Per-step accounting is incremental (:class:`~opacus_lastiterate.analysis.kept_model.
     KeptModel`): asking for epsilon after every step costs a warm-started root find, not a
     computation from scratch.
+
+    The privacy unit (:attr:`unit`, ``docs/privacy_units.md``): ``unit=`` here, or
+    ``accountant.unit = PrivacyUnit.user(16)`` on the one ``PrivacyEngine`` made.
 
     Attributes:
         history: ``(noise_multiplier, sample_rate, num_steps)`` segments, oldest first,
@@ -96,15 +107,20 @@ class LastIterateAccountant(RunAccountant):
 
     _MECHANISM = MECHANISM
 
-    def __init__(self, *, weight_accuracy: float = 1e-3) -> None:
+    def __init__(
+        self, *, weight_accuracy: float = 1e-3, unit: PrivacyUnit | None = None
+    ) -> None:
         """Create an accountant with an empty history (Opacus's registry calls ``cls()``).
 
         Args:
             weight_accuracy: requested relative accuracy of the schedule/momentum-weighted
                 epsilon, in (0, 1) (:attr:`weight_accuracy`).
+            unit: what the numbers protect (:attr:`unit`); None: the unit of an enclosing
+                :func:`~.unit_setting.unit_of_new_accountants`, else one record.
         """
         accuracy = check_in_interval("weight_accuracy", weight_accuracy, 0.0, 1.0)
-        self._kept = KeptModel(accuracy=accuracy)
+        self._unit = check_unit(unit, new=True)
+        self._kept = KeptModel(accuracy=accuracy, unit=self._unit)
         self._calibration_warned = False
         self._trace = SettingsTrace()
         self._trace_disabled = False
@@ -223,6 +239,12 @@ class LastIterateAccountant(RunAccountant):
         return bool(len(self._adaptive)) and self._weights_in_use()
 
     @property
+    def settings_unusable(self) -> bool:
+        """Whether the optimizer's settings were seen and cannot be used (the constant-rate
+        formula answers from then on)."""
+        return self._trace_disabled
+
+    @property
     def optimizer_trace(self) -> list[TraceEntry]:
         """Recorded SGD settings, run-length encoded: (lr, momentum, dampening, nesterov,
         weight_decay, steps). Empty unless the accountant's hook saw the optimizer."""
@@ -239,6 +261,7 @@ class LastIterateAccountant(RunAccountant):
         kept = self._kept
         kept.sampling = self.sampling
         kept.accuracy = self.weight_accuracy
+        kept.unit = self._unit
         return kept
 
     @property
@@ -349,6 +372,7 @@ class LastIterateAccountant(RunAccountant):
         d = check_delta(delta)
         if not (
             sigma > 0.0
+            and self._unit.single_record
             and not self._externally_assigned
             and not self.uses_epoch_sampling
             and not self._weights_in_use()
@@ -408,6 +432,7 @@ class LastIterateAccountant(RunAccountant):
         out: dict[str, Any] = {
             "optimizer_trace": encode_trace([] if partial else self._trace.columns()),
             "optimizer_trace_disabled": self._trace_disabled or partial,
+            **unit_state(self._unit),  # absent for one record
         }
         if len(self._adaptive) and not partial:  # absent for SGD runs
             out["adaptive_trace"] = encode_adaptive_trace(self._adaptive.runs())
@@ -417,6 +442,7 @@ class LastIterateAccountant(RunAccountant):
         return out
 
     def _check_extra_state(self, state_dict: Mapping[str, Any]) -> Any:
+        state_unit(state_dict, self._unit)  # a state of another unit is refused
         trace, disabled, adaptive = decode_traces(state_dict)
         saved = state_dict.get("weighted_characteristic")
         if saved is not None and not isinstance(saved, Mapping):
@@ -474,7 +500,8 @@ class LastIterateAccountant(RunAccountant):
     def uses_epoch_sampling(self) -> bool:
         """Whether the run's batches come in epochs (shuffled, deterministic, balls-in-bins),
         so the heuristic is the per-scheme one and not the Poisson formula."""
-        return self._kept_model().choice("heuristic").kept is None
+        scheme = effective_sampling(self.sampling)
+        return scheme is not None and not isinstance(scheme, PoissonSampling)
 
     @synchronized
     def get_epsilon(
@@ -482,7 +509,8 @@ class LastIterateAccountant(RunAccountant):
     ) -> float:
         """Heuristic epsilon of the final model at ``delta`` (``docs/last_iterate.md``), for
         the run's sampling scheme (:attr:`sampling`: Poisson unless ``make_private`` saw
-        another loader or one was declared; ``docs/samplers.md``).
+        another loader or one was declared; ``docs/samplers.md``) and its :attr:`unit`
+        (``docs/privacy_units.md``: one record unless stated).
 
         With optimizer settings recorded by the hook for every step (varying learning rate,
         momentum or weight decay), this is the weighted heuristic, rounded up to within
@@ -517,6 +545,7 @@ class LastIterateAccountant(RunAccountant):
         Raises:
             TypeError: for a keyword this method does not take (Opacus forwards every
                 keyword of ``make_private_with_epsilon``; a misspelt one is not ignored).
+            ValueError: ``robust=True`` with a unit of more than one record (no model).
         """
         d = check_delta(delta)
         if not isinstance(robust, bool):
@@ -556,41 +585,9 @@ class LastIterateAccountant(RunAccountant):
     # -- display ----------------------------------------------------------------------------
 
     def describe(self, delta: float | None = None) -> str:
-        """A human-readable summary that says what the number is and is not.
-
-        Args:
-            delta: if given, include the heuristic epsilon at this delta.
-        """
-        lines = [f"LastIterateAccountant: {self.num_steps} steps in {len(self)} segment(s)."]
-        if self._adaptive_in_use():
-            lines.append(
-                f"Adaptive optimizer ({self._adaptive.runs()[0][0].settings.optimizer}) "
-                f"recorded from the optimizer: weighted heuristic ({ADAPTIVE_HEURISTIC_LABEL}), "
-                f"rounded up to within {self.weight_accuracy:g} relative."
-            )
-        elif self._weights_in_use():
-            lines.append(
-                "Learning-rate schedule / momentum / weight decay recorded from the optimizer: "
-                f"weighted heuristic, rounded up to within {self.weight_accuracy:g} relative."
-            )
-        else:
-            lines.append(
-                "Constant-rate formula (plain SGD at a constant learning rate"
-                + ("; the optimizer's settings could not be used" if self._trace_disabled else "")
-                + ")."
-            )
-        if delta is not None:
-            d = check_delta(delta)
-            eps = self.get_epsilon(d)
-            lines.append(f"Heuristic epsilon at delta={d:g}: {eps:.4f}.")
-            if not self._weights_in_use() and self._num_steps:
-                robust = self.get_epsilon(d, robust=True)
-                lines.append(
-                    f"Robust heuristic epsilon (max over the last t <= T steps): {robust:.4f}"
-                    + (" (above the plain value: report it)." if robust > eps * (1 + 1e-9) else ".")
-                )
-        lines.append(f"This is the {_CAVEAT}.")
-        return "\n".join(lines)
+        """A human-readable summary that says what the number is and is not
+        (:func:`~.summary.summary`; with ``delta``, the heuristic epsilon at it)."""
+        return summary(self, delta)
 
     def __repr__(self) -> str:
-        return f"LastIterateAccountant(num_steps={self.num_steps}, segments={len(self)}; {_CAVEAT})"
+        return f"LastIterateAccountant(num_steps={self.num_steps}, segments={len(self)}; {CAVEAT})"

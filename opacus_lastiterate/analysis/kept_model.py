@@ -14,7 +14,9 @@ each with the optimizer settings it used, or with settings unknown) and answers
   (:class:`~.last_iterate.incremental_weighted.IncrementalWeightedHeuristic`), an upper bound
   within :attr:`KeptModel.accuracy` relative;
 * everything else (epoch schemes, the robust maximum, the standard bounds, delta of a
-  weighted run): the registry's model of :attr:`KeptModel.run`, built from scratch.
+  weighted run, a privacy unit of more than one record: :attr:`KeptModel.unit`,
+  ``docs/privacy_units.md``): the registry's model of :attr:`KeptModel.run`, built from
+  scratch.
 
 **The per-step weights** of the recorded settings come from :data:`OPTIMIZER_WEIGHTS`: the
 settings class of an optimizer mapped to the function that turns a run-length list of its
@@ -53,6 +55,7 @@ from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettin
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import WeightedHeuristicResult
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.privacy_models import PRIVACY_MODELS, Choice, ModelName, choose
+from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
 from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.analysis.sampling import SamplingScheme, check_sampling
 
@@ -101,10 +104,18 @@ class KeptModel:
     Args:
         sampling: the sampling scheme of the batches (:mod:`.sampling`), None for Poisson.
         accuracy: requested relative accuracy of the weighted heuristic, in (0, 1).
+        unit: the privacy unit (:class:`~.privacy_unit.PrivacyUnit`), None for one record.
     """
 
-    def __init__(self, *, sampling: SamplingScheme | None = None, accuracy: float = 1e-3) -> None:
+    def __init__(
+        self,
+        *,
+        sampling: SamplingScheme | None = None,
+        accuracy: float = 1e-3,
+        unit: PrivacyUnit | None = None,
+    ) -> None:
         self._sampling = check_sampling(sampling)
+        self._unit = _check_unit(unit)
         self.accuracy = float(accuracy)
         """Requested relative accuracy of the weighted heuristic (a change rebuilds it)."""
         self._constant = IncrementalHeuristic()
@@ -128,7 +139,7 @@ class KeptModel:
     ) -> KeptModel:
         """The kept model of an existing run: its segments with ``settings`` (run-length
         (settings, steps) covering every step), or settings unknown when None."""
-        kept = cls(sampling=run.sampling, accuracy=accuracy)
+        kept = cls(sampling=run.sampling, accuracy=accuracy, unit=run.unit)
         runs = [] if settings is None else [[s, int(n)] for s, n in settings if n > 0]
         if settings is not None and sum(n for _, n in runs) != run.num_steps:
             raise ValueError(
@@ -164,6 +175,17 @@ class KeptModel:
             self._sampling, self._run = checked, None
 
     @property
+    def unit(self) -> PrivacyUnit:
+        """What one number protects (``docs/privacy_units.md``): one record unless set."""
+        return self._unit
+
+    @unit.setter
+    def unit(self, unit: PrivacyUnit | None) -> None:
+        checked = _check_unit(unit)
+        if checked != self._unit:
+            self._unit, self._run = checked, None
+
+    @property
     def num_steps(self) -> int:
         return self._constant.num_steps
 
@@ -185,7 +207,7 @@ class KeptModel:
         if self._run is None:
             self._run = DPSGDRun._trusted(
                 self._constant.segments, self.weights() if self.uses_weights else None,
-                sampling=self._sampling,
+                sampling=self._sampling, unit=self._unit,
             )  # fmt: skip
         return self._run
 
@@ -231,6 +253,11 @@ class KeptModel:
         (:meth:`IncrementalHeuristic.advance`) in batches of at most as many steps as came
         before (at least 16): the batch solve extrapolates from the last solves, which holds
         over a batch as long as the run so far but not over a much longer one."""
+        if not self._unit.single_record:
+            raise ValueError(
+                f"`unit` is {self._unit.describe()}: the batch solve is the record-level "
+                "heuristic; record the steps with append and ask epsilon."
+            )
         self._note(settings, steps)
         if self.uses_weights:
             raise ValueError("`settings` change the weights: record the steps with append.")
@@ -329,7 +356,9 @@ class KeptModel:
 
     def choice(self, name: ModelName | str = "heuristic") -> Choice:
         """How ``name`` is computed for the run as it stands (:func:`~.privacy_models.choose`)."""
-        return choose(name, sampling=self._sampling, weighted=self.uses_weights)
+        return choose(
+            name, sampling=self._sampling, weighted=self.uses_weights, unit=self._unit
+        )
 
     def epsilon(self, delta: float, name: ModelName | str = "heuristic", **params: Any) -> float:
         """Epsilon at ``delta`` of the registry model ``name`` for the recorded run."""
@@ -357,8 +386,14 @@ class KeptModel:
     def weighted_result(self, delta: float) -> WeightedHeuristicResult:
         """The weighted heuristic at ``delta`` with its achieved accuracy, by the kept engine
         (cached per step). Requires :attr:`uses_weights` with SGD settings, or an Adam/AdamW
-        run that maps onto SGD (module docstring)."""
+        run that maps onto SGD (module docstring), and one record as the unit (for another
+        unit the number is :meth:`epsilon`'s, from scratch)."""
         d = check_delta(delta)
+        if not self._unit.single_record:
+            raise ValueError(
+                f"`unit` is {self._unit.describe()}: the kept weighted engine is the "
+                "record-level one; epsilon(delta) gives the number of this unit."
+            )
         if not self._kept_weighted():
             raise ValueError(
                 "the kept weighted engine needs SGD settings that change the weights (or an "
@@ -383,7 +418,9 @@ class KeptModel:
         if choice.weights or not self.uses_weights:
             run = self.run
         else:
-            run = DPSGDRun._trusted(self._constant.segments, sampling=self._sampling)
+            run = DPSGDRun._trusted(
+                self._constant.segments, sampling=self._sampling, unit=self._unit
+            )
         if "accuracy" in PRIVACY_MODELS[choice.name].defaults and "accuracy" not in params:
             params = {**params, "accuracy": self.accuracy}
         return choice.build(run, **params)
@@ -391,5 +428,17 @@ class KeptModel:
     def __repr__(self) -> str:
         return (
             f"KeptModel(steps={self.num_steps}, weights={self.uses_weights}, "
-            f"sampling={self._sampling!r})"
+            f"sampling={self._sampling!r}, unit={self._unit.code()!r})"
         )
+
+
+_RECORD = PrivacyUnit.record()
+
+
+def _check_unit(unit: object) -> PrivacyUnit:
+    """``unit`` as a :class:`~.privacy_unit.PrivacyUnit` (None: one record)."""
+    if unit is None:
+        return _RECORD
+    if not isinstance(unit, PrivacyUnit):
+        raise TypeError(f"`unit` must be a PrivacyUnit or None, got {unit!r}.")
+    return unit

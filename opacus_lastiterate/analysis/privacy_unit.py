@@ -20,11 +20,14 @@ removed (or, for fixed-size batches, zeroed out) together. For every model of th
 user with at most k records and a group of k records get the same number: the worst user owns
 exactly k records, and a group of k is one such user; only the label differs.
 
-:meth:`PrivacyUnit.as_dict` gives the JSON form and :meth:`PrivacyUnit.from_dict` reads it back.
+:meth:`PrivacyUnit.as_dict` gives the JSON form and :meth:`PrivacyUnit.from_dict` reads it back;
+:meth:`PrivacyUnit.code` gives the short text form (``"record"``, ``"user(16)"``,
+``"group(4)"``: the monitor's records, the CLI) and :meth:`PrivacyUnit.parse` reads it back.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -40,6 +43,8 @@ UnitKind = Literal["record", "user", "group", "sampled_user"]
 """The :attr:`PrivacyUnit.kind` literal."""
 UNIT_KINDS: tuple[str, ...] = ("record", "user", "group", "sampled_user")
 """Every unit kind, in the order of the module docstring."""
+
+_CODE = re.compile(r"(record|sampled_user)|(?:(user|group)\(\s*(\d+)\s*\))")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +101,12 @@ class PrivacyUnit:
         """Whether the unit is one record."""
         return self.kind == "record"
 
+    @property
+    def single_record(self) -> bool:
+        """Whether the unit holds one record at most (a record, a user with one record, a
+        group of one): the record-level models then answer, with the record-level numbers."""
+        return self.max_records == 1
+
     def describe(self) -> str:
         """One line: what a neighbouring dataset changes."""
         if self.kind == "record":
@@ -116,6 +127,36 @@ class PrivacyUnit:
         if self.kind == "sampled_user":
             return "user-level sampling"
         return f"group of {self.max_records} records"
+
+    def code(self) -> str:
+        """The short text form: ``"record"``, ``"user(k)"``, ``"group(k)"`` or
+        ``"sampled_user"`` (:meth:`parse` reads it back)."""
+        if self.kind in ("record", "sampled_user"):
+            return self.kind
+        return f"{self.kind}({self.max_records})"
+
+    @classmethod
+    def parse(cls, text: object, name: str = "unit") -> PrivacyUnit:
+        """The unit of :meth:`code`'s output.
+
+        Raises:
+            TypeError: ``text`` is not a string; ValueError: it is not such a form (both
+                naming ``name``).
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"`{name}` must be a string such as 'user(16)', got {text!r}.")
+        found = _CODE.fullmatch(text.strip())
+        if found is None:
+            raise ValueError(
+                f"`{name}` must be 'record', 'user(k)', 'group(k)' with k an integer >= 1, or "
+                f"'sampled_user', got {text!r}."
+            )
+        if found.group(1):
+            return cls.record() if found.group(1) == "record" else cls.sampled_user()
+        try:
+            return cls(found.group(2), int(found.group(3)))  # type: ignore[arg-type]
+        except ValueError as err:
+            raise ValueError(f"`{name}` {text!r}: {err}") from err
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe form (:meth:`from_dict` reads it back)."""

@@ -109,6 +109,8 @@ class BudgetGuard:
         step, sigma, q, _, settings = entry
         if evaluator.epoch_sampling:  # the bounds below are Poisson's: evaluate the step
             return False
+        if not evaluator.unit.single_record:  # ... and one record's
+            return False
         if self._rdp_allows(step, sigma, q, queue, evaluator):
             return True
         return self.budget.metric == "heuristic_epsilon" and self._bound_allows(
@@ -131,6 +133,11 @@ class BudgetGuard:
             is the error that refuses it: ``entry``'s record is then dropped and the step
             taken back from ``evaluator`` (the caller takes it back from the accountants).
         """
+        if self.budget.metric == "robust_heuristic_epsilon" and not evaluator.unit.single_record:
+            raise ValueError(  # checked before anything is evaluated
+                f"`budget.metric` 'robust_heuristic_epsilon' has no model for the privacy unit "
+                f"{evaluator.unit.code()!r}; limit 'heuristic_epsilon' instead."
+            )
         if self.certifies(entry, queue, evaluator):
             return False, None
         budget = self.budget

@@ -12,7 +12,13 @@ values are the registry's, chosen for the run (``replica.kept_model.epsilon(delt
 "standard")``; the registry on the evaluated steps without a replica): for a run whose
 batches are not Poisson (the accountant's ``sampling``, ``docs/samplers.md``) the bound of
 that scheme, and ``poisson_assumed_epsilon`` carries the Poisson value, labelled as an
-assumption; every record names its scheme.
+assumption; every record names its scheme. The replica has the accountant's privacy unit
+(``docs/privacy_units.md``): for a unit of more than one record the heuristic and standard
+values are that unit's, computed from scratch at every step they are due (no
+batch solve, no kept weighted engine: those are one record's), the robust value is not
+computed (no model), and Opacus's RDP value, the Poisson-assumed one (Opacus's number) and the
+corrected one stay one record's
+(:func:`~opacus_lastiterate.callbacks.records.labels_for` says so).
 
 Queued steps are solved together where they can be: runs of one constant-rate setting
 (:meth:`LastIterateAccountant.replay_steps
@@ -48,6 +54,7 @@ from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
 )
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
 from opacus_lastiterate.analysis.privacy_models import privacy_model
+from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment, append_steps, as_segments
 from opacus_lastiterate.analysis.sampling import PoissonSampling, effective_sampling
 from opacus_lastiterate.callbacks.cadence import Cadences, OverheadBudget, due
@@ -76,6 +83,8 @@ def evaluated_state(
         bound.reset((s.noise_multiplier, s.sample_rate, s.steps) for s in steps)
     return steps, sum(s.steps for s in steps), bound
 
+
+_RECORD = PrivacyUnit.record()
 
 NORMALISATION_ACCOUNTANTS = (ASGMAccountant, FEASGMAccountant)
 """The accountants whose epsilon is the corrected value."""
@@ -125,10 +134,13 @@ class InlineEvaluator:
         self.overhead = overhead
         self.replica: LastIterateAccountant | None = None
         if isinstance(accountant, LastIterateAccountant):
-            replica = LastIterateAccountant(weight_accuracy=accountant.weight_accuracy)
+            replica = LastIterateAccountant(
+                weight_accuracy=accountant.weight_accuracy, unit=accountant.unit
+            )
             replica.load_state_dict(accountant.state_dict())
             replica.take_back(dropped)
             self.replica = replica
+            self._monitored = accountant  # its unit is followed (_follow_unit)
             history = replica.history
         else:
             history = trim_history(accountant.history, dropped)
@@ -156,6 +168,7 @@ class InlineEvaluator:
         out = [] if out is None else out
         if not queue:
             return out
+        self._follow_unit()
         rdp = self.rdp.advance([(sigma, q) for _, sigma, q, _, _ in queue], self.delta)
         last = len(queue) - 1
         i = 0
@@ -193,10 +206,12 @@ class InlineEvaluator:
         """The final record: every epsilon of the evaluated steps (some must exist)."""
         sigma, q, _ = self.history[-1]
         d = self.delta
+        self._follow_unit()
         heuristic = robust = None
         if self.replica is not None:
             heuristic = self._heuristic()
-            robust = float(self.replica.get_epsilon(d, robust=True))
+            if self.unit.single_record:  # no robust model for another unit
+                robust = float(self.replica.get_epsilon(d, robust=True))
         pld, corrected, assumed = self._standard()
         return EpsilonRecord(
             step=self.evaluated,
@@ -213,6 +228,7 @@ class InlineEvaluator:
             sampling=sampling_field(self.sampling),
             poisson_assumed_epsilon=assumed,
             optimizer=self.adaptive_optimizer,
+            privacy_unit=self.unit.code(),
         )
 
     # -- for the budget guard ---------------------------------------------------------------
@@ -250,7 +266,10 @@ class InlineEvaluator:
         before its last step."""
         replica = self.replica
         c = self.cadences
-        if replica is None or c.heuristic_every != 1 or replica.uses_weights:
+        if (
+            replica is None or c.heuristic_every != 1 or replica.uses_weights
+            or not replica.unit.single_record
+        ):
             return i
         _, sigma, q, _, settings = queue[i]
         j = i
@@ -294,7 +313,10 @@ class InlineEvaluator:
         """The kept weighted heuristic of the evaluated steps, for a Poisson run whose
         replica uses weights (else None); built from the replica's history and trace."""
         replica = self.replica
-        if replica is None or not replica.uses_weights or replica.uses_epoch_sampling:
+        if (
+            replica is None or not replica.uses_weights or replica.uses_epoch_sampling
+            or not replica.unit.single_record  # the kept engine is one record's
+        ):
             return None
         if not isinstance(replica.last_settings, SGDSettings):  # adaptive: the replica answers
             return None
@@ -397,7 +419,7 @@ class InlineEvaluator:
         c = self.cadences
         robust = None
         replica = self.replica
-        if replica is not None and (
+        if replica is not None and replica.unit.single_record and (
             need == "robust_heuristic_epsilon" or self._is_due(step, "robust", c.robust_every)
         ):
             robust = float(
@@ -422,6 +444,7 @@ class InlineEvaluator:
             sampling=sampling_field(self.sampling),
             poisson_assumed_epsilon=assumed,
             optimizer=self.adaptive_optimizer,
+            privacy_unit=self.unit.code(),
         )
 
     @property
@@ -437,6 +460,16 @@ class InlineEvaluator:
         at the start, dropped on the first step that does not fit it."""
         return self.replica.sampling if self.replica is not None else self._sampling
 
+    def _follow_unit(self) -> None:
+        """Give the replica the monitored accountant's unit (the user may set it any time)."""
+        if self.replica is not None:
+            self.replica.unit = self._monitored.unit
+
+    @property
+    def unit(self) -> PrivacyUnit:
+        """What the numbers protect: the replica's unit (the accountant's), else one record."""
+        return self.replica.unit if self.replica is not None else _RECORD
+
     @property
     def epoch_sampling(self) -> bool:
         """Whether the run's batches come in epochs (the standard fields are then that
@@ -451,10 +484,11 @@ class InlineEvaluator:
             self._sampling = None
             return DPSGDRun.from_history(self.history)
 
-    def _registry(self, name: str) -> float:
+    def _registry(self, name: str, *, record: bool = False) -> float:
         """The registry's ``name`` for the evaluated steps, chosen for the run's scheme and
-        weights: the replica's kept model, else the registry on the evaluated history."""
-        if self.replica is not None:
+        weights: the replica's kept model (of its unit), else (or for one ``record``) the
+        registry on the evaluated history."""
+        if self.replica is not None and not (record and not self.unit.single_record):
             return self.replica.kept_model.epsilon(self.delta, name)
         return float(privacy_model(name, self._scheme_run()).epsilon(self.delta))
 
@@ -464,7 +498,7 @@ class InlineEvaluator:
         scheme's bound (the registry's ``"standard_rdp"``: closed form, every step)."""
         if not self.epoch_sampling:
             return poisson_rdp
-        return self._registry("standard_rdp")
+        return self._registry("standard_rdp", record=True)  # one record's, as Opacus's
 
     def _standard(self) -> tuple[float, float | None, float | None]:
         """The standard epsilon of the evaluated steps for the run's scheme, the corrected
@@ -472,7 +506,7 @@ class InlineEvaluator:
         pld = self._registry("standard")  # the registry loads dp_accounting on first use
         assumed = None
         if self.epoch_sampling:  # Opacus's number: the same steps as if Poisson
-            poisson = DPSGDRun.from_history(self.history)
+            poisson = DPSGDRun.from_history(self.history)  # one record's, as Opacus's
             assumed = float(privacy_model("standard", poisson).epsilon(self.delta))
         corrected = None
         acc = self.corrected

@@ -10,13 +10,17 @@ per-step RDP and conversion, its ``get_epsilon`` to the last bit), not the regis
 on a run whose batches come in epochs it holds that scheme's no-amplification bound (the
 registry's ``"standard_rdp"`` for it). Each field carries a label in :data:`LABELS`
 saying what kind of number it is (heuristic, upper bound); a field that was not computed at a
-step is ``None``. The labels depend on the run: its sampling scheme (``sampling``) and, for an
+step is ``None``. The labels depend on the run: its sampling scheme (``sampling``); for an
 adaptive optimizer (Adam, AdamW, ...), the optimizer whose frozen-second-moment weights the
 heuristic uses (``optimizer``: the heuristic is then labelled
 :data:`~opacus_lastiterate.analysis.last_iterate.adaptive_weights.ADAPTIVE_HEURISTIC_LABEL`,
-``docs/adaptive_optimizers.md``); :meth:`EpsilonRecord.labels` derives them from the record.
-:class:`MonitorAudit` is what the monitor needs from an in-training audit that reads the
-records as they are emitted.
+``docs/adaptive_optimizers.md``); and what the numbers protect, ``privacy_unit``
+(``"record"``, ``"user(k)"``, ``"group(k)"``: the accountant's unit, ``docs/privacy_units.md``):
+for a unit of more than one record the heuristic and standard fields are that unit's, the
+robust heuristic is not computed (no model) and the fields of Opacus's and the normalisation
+accountants stay one record's, each so labelled. :meth:`EpsilonRecord.labels` derives the
+labels from the record (:func:`labels_for`). :class:`MonitorAudit` is what the monitor needs
+from an in-training audit that reads the records as they are emitted.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from opacus_lastiterate.analysis.last_iterate.adaptive_weights import (
     ADAPTIVE_HEURISTIC_LABEL,
     ADAPTIVE_WEIGHT_OPTIMIZERS,
 )
+from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
 
 __all__ = [
     "LABELS",
@@ -90,6 +95,9 @@ class EpsilonRecord:
     ``"adamw"``, ...; :data:`ADAPTIVE_WEIGHT_OPTIMIZERS`), which :meth:`labels` turns into the
     label "heuristic; adaptive second moment treated as fixed"; None when the heuristic is
     SGD's (the constant-rate formula, or SGD's schedule and momentum weights)."""
+    privacy_unit: str = "record"
+    """What the numbers protect: ``"record"``, ``"user(k)"`` or ``"group(k)"``
+    (:meth:`~opacus_lastiterate.analysis.privacy_unit.PrivacyUnit.code`)."""
 
     def __post_init__(self) -> None:
         if self.optimizer is not None and self.optimizer not in ADAPTIVE_WEIGHT_OPTIMIZERS:
@@ -97,12 +105,14 @@ class EpsilonRecord:
                 f"`optimizer` must be None or one of {', '.join(ADAPTIVE_WEIGHT_OPTIMIZERS)}, "
                 f"got {self.optimizer!r}."
             )
+        PrivacyUnit.parse(self.privacy_unit, "privacy_unit")
 
     def labels(self) -> dict[str, str]:
         """What each epsilon field of this record is, for its run's sampling scheme
         (``sampling``: ``"poisson"``, ``"shuffled"``, ``"deterministic"``, ``"balls_in_bins"``,
-        or ``"unknown (assumes <scheme>)"``) and adaptive optimizer (``optimizer``)."""
-        return labels_for(self.sampling, self.optimizer)
+        or ``"unknown (assumes <scheme>)"``), adaptive optimizer (``optimizer``) and privacy
+        unit (``privacy_unit``)."""
+        return labels_for(self.sampling, self.optimizer, self.privacy_unit)
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a plain dict, in :data:`FIELDS` order."""
@@ -117,11 +127,11 @@ class EpsilonRecord:
         """The record of :meth:`as_dict`.
 
         Raises:
-            ValueError: unless the keys are exactly the fields (:data:`FIELDS`; ``optimizer``
-                may be absent, as in records written before it existed: None), or an
-                ``optimizer`` that is not an adaptive optimizer's name.
+            ValueError: unless the keys are exactly the fields (:data:`FIELDS`), with an
+                ``optimizer`` that is None or an adaptive optimizer's name and a
+                ``privacy_unit`` that is a unit's short form.
         """
-        if set(values) | {"optimizer"} != set(FIELDS):
+        if set(values) != set(FIELDS):
             raise ValueError(f"a record must have the keys {FIELDS}, got {sorted(values)}.")
         return cls(**values)
 
@@ -137,14 +147,17 @@ def sampling_field(scheme: object) -> str:
     return str(name)
 
 
-def labels_for(sampling: str, optimizer: str | None = None) -> dict[str, str]:
+def labels_for(
+    sampling: str, optimizer: str | None = None, privacy_unit: str = "record"
+) -> dict[str, str]:
     """The labels of the epsilon fields of a run whose scheme is called ``sampling``: the
     heuristics are always for that scheme; the standard fields are the Poisson composition
     for Poisson runs and the bound without amplification otherwise (:data:`SAMPLING_LABELS`);
     an unknown sampler's labels say which scheme they assume. With an adaptive ``optimizer``
     (:attr:`EpsilonRecord.optimizer`) the heuristic is labelled "heuristic; adaptive second
     moment treated as fixed", and the robust heuristic as the constant-rate formula's (it
-    does not read the optimizer's weights)."""
+    does not read the optimizer's weights). For a ``privacy_unit`` other than ``"record"``
+    each label says what its number protects (module docstring)."""
     out = dict(LABELS)
     if optimizer is not None:
         out["heuristic_epsilon"] = (
@@ -166,7 +179,21 @@ def labels_for(sampling: str, optimizer: str | None = None) -> dict[str, str]:
             )
     if sampling != "poisson":
         out = {k: f"{v} [batches: {sampling}]" for k, v in out.items()}
+    unit = PrivacyUnit.parse(privacy_unit, "privacy_unit")
+    if not unit.is_record:
+        out = {k: f"{v} [{_UNIT_NOTES.get(k, 'protects ' + unit.describe())}]"
+               for k, v in out.items()}
+        if not unit.single_record:
+            out["robust_heuristic_epsilon"] = f"not computed: no robust heuristic for {unit.code()}"
     return out
+
+
+_UNIT_NOTES = {
+    "opacus_rdp_epsilon": "protects one record only, not the run's unit",
+    "corrected_epsilon": "protects one record only, not the run's unit",
+    "poisson_assumed_epsilon": "protects one record only, not the run's unit",
+}
+"""The fields that stay one record's for a run of another unit (:func:`labels_for`)."""
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(EpsilonRecord))

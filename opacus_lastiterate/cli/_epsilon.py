@@ -42,6 +42,7 @@ from opacus_lastiterate.cli._options import (
     plot_option,
     writing,
 )
+from opacus_lastiterate.cli._unit import unit_numbers, unit_options
 
 __all__ = ["WEIGHTED_LABEL", "epsilon"]
 
@@ -132,26 +133,31 @@ def _weighted(args: dict[str, Any], quantity: str, argument: float) -> Any:
     registry's ``"heuristic"`` of the run with the per-step weights of the SGD settings."""
     if not _weighted_requested(args):
         return None
-    from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
     from opacus_lastiterate.analysis.privacy_models import privacy_model
     from opacus_lastiterate.analysis.run import DPSGDRun
 
-    if args["optimizer"] != "sgd":
-        weights = adaptive_weights_of(args)
-    else:
-        weights = sgd_weights(
-            args["learning_rates"],
-            momentum=args["momentum"],
-            dampening=args["dampening"],
-            nesterov=args["nesterov"],
-        )
     run = DPSGDRun.from_history(
-        [(args["noise_multiplier"], args["sample_rate"], args["steps"])], weights=weights
+        [(args["noise_multiplier"], args["sample_rate"], args["steps"])], weights=_weights(args)
     )
     model = privacy_model("heuristic", run, accuracy=args["accuracy"])
     if quantity == "epsilon":
         return model.epsilon_result(argument)  # type: ignore[attr-defined]
     return model.delta_result(argument)  # type: ignore[attr-defined]
+
+
+def _weights(args: dict[str, Any]) -> Any:
+    """The per-step weights of the optimizer options (None without); reads --lr-schedule."""
+    if not _weighted_requested(args):
+        return None
+    from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
+    if "learning_rates" not in args:
+        args["learning_rates"] = _learning_rates(
+            args["lr_schedule"], args["steps"], args["step_size"], args["gamma"]
+        )
+    if args["optimizer"] != "sgd":
+        return adaptive_weights_of(args)
+    return sgd_weights(args["learning_rates"], momentum=args["momentum"],
+                       dampening=args["dampening"], nesterov=args["nesterov"])
 
 
 def _scheme(args: dict[str, Any]) -> Any:
@@ -491,6 +497,7 @@ def _plot_curve(args: dict[str, Any], weighted: Any) -> None:
 @click.option("--accuracy", type=Interval(0.0, 1.0), default=1e-3, show_default=True,
               help="Relative accuracy of the weighted heuristic.")
 @optimizer_options
+@unit_options
 @json_option
 @plot_option("the four epsilons against the number of steps t = 1..T", "epsilon.png")
 def epsilon(**args: Any) -> None:
@@ -501,6 +508,7 @@ def epsilon(**args: Any) -> None:
     delta at epsilon:   --noise-multiplier S --epsilon E
     calibrate sigma:    --target-epsilon E --delta D [--calibrate heuristic|robust_heuristic|...]
                         [--optimizer adamw --lr-schedule ...: the adaptive heuristic]
+    a user's records:   --records-per-user K (or --group-size K) with --delta or --epsilon
 
     The heuristic describes the final model only and is exact for linear losses, not a proven
     bound for deep networks; the standard epsilon is the proven bound when every iterate is
@@ -521,6 +529,8 @@ def epsilon(**args: Any) -> None:
     if _weighted_requested(args):  # a bad schedule file is reported before any computation
         args["learning_rates"] = _learning_rates(args["lr_schedule"], args["steps"],
                                                  args["step_size"], args["gamma"])
+    if unit_numbers(args, lambda: _weights(args)):
+        return  # the numbers of a user or a group (cli/_unit.py)
     if target is not None:
         if noise is not None or eps is not None:
             raise click.UsageError(

@@ -611,8 +611,10 @@ def test_fields_are_the_record_fields(tmp_path) -> None:
     }
     assert set(FIELDS) == data and len(FIELDS) == len(data)
     assert FIELDS[0] == "step" and "heuristic_epsilon" in FIELDS
-    assert FIELDS[-5:] == ("final", "physical_steps", "sampling", "poisson_assumed_epsilon",
-                          "optimizer")
+    assert FIELDS[-6:] == (
+        "final", "physical_steps", "sampling", "poisson_assumed_epsilon", "optimizer",
+        "privacy_unit",
+    )
     # positional construction in FIELDS order gives back the same record
     assert EpsilonRecord(*(getattr(record, f) for f in FIELDS)) == record
     assert list(record.as_dict()) == list(FIELDS)

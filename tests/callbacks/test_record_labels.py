@@ -61,7 +61,7 @@ def test_sampling_field_names() -> None:
 def _record(**changes: object) -> EpsilonRecord:
     values: dict[str, object] = {f: None for f in FIELDS}
     values.update(step=3, delta=1e-5, opacus_rdp_epsilon=1.0, noise_multiplier=1.0,
-                  sample_rate=0.1, final=False, sampling="poisson")
+                  sample_rate=0.1, final=False, sampling="poisson", privacy_unit="record")
     values.update(changes)
     return EpsilonRecord(**values)  # type: ignore[arg-type]
 
@@ -85,9 +85,10 @@ def test_an_adaptive_optimizer_labels_the_heuristic_as_such() -> None:
 def test_the_optimizer_field_round_trips_and_is_validated() -> None:
     record = _record(optimizer="adamw", heuristic_epsilon=0.5)
     assert EpsilonRecord.from_dict(json.loads(json.dumps(record.as_dict()))) == record
-    # a record written before the field existed loads as an SGD record
-    old = {k: v for k, v in record.as_dict().items() if k != "optimizer"}
-    assert EpsilonRecord.from_dict(old).optimizer is None
+    # every field is required: a record without its optimizer is not read as an SGD record
+    without = {k: v for k, v in record.as_dict().items() if k != "optimizer"}
+    with pytest.raises(ValueError, match="keys"):
+        EpsilonRecord.from_dict(without)
     with pytest.raises(ValueError, match="optimizer"):
         _record(optimizer="lion")
     with pytest.raises(ValueError, match="keys"):

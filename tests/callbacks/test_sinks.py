@@ -84,7 +84,8 @@ def test_rewind_drops_the_records_after_a_step_and_appends_on(tmp_path: Path, ki
         rows = [json.loads(line) for line in path.read_text().splitlines()]
     else:
         rows = [
-            {k: float(v) if k not in ("final", "sampling") else v for k, v in r.items() if v != ""}
+            {k: float(v) if k not in ("final", "sampling", "privacy_unit") else v
+             for k, v in r.items() if v != ""}
             for r in csv.DictReader(path.open())
         ]
     assert [int(r["step"]) for r in rows] == [1, 2, 3, 4]

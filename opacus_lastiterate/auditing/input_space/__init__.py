@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     )
     from opacus_lastiterate.auditing.input_space.canary_set import (
         InputCanaries,
+        fair_coins,
         make_input_canaries,
     )
     from opacus_lastiterate.auditing.input_space.model_cache import (
@@ -99,6 +100,7 @@ _LAZY: dict[str, str] = {
     "Initialisation": "training",
     "InputAuditReport": "audit",
     "InputCanaries": "canary_set",
+    "fair_coins": "canary_set",
     "InputCanary": "canaries",
     "InputScore": "canaries",
     "ModelPopulation": "adversarial_samples",
@@ -148,6 +150,7 @@ __all__ = [
     "clip_backdoor_canary",
     "craft_adversarial_sample",
     "digits_data",
+    "fair_coins",
     "in_distribution_canary",
     "least_likely_label",
     "make_input_canaries",

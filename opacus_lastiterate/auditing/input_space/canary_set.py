@@ -27,6 +27,7 @@ from opacus_lastiterate.auditing.input_space.canaries import InputCanary
 
 __all__ = [
     "InputCanaries",
+    "fair_coins",
     "make_input_canaries",
 ]
 
