@@ -41,9 +41,19 @@ with requires("opacus_lastiterate.user_samplers", "torch"):
 
 from opacus_lastiterate.analysis._validation import check_int
 
-__all__ = ["UserDataset", "per_user_loss", "user_data_loader"]
+__all__ = ["UserDataset", "per_user_loss", "user_data_loader", "users_fetched"]
 
 _SAMPLINGS = ("poisson", "shuffled")
+_fetched = 0
+
+
+def users_fetched() -> int:
+    """How many users the data loaders of this process have fetched so far, over all user
+    datasets (the batches of :meth:`UserDataset.__getitems__`, which a ``DataLoader``
+    calls; a plain ``dataset[u]`` is not counted, nor are batches fetched in worker
+    processes). The wiring check counts a step's users by difference
+    (:mod:`opacus_lastiterate.auditing.wiring_users`)."""
+    return _fetched
 
 
 def _fields(item: Any) -> tuple[torch.Tensor, ...]:
@@ -141,6 +151,14 @@ class UserDataset(Dataset):
         mask = torch.zeros(self.max_records)
         mask[: len(indices)] = 1.0
         return (*stacked, mask)
+
+    def __getitems__(self, users: Sequence[int]) -> list[tuple[torch.Tensor, ...]]:
+        """The items of ``users``, as a ``DataLoader`` fetches a batch; counted by
+        :func:`users_fetched`."""
+        global _fetched
+        items = [self[user] for user in users]
+        _fetched += len(items)
+        return items
 
 
 def per_user_loss(

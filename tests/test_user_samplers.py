@@ -19,7 +19,13 @@ from opacus_lastiterate.accountants.sampling_detection import detect_sampling
 from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
 from opacus_lastiterate.analysis.sampling import PoissonSampling, ShuffledBatches
-from opacus_lastiterate.user_samplers import UserDataset, per_user_loss, user_data_loader
+from opacus_lastiterate.exceptions import AuditWarning
+from opacus_lastiterate.user_samplers import (
+    UserDataset,
+    per_user_loss,
+    user_data_loader,
+    users_fetched,
+)
 from tests._gaussian import gaussian_mechanism_epsilon
 from tests.analysis._reference import QuadratureHeuristic
 
@@ -49,6 +55,15 @@ def test_user_items_stack_the_users_records_with_a_mask() -> None:
     assert mask1.tolist() == [1.0, 1.0] + [0.0] * 6
     torch.testing.assert_close(x1[:2], records.tensors[0][8:10])
     assert torch.count_nonzero(x1[2:]) == 0 and users.records_of(1) == (8, 9)
+
+
+def test_users_fetched_counts_the_loaders_batches_only() -> None:
+    users = UserDataset(_records(), _users())
+    before = users_fetched()
+    users[0], users[1]  # direct indexing: not counted
+    assert users_fetched() == before
+    batches = list(user_data_loader(users, users_per_step=5, sampling="shuffled"))
+    assert users_fetched() - before == sum(len(b[0]) for b in batches) == 17
 
 
 def test_max_records_caps_each_user_and_counts_the_dropped() -> None:
@@ -359,3 +374,175 @@ def test_the_monitor_follows_a_user_loader_it_is_shown() -> None:
     ).epsilon(1e-5)
     assert records[-1].heuristic_epsilon == pytest.approx(reference, rel=1e-5)
     assert records[-1].heuristic_epsilon < gaussian_mechanism_epsilon(1 / (2.0 * 2), 1e-5)
+
+
+# -- the wiring check: one per-sample gradient per user -------------------------------------------
+
+
+class _RecordConv(nn.Module):
+    """Flattens the users' records for its Conv2d (which needs 4-D input): per-record
+    gradients for the convolution; ``flat_head`` keeps them flat up to the loss too."""
+
+    def __init__(self, flat_head: bool) -> None:
+        super().__init__()
+        self.flat_head = flat_head
+        self.conv = nn.Conv2d(1, 2, 3)
+        self.head = nn.Linear(32, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, k = x.shape[:2]
+        h = self.conv(x.reshape(b * k, *x.shape[2:])).relu().flatten(1)
+        return self.head(h).reshape(b, k, 3) if self.flat_head else self.head(h.reshape(b, k, -1))
+
+
+class _PerUserConv(nn.Module):
+    """A convolution holding its own parameters: Opacus differentiates it per batch element
+    (its functorch fallback), so its gradients stay per user although it reshapes inside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(0.3 * torch.randn(2, 1, 3, 3))
+        self.bias = nn.Parameter(torch.zeros(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, k = x.shape[:2]
+        h = nn.functional.conv2d(x.reshape(b * k, *x.shape[2:]), self.weight, self.bias)
+        return h.reshape(b, k, -1)
+
+
+class _UserConv(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = _PerUserConv()
+        self.head = nn.Linear(32, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.conv(x).relu())
+
+
+def _image_users() -> UserDataset:
+    g = torch.Generator().manual_seed(0)
+    images = TensorDataset(
+        torch.randn(60, 1, 6, 6, generator=g), torch.randint(0, 3, (60,), generator=g)
+    )
+    return UserDataset(images, [i // 3 for i in range(60)])  # 20 users of 3 images
+
+
+class _RecordModel(nn.Module):
+    """A per-record model: images (n, 1, 6, 6) -> logits (n, 3)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3)
+        self.head = nn.Linear(32, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.conv(x).relu().flatten(1))
+
+
+def _monitored(
+    model: nn.Module,
+    users: UserDataset,
+    *,
+    pass_model: bool = True,
+    flatten_outside: bool = False,
+    fetch_first: bool = False,
+):
+    """make_private over a Poisson loader of users, a monitor attached with its wiring check;
+    returns the monitor, the accountant and a function taking the first step
+    (``flatten_outside``: the loop flattens the users' records before calling the model;
+    ``fetch_first``: the batch is fetched before the monitor is attached)."""
+    from opacus_lastiterate.callbacks import PrivacyMonitor
+
+    torch.manual_seed(0)
+    loader = user_data_loader(
+        users, users_per_step=5, sampling="poisson", generator=torch.Generator().manual_seed(1)
+    )
+    engine = PrivacyEngine(accountant="last_iterate")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # Opacus's secure-RNG notice
+        dp_model, optimizer, loader = engine.make_private(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=loader,
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            poisson_sampling=False,
+        )
+    assert engine.accountant.unit == PrivacyUnit.sampled_user()
+    batch = next(iter(loader)) if fetch_first else None
+    monitor = PrivacyMonitor(engine, delta=1e-5)
+    monitor.attach(optimizer, dp_model if pass_model else None)
+
+    def first_step() -> None:
+        x, y, mask = batch if batch is not None else next(iter(loader))
+        assert len(x) > 1  # a batch of several users, each with 3 records
+        optimizer.zero_grad()
+        if flatten_outside:
+            logits = dp_model(x.reshape(-1, *x.shape[2:])).reshape(*y.shape, -1)
+            losses = nn.functional.cross_entropy(
+                logits.reshape(-1, 3), y.reshape(-1), reduction="none"
+            ).reshape(y.shape)
+            per_user_loss(losses, mask).mean().backward()
+        else:
+            _user_loss(dp_model, x, y, mask).mean().backward()
+        optimizer.step()
+
+    return monitor, engine.accountant, first_step
+
+
+_REFUSED = {
+    "conv fed records": (lambda: _RecordConv(False), {}),
+    "every layer fed records": (lambda: _RecordConv(True), {}),
+    "no model given": (lambda: _RecordConv(True), {"pass_model": False}),
+    "flattened before the model": (_RecordModel, {"flatten_outside": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(_REFUSED))
+def test_a_layer_fed_the_users_records_is_refused_at_the_first_step(case: str) -> None:
+    """A Conv2d fed (users * records, C, H, W) has per-record gradients: Opacus would clip
+    records while the accountant reports users. The wiring check names the layer before the
+    step is accounted: also when every layer is per record (all counts agree), when the
+    monitor has no model (the users fetched count them), and when the loop flattens the
+    batch before calling the model."""
+    from opacus_lastiterate.exceptions import PrivacyWiringError
+
+    build, options = _REFUSED[case]
+    _, accountant, first_step = _monitored(build(), _image_users(), **options)
+    with pytest.raises(PrivacyWiringError, match="users") as caught:
+        first_step()
+    assert accountant.num_steps == 0
+    expected = {"_module.conv.weight", "_module.conv.bias"}
+    if case != "conv fed records":
+        expected |= {"_module.head.weight", "_module.head.bias"}
+    if case == "no model given":  # parameters named by their place in the optimizer
+        expected = {f"param_groups[0][{i}]" for i in range(4)}
+    assert {name.split(" (")[0] for name in caught.value.problems} == expected
+    assert all("record loader" in why for why in caught.value.problems.values())
+
+
+@pytest.mark.parametrize("model", [_UserMLP, _UserConv], ids=["mlp", "per-user conv"])
+@pytest.mark.parametrize("pass_model", [True, False])
+def test_per_user_gradients_pass_the_check(model, pass_model: bool) -> None:
+    """Layers keeping the users first (the user-level MLP, a convolution reshaping inside a
+    module that Opacus differentiates per user) pass; the accountant records the step."""
+    users = UserDataset(_records(), _users()) if model is _UserMLP else _image_users()
+    monitor, accountant, first_step = _monitored(model(), users, pass_model=pass_model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AuditWarning)
+        first_step()
+    assert monitor.wiring is not None and monitor.wiring.report is not None
+    counts = {r.examples for r in monitor.wiring.report.parameters}
+    assert len(counts) == 1 and accountant.num_steps == 1
+
+
+def test_when_users_cannot_be_counted_the_check_says_so() -> None:
+    """No model, and the batch fetched before the monitor was attached: nothing counts the
+    users; the check warns rather than passing silently."""
+    monitor, _, first_step = _monitored(
+        _RecordConv(True), _image_users(), pass_model=False, fetch_first=True
+    )
+    with pytest.warns(AuditWarning, match="cannot count the users"):
+        first_step()
+    assert monitor.wiring is not None and monitor.wiring.report is not None  # not detected

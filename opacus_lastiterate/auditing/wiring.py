@@ -17,6 +17,10 @@ drawn: the observer reads what Opacus computed for that step and checks, per par
 * **per-sample gradients** (hook-based modes): each parameter has them, for the same number
   of examples as the others, and they add up to the ordinary gradient of the batch (a use of
   the parameter that the hooks do not see breaks the sum);
+* **one per user** (when the accountant's unit is ``PrivacyUnit.sampled_user()``, user-level
+  sampling): each parameter has as many per-sample gradients as the model's input has users
+  (when the model is given), and no more than the users the data loaders fetched
+  (:mod:`.wiring_users`), so that Opacus clips users, not records;
 * **clipping**: the clipped sum Opacus accumulated equals the sum of the per-sample gradients
   scaled by ``min(1, C / norm)`` (flat or per-layer bounds), and each example's clipped
   contribution has norm at most ``C``; under ghost clipping (no per-sample gradients exist)
@@ -53,6 +57,12 @@ import torch
 from torch import nn
 
 from opacus_lastiterate._warn import warn
+from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
+from opacus_lastiterate.auditing.wiring_users import (
+    BatchSizes,
+    per_user_problems,
+    warn_uncounted_users,
+)
 from opacus_lastiterate.exceptions import AuditWarning, PrivacyWiringError
 
 __all__ = [
@@ -137,8 +147,10 @@ class WiringCheck:
         *,
         alpha: float,
         rtol: float,
+        accountant: object = None,
     ) -> None:
         self.optimizer = optimizer
+        self.accountant = accountant
         self.alpha, self.rtol = alpha, rtol
         self.report: WiringReport | None = None
         self.done = False
@@ -152,6 +164,7 @@ class WiringCheck:
                 if not p.requires_grad:
                     self._frozen[name] = (p, _fingerprint(p))
         self._probed = False
+        self._batches: BatchSizes | None = BatchSizes(model)
         self._own_pre_step = optimizer.__dict__.get("pre_step")
         self._wrapper = self._make_pre_step(optimizer.pre_step)
         optimizer.pre_step = self._wrapper
@@ -166,7 +179,8 @@ class WiringCheck:
                 self._check_frozen("changed by the first update")
                 self.cancel()
                 return inner(*args, **kwargs)
-            return self._probe(inner, *args, **kwargs)
+            users = self._batches.take() if self._batches is not None else ([], 0)
+            return self._probe(inner, users, *args, **kwargs)
 
         return pre_step
 
@@ -185,6 +199,7 @@ class WiringCheck:
         The model and its tensors are no longer referenced."""
         self.done = True
         self._model, self._frozen, self._model_trainable = None, {}, {}
+        self._drop_batches()
         opt = self.optimizer
         if opt.__dict__.get("pre_step") is self._wrapper:
             if self._own_pre_step is None:
@@ -192,6 +207,16 @@ class WiringCheck:
             else:
                 opt.pre_step = self._own_pre_step
         # else: someone wrapped it after us; the wrapper stays, passing calls through
+
+    def _drop_batches(self) -> None:
+        if self._batches is not None:
+            self._batches.remove()
+            self._batches = None
+
+    def _per_user(self) -> bool:
+        """Whether the accountant reports user-level sampling (read at the probe: the unit
+        may be detected after arming, from the loader the monitor is shown)."""
+        return getattr(self.accountant, "unit", None) == PrivacyUnit.sampled_user()
 
     # -- names ------------------------------------------------------------------------------------
 
@@ -217,7 +242,9 @@ class WiringCheck:
             self.cancel()
             raise PrivacyWiringError(changed)
 
-    def _probe(self, inner: Any, *args: Any, **kwargs: Any) -> Any:
+    def _probe(
+        self, inner: Any, users: tuple[list[int | None], int], *args: Any, **kwargs: Any
+    ) -> Any:
         from opacus.optimizers import DPOptimizerFastGradientClipping
 
         opt = self.optimizer
@@ -251,7 +278,9 @@ class WiringCheck:
         raw: dict[int, torch.Tensor | None] = {}
         prior: dict[int, torch.Tensor | None] = {}
         if not ghost:
-            self._collect_samples(params, samples, raw, problems)
+            self._collect_samples(params, samples, raw, problems, users)
+        elif self._per_user():
+            warn_uncounted_users("ghost clipping computes no per-sample gradients")
         for p in params:
             sg = getattr(p, "summed_grad", None)
             prior[id(p)] = None if sg is None else sg.detach().clone()
@@ -293,6 +322,7 @@ class WiringCheck:
                     opt.add_noise = own_add_noise
         if self.report is not None:
             self._probed = True
+            self._drop_batches()
             if not self._frozen:
                 self.cancel()
         return result
@@ -303,6 +333,7 @@ class WiringCheck:
         samples: dict[int, tuple[torch.Tensor, list[int]]],
         raw: dict[int, torch.Tensor | None],
         problems: dict[str, str],
+        users: tuple[list[int | None], int],
     ) -> None:
         for p in params:
             found = _flat_samples(p)
@@ -314,6 +345,13 @@ class WiringCheck:
                 continue
             samples[id(p)] = found
             raw[id(p)] = None if p.grad is None else p.grad.detach().clone()
+        if self._per_user():
+            parts = {self._name(p): samples[id(p)][1] for p in params if id(p) in samples}
+            hooked = self._batches is not None and self._batches.hooked
+            per_user = per_user_problems(parts, users, hooked=hooked)
+            if per_user is not None:  # else it could not count the users, and warned
+                problems.update(per_user)
+                return
         counts = {key: len(s[0]) for key, s in samples.items()}
         if counts:
             n = max(set(counts.values()), key=list(counts.values()).count)
@@ -523,6 +561,7 @@ def check_private_training(
     enabled: bool = True,
     alpha: float = 1e-9,
     rtol: float = 1e-4,
+    accountant: object = None,
 ) -> WiringCheck | None:
     """Arm the wiring check (module docs) on an Opacus ``DPOptimizer``; the next step that
     adds noise is the probe.
@@ -539,6 +578,12 @@ def check_private_training(
             ``2 * alpha * (number of parameters + 1)``.
         rtol: relative tolerance (to the largest entry) when sums of per-sample gradients
             are compared with Opacus's.
+        accountant: the run's accountant; when its ``unit`` is
+            ``PrivacyUnit.sampled_user()`` at the probe step (user-level sampling), each
+            parameter must have one per-sample gradient per user (counted on the model's
+            input when ``model`` is given, and from the users the data loaders fetched);
+            when neither count is available, or under ghost clipping, an ``AuditWarning``
+            says this is not checked.
 
     Returns:
         The armed :class:`WiringCheck` (its ``report`` is set once the probe passed), or
@@ -567,5 +612,7 @@ def check_private_training(
         raise ValueError(f"`rtol` must be a positive float, got {rtol!r}.")
     if not enabled:
         return None
-    return WiringCheck(optimizer, model, alpha=float(alpha), rtol=float(rtol))
+    return WiringCheck(
+        optimizer, model, alpha=float(alpha), rtol=float(rtol), accountant=accountant
+    )
 

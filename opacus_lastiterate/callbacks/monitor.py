@@ -336,7 +336,9 @@ class PrivacyMonitor:
             self._sync()  # the accountant moved on (or make_private gave it its sampling)
         self._hooks.install(optimizer, self, self._on_pre_step, self._after_update)
         if self.check_wiring and self.wiring is None:
-            self.wiring = check_private_training(optimizer, model)  # type: ignore[arg-type]
+            self.wiring = check_private_training(
+                optimizer, model, accountant=self.accountant  # type: ignore[arg-type]
+            )
         self._was_attached = True
         self._overhead.restart()
         return self
