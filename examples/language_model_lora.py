@@ -84,7 +84,7 @@ def build_model(rank: int, *, n_layer: int = 2, n_head: int = 2, n_embd: int = 6
 
     config = GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=VOCAB,
                         n_positions=n_positions, bos_token_id=0, eos_token_id=0)
-    base = GPT2LMHeadModel(config)
+    base: Any = GPT2LMHeadModel(config)
     if device is not None:
         base = base.to(device)
     lora = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
@@ -133,6 +133,7 @@ def make_private(args: argparse.Namespace, model: torch.nn.Module, train_set: Da
     from opacus import PrivacyEngine
 
     params = [p for p in model.parameters() if p.requires_grad]
+    optimizer: torch.optim.Optimizer
     if args.optimizer == "adamw":  # the Trainer's defaults: betas (0.9, 0.999), eps 1e-8
         optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
     else:
@@ -180,7 +181,7 @@ def train_hf(args: argparse.Namespace, monitored: bool, out: Path) -> Run:
         """What HFPrivacyCallback does after each step: the Trainer's model.zero_grad()
         keeps Opacus's p.grad_sample, which would otherwise pile up across steps."""
 
-        def on_optimizer_step(self, targs: Any, state: Any, control: Any, **kw: Any) -> Any:
+        def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             dp_optimizer.zero_grad(set_to_none=True)
             return control
 
@@ -194,7 +195,7 @@ def train_hf(args: argparse.Namespace, monitored: bool, out: Path) -> Run:
         max_grad_norm=0.0, report_to=[], save_strategy="no", disable_tqdm=True,
         logging_strategy="no", use_cpu=args.device.type != "cuda", dataloader_num_workers=0,
     )
-    callbacks = [HFPrivacyCallback(monitor)] if monitor else [ClearPerSampleGradients()]
+    callbacks: list[Any] = [HFPrivacyCallback(monitor)] if monitor else [ClearPerSampleGradients()]
     trainer = Trainer(model=model, args=training_args, train_dataset=train_set,
                       optimizers=(dp_optimizer, None), callbacks=callbacks,
                       compute_loss_func=compute_loss if args.ghost else None)
@@ -223,7 +224,7 @@ def train_lightning(args: argparse.Namespace, monitored: bool, out: Path) -> Run
             self.model, self.dp_optimizer, self.criterion = model, dp_optimizer, criterion
             self.automatic_optimization = criterion is None  # ghost: its loss runs backward
 
-        def configure_optimizers(self) -> dict[str, Any]:
+        def configure_optimizers(self) -> Any:
             if args.schedule == "linear":
                 schedule = get_linear_schedule_with_warmup(
                     self.dp_optimizer, args.warmup_steps, args.steps)
@@ -235,7 +236,8 @@ def train_lightning(args: argparse.Namespace, monitored: bool, out: Path) -> Run
         def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> Any:
             if self.automatic_optimization:
                 return self.model(**batch).loss
-            optimizer, schedule = self.optimizers(), self.lr_schedulers()
+            optimizer: Any = self.optimizers()
+            schedule: Any = self.lr_schedulers()
             optimizer.zero_grad(set_to_none=True)
             logits = self.model(input_ids=batch["input_ids"]).logits
             loss = ghost_loss(self.criterion, logits, batch["labels"])
@@ -396,10 +398,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args.quick else 2
     warnings.filterwarnings("ignore", message="Secure RNG turned off")
     warnings.filterwarnings("ignore", message=".*Full backward hook is firing.*")
-    if args.device.type == "cuda":  # full float32 matmuls (no TF32): the wiring check
-        torch.zeros(1, device=args.device)  # compares sums to 1e-4; the CUDA context, untimed
     args.out.mkdir(parents=True, exist_ok=True)
     model = build_model(args.rank, **args.arch)
+    if args.device.type == "cuda":  # the CUDA context and kernels, outside the timed runs
+        model = model.to(args.device)  # (float32 matmuls stay full, no TF32: the wiring
+        tokens = ToyLanguage(args.batch_size, seed=3, length=args.length).tokens  # check
+        tokens = tokens.to(args.device)  # compares sums of per-example gradients to 1e-4)
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        synchronise(args.device)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     del model
