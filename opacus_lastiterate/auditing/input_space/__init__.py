@@ -5,6 +5,8 @@
   user-supplied) and their loss / logit-margin scores;
 - :mod:`.canary_set`: m mislabelled canaries with fair coins, for one-run audits
   (:func:`make_input_canaries`, used by the in-training canary audit);
+- :mod:`.text_canaries`: m text canaries (random tokens, or secrets in a template sentence)
+  with fair coins, for one-run audits of language models (:func:`make_text_canaries`);
 - :mod:`.adversarial_samples`: crafted adversarial samples (uniform and adaptive expansion);
 - :mod:`.worst_case_init`: worst-case initialisation;
 - :mod:`.training`: an Opacus trainer on digits with an input canary;
@@ -79,6 +81,14 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         run_protocol,
         yoon_protocol,
     )
+    from opacus_lastiterate.auditing.input_space.text_canaries import (
+        TEXT_COIN_SALT,
+        TEXT_REDUCTIONS,
+        TextCanaries,
+        TextReduction,
+        draw_text_canaries,
+        make_text_canaries,
+    )
     from opacus_lastiterate.auditing.input_space.training import (
         Architecture,
         Initialisation,
@@ -136,6 +146,12 @@ _LAZY: dict[str, str] = {
     "sample_scores": "canaries",
     "uniform_expansion_objective": "adversarial_samples",
     "worst_case_initialisation": "worst_case_init",
+    "TEXT_COIN_SALT": "text_canaries",
+    "TEXT_REDUCTIONS": "text_canaries",
+    "TextCanaries": "text_canaries",
+    "TextReduction": "text_canaries",
+    "draw_text_canaries": "text_canaries",
+    "make_text_canaries": "text_canaries",
 }
 """Public name -> defining submodule; resolved on first access."""
 
@@ -146,6 +162,8 @@ __all__ = [
     "DEFAULT_MARGIN",
     "PUBLISHED_CRAFTING_OBJECTIVES",
     "SCORE_STATISTICS",
+    "TEXT_COIN_SALT",
+    "TEXT_REDUCTIONS",
     "Architecture",
     "AuditProtocol",
     "BatchedDPGD",
@@ -164,6 +182,8 @@ __all__ = [
     "OpacusInputTrainer",
     "SampleAudit",
     "ScoreStatistic",
+    "TextCanaries",
+    "TextReduction",
     "adaptive_expansion_objective",
     "annamalai_protocol",
     "blank_canary",
@@ -172,11 +192,13 @@ __all__ = [
     "clip_backdoor_canary",
     "craft_adversarial_sample",
     "digits_data",
+    "draw_text_canaries",
     "fair_coins",
     "full_batch_noise_multiplier",
     "in_distribution_canary",
     "least_likely_label",
     "make_input_canaries",
+    "make_text_canaries",
     "mislabelled_canary",
     "published_objective",
     "run_input_audit",
