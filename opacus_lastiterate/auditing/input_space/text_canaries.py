@@ -26,7 +26,7 @@ generators are not used.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -88,6 +88,8 @@ class TextCanaries:
             ``(length,)``; position 0 never counts (nothing predicts it).
         vocab_size: the model's vocabulary size (every token is below it).
         reduction: ``"sum"`` or ``"mean"`` of the scored tokens' negative log-likelihoods.
+        reference_losses: the canaries' losses under a reference model that does not depend
+            on the coins (e.g. the initial model, :meth:`with_reference`), or None.
     """
 
     tokens: torch.Tensor = field(repr=False)
@@ -95,6 +97,7 @@ class TextCanaries:
     scored: torch.Tensor = field(repr=False)
     vocab_size: int
     reduction: TextReduction = "sum"
+    reference_losses: NDArray[np.float64] | None = field(default=None, repr=False)
 
     @property
     def num_canaries(self) -> int:
@@ -164,6 +167,23 @@ class TextCanaries:
         finally:
             model.train(was_training)
 
+    def with_reference(
+        self,
+        model: nn.Module,
+        *,
+        forward: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None,
+        batch_size: int = 256,
+    ) -> TextCanaries:
+        """A copy that scores each canary by how much its loss fell from ``model``'s.
+
+        Call it before training, on the initial model (or any model that does not depend on
+        the coins): a random canary's loss varies from canary to canary before any training,
+        and subtracting that variation sharpens the test without touching its validity (the
+        score is still a fixed function of the canary and the final model).
+        """
+        ref = self.losses(model, forward=forward, batch_size=batch_size)
+        return replace(self, reference_losses=ref)
+
     def scores(
         self,
         model: nn.Module,
@@ -171,8 +191,10 @@ class TextCanaries:
         forward: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None,
         batch_size: int = 256,
     ) -> NDArray[np.float64]:
-        """Minus :meth:`losses` (higher = "in"), the scores of a one-run audit."""
-        return -self.losses(model, forward=forward, batch_size=batch_size)
+        """The scores of a one-run audit (higher = "in"): minus :meth:`losses`, or, with
+        :attr:`reference_losses`, the reference losses minus :meth:`losses`."""
+        losses = self.losses(model, forward=forward, batch_size=batch_size)
+        return -losses if self.reference_losses is None else self.reference_losses - losses
 
 
 class _CanaryRecords(Dataset):

@@ -280,3 +280,15 @@ def test_known_answer_full_batch_bigram(sigma: float, steps: int, at_least: floa
         assert at_least <= bound <= true_epsilon
     if sigma == 1000.0:
         assert true_epsilon < 0.05 and one_run == fdp == 0.0
+
+
+def test_reference_scores_are_the_fall_of_the_loss() -> None:
+    before, after = FixedLogits(), FixedLogits()
+    with torch.no_grad():
+        after.table.mul_(0.5)
+    c = draw_text_canaries(7, vocab_size=V, length=L, seed=0)
+    calibrated = c.with_reference(before)
+    assert c.reference_losses is None  # a copy; the original is unchanged
+    np.testing.assert_allclose(calibrated.reference_losses, c.losses(before))
+    np.testing.assert_allclose(calibrated.scores(after), c.losses(before) - c.losses(after))
+    np.testing.assert_array_equal(calibrated.included, c.included)
