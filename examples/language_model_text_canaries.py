@@ -1,21 +1,23 @@
 """Text canaries in a private language model: a one-run audit of the final model.
 
-The tiny LoRA GPT-2 of ``examples/language_model_lora.py`` (built here the same way from a
-config in code, so nothing is downloaded) is fine-tuned privately (Opacus 1.6, SGD) with the
-Hugging Face ``Trainer`` on synthetic sentences of a toy language, plus text canaries:
-random token sequences, each appended to the training set by a recorded fair coin
-(:func:`~opacus_lastiterate.auditing.input_space.make_text_canaries`). At the end every
-canary is scored by the final model's negative log-likelihood, and
+The tiny 2-layer GPT-2 of ``examples/language_model_lora.py`` (built here the same way from
+a config in code, so nothing is downloaded) is trained privately (Opacus 1.6, SGD; the whole
+model by default, its LoRA adapters with ``--rank``; a plain loop over Opacus's Poisson
+loader, or the Hugging Face ``Trainer`` with ``--trainer``) on synthetic sentences of a toy
+language plus text canaries: random token sequences, each appended to the training set by a
+recorded fair coin (:func:`~opacus_lastiterate.auditing.input_space.make_text_canaries`).
+At the end every canary is scored by the fall of its negative log-likelihood from the
+initial model to the final one, and
 :class:`~opacus_lastiterate.callbacks.InTrainingCanaryAudit` prints the one-run lower bounds
 (Steinke, Nasr, Jagielski, arXiv 2305.08846; Mahloujifar, Melis, Chaudhuri, arXiv
 2410.22235) beside the heuristic and the standard epsilon of the same run
 (``docs/text_canaries.md``).
 
 Each ``--sigma`` given is one training run; the default runs a weak noise (0.3), where the
-audit finds a clearly positive bound, and the usual sigma = 1. Needs ``transformers`` and
-``peft``.
+audit finds a clearly positive bound, and the usual sigma = 1. Needs ``transformers`` (and
+``peft`` for ``--rank``).
 
-    python examples/language_model_text_canaries.py              # two runs, a few minutes
+    python examples/language_model_text_canaries.py              # two runs of 100 steps
     python examples/language_model_text_canaries.py --quick      # 10 steps (CI)
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Sequence
@@ -80,13 +83,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--sigma", type=float, nargs="+", default=[0.3, 1.0],
                         help="noise multipliers, one training run each")
-    parser.add_argument("--steps", type=int, default=300, help="optimizer steps per run")
-    parser.add_argument("--n", type=int, default=512, help="training sentences")
-    parser.add_argument("--canaries", type=int, default=500, help="m text canaries")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=100, help="optimizer steps per run")
+    parser.add_argument("--n", type=int, default=64, help="training sentences")
+    parser.add_argument("--canaries", type=int, default=200, help="m text canaries")
+    parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--clip", type=float, default=1.0, help="max_grad_norm C")
-    parser.add_argument("--lr", type=float, default=4.0, help="SGD learning rate")
-    parser.add_argument("--rank", type=int, default=8, help="LoRA rank")
+    parser.add_argument("--lr", type=float, default=2.0, help="SGD learning rate")
+    parser.add_argument("--rank", type=int, default=0,
+                        help="LoRA rank (0: train the whole GPT-2, which memorises far more)")
     parser.add_argument("--delta", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0, help="seed of model, canaries and coins")
     parser.add_argument("--trainer", action="store_true",
@@ -126,7 +130,7 @@ def _train_hf(args, engine, model, dp_optimizer, data) -> None:
     from opacus_lastiterate.callbacks import HFPrivacyCallback, PrivacyMonitor
 
     training_args = TrainingArguments(
-        output_dir="/tmp/language_model_text_canaries", max_steps=args.steps,
+        output_dir=tempfile.mkdtemp(prefix="text_canaries_"), max_steps=args.steps,
         per_device_train_batch_size=args.batch_size, learning_rate=args.lr,
         lr_scheduler_type="constant", max_grad_norm=0.0, report_to=[], save_strategy="no",
         disable_tqdm=True, logging_strategy="no", use_cpu=not torch.cuda.is_available(),
@@ -193,8 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Train once per sigma with text canaries and print each audit."""
     args = parse_args(argv)
     try:
-        import peft  # noqa: F401
         import transformers  # noqa: F401
+
+        if args.rank:
+            import peft  # noqa: F401
     except ImportError as err:
         print(f"skipped: {err.name} is not installed (pip install 'opacus-lastiterate[lm]')")
         return 0 if args.quick else 2

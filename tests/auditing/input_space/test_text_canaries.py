@@ -4,7 +4,8 @@ The known answer: full-batch DP-GD (every record in every step, a fixed divisor)
 model. Adding or removing one canary moves the clipped sum by at most C and the noise has
 standard deviation sigma C, so T steps are one Gaussian mechanism with mu = sqrt(T) / sigma
 (Dong, Roth, Su, *Gaussian Differential Privacy*, arXiv 1905.02383); its exact
-(epsilon, delta) curve is computed here from the normal CDF, independently of the package.
+(epsilon, delta) curve is solved from the normal CDF (``tests/_gaussian.py``), independently
+of the package.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import numpy as np
 import pytest
 import torch
 from opacus import PrivacyEngine
-from scipy.optimize import brentq
-from scipy.stats import norm
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -30,6 +29,7 @@ from opacus_lastiterate.auditing.input_space import (
     fair_coins,
     make_text_canaries,
 )
+from tests._gaussian import gaussian_mechanism_epsilon
 
 V, L = 128, 6
 
@@ -226,18 +226,6 @@ def test_scoring_checks_the_model_output() -> None:
 # ------------------------------------------------------------------------------ known answer
 
 
-def _gaussian_epsilon(mu: float, delta: float) -> float:
-    """Exact epsilon of mu-GDP at delta: delta(eps) = Phi(-eps/mu + mu/2) - e^eps
-    Phi(-eps/mu - mu/2), solved for eps."""
-    if math.isinf(mu):
-        return math.inf
-
-    def excess(eps: float) -> float:
-        return norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2) - delta
-
-    return 0.0 if excess(0.0) <= 0 else brentq(excess, 0.0, 500.0)
-
-
 def _full_batch_audit(sigma: float, steps: int, m: int = 200) -> tuple[float, float]:
     """Bigram model, full-batch DP-GD with canaries; the one-run and f-DP bounds."""
     torch.manual_seed(0)
@@ -274,7 +262,8 @@ def _full_batch_audit(sigma: float, steps: int, m: int = 200) -> tuple[float, fl
     [(0.0, 10, 2.0), pytest.param(1.0, 10, 1.0, marks=pytest.mark.slow), (1000.0, 10, 0.0)],
 )
 def test_known_answer_full_batch_bigram(sigma: float, steps: int, at_least: float) -> None:
-    true_epsilon = _gaussian_epsilon(math.sqrt(steps) / sigma if sigma else math.inf, 1e-5)
+    mu = math.sqrt(steps) / sigma if sigma else math.inf
+    true_epsilon = math.inf if math.isinf(mu) else gaussian_mechanism_epsilon(mu, 1e-5)
     one_run, fdp = _full_batch_audit(sigma, steps)
     for bound in (one_run, fdp):
         assert at_least <= bound <= true_epsilon
