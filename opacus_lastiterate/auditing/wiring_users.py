@@ -31,7 +31,7 @@ from opacus_lastiterate._warn import warn
 from opacus_lastiterate.exceptions import AuditWarning
 from opacus_lastiterate.user_samplers import users_fetched
 
-__all__ = ["BatchSizes", "per_user_problems", "user_count_problems", "warn_uncounted_users"]
+__all__ = []
 
 
 def _first_dims(values: Iterable[Any]) -> set[int]:

@@ -17,6 +17,8 @@ audit"). Two kinds of canaries:
   :class:`~opacus_lastiterate.auditing.input_space.InputCanaries`, the package's input
   canaries with their coins): mislabelled copies of examples that are not otherwise in the
   training set, added to it by the coins. Score: minus the final model's loss on the canary.
+  Language models use ``"text"`` canaries instead
+  (:func:`~opacus_lastiterate.auditing.input_space.make_text_canaries`).
 
 Both kinds are audited by
 :meth:`ScoreAudit.from_canaries <opacus_lastiterate.analysis.audit.ScoreAudit.from_canaries>`
@@ -70,7 +72,7 @@ from opacus_lastiterate.analysis.sampling import (
     check_sampling,
     check_sampling_matches,
 )
-from opacus_lastiterate.auditing.input_space import canary_set
+from opacus_lastiterate.auditing.input_space import canary_set, text_canaries
 from opacus_lastiterate.callbacks.canary_sampling import CanaryInclusion
 
 __all__ = ["CanaryAuditResult", "InTrainingAuditReport", "InTrainingCanaryAudit"]
@@ -87,7 +89,7 @@ class CanaryAuditResult:
     """The one-run audit of one kind of canary.
 
     Attributes:
-        canaries: ``"gradient"`` or ``"input"``.
+        canaries: ``"gradient"``, ``"input"`` or ``"text"``.
         num_canaries: m, canaries with a coin (included or not).
         num_included: canaries whose coin said "in".
         one_run: Steinke, Nasr, Jagielski one-run result (``kind="bound"`` when valid).
@@ -329,7 +331,8 @@ class InTrainingCanaryAudit:
         accountant: the PrivacyEngine's accountant (``engine.accountant``), whose run gives
             the reference epsilons (:meth:`report`); None: the steps this audit sees.
         input_canaries: the record returned by
-            :func:`~opacus_lastiterate.auditing.input_space.make_input_canaries`, if any.
+            :func:`~opacus_lastiterate.auditing.input_space.make_input_canaries` (or, for a
+            language model, :func:`~opacus_lastiterate.auditing.input_space.make_text_canaries`).
         candidates: flat parameter indices the canary coordinates are drawn from (None:
             all), e.g. coordinates the real data do not move.
         enabled: False makes the audit inert (nothing attached; training unchanged).
@@ -346,7 +349,7 @@ class InTrainingCanaryAudit:
         sample_rate: float,
         seed: int,
         accountant: Any = None,
-        input_canaries: canary_set.InputCanaries | None = None,
+        input_canaries: canary_set.InputCanaries | text_canaries.TextCanaries | None = None,
         candidates: ArrayLike | None = None,
         enabled: bool = True,
         sampling: SamplingScheme | None = None,
@@ -362,10 +365,11 @@ class InTrainingCanaryAudit:
         m = check_int("num_canaries", num_canaries)
         self._sample_rate = check_sample_rate(sample_rate)
         self._seed = check_int("seed", seed)
-        if input_canaries is not None and not isinstance(input_canaries, canary_set.InputCanaries):
+        kinds = (canary_set.InputCanaries, text_canaries.TextCanaries)
+        if input_canaries is not None and not isinstance(input_canaries, kinds):
             raise TypeError(
-                "`input_canaries` must be an InputCanaries (from make_input_canaries) or None, "
-                f"got {type(input_canaries).__name__}."
+                "`input_canaries` must be an InputCanaries (make_input_canaries), TextCanaries "
+                f"(make_text_canaries) or None, got {type(input_canaries).__name__}."
             )
         if accountant is not None and not hasattr(accountant, "history"):
             raise TypeError(
@@ -553,7 +557,7 @@ class InTrainingCanaryAudit:
                 optimizer weights).
             confidence: confidence of each one-run audit.
             model: the final model; needed when input canaries were given.
-            input_loss: per-example loss for the input canaries (default cross-entropy).
+            input_loss: per-example loss of the input canaries (default cross-entropy; no text).
             standard: also compute the standard composition epsilon (a PLD accountant:
                 seconds for long runs at large epsilon); False leaves it None.
         """
@@ -567,12 +571,13 @@ class InTrainingCanaryAudit:
         if self._input is not None:
             if model is None:
                 raise ValueError("`model` is required to score the input canaries.")
-            scores = (
-                self._input.scores(model)
-                if input_loss is None
-                else self._input.scores(model, loss=input_loss)
-            )
-            audits.append(_canary_audit("input", scores, self._input.included, d, c))
+            text = isinstance(self._input, text_canaries.TextCanaries)
+            if text and input_loss is not None:
+                raise ValueError("`input_loss` does not apply to text canaries (scored by NLL).")
+            kw = {} if input_loss is None else {"loss": input_loss}
+            scores = self._input.scores(model, **kw)  # type: ignore[arg-type]
+            coins = self._input.included
+            audits.append(_canary_audit("text" if text else "input", scores, coins, d, c))
         kept = self._reference_model()
 
         def reference(name: str, wanted: bool = True) -> float | None:

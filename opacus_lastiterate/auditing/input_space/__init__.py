@@ -5,6 +5,8 @@
   user-supplied) and their loss / logit-margin scores;
 - :mod:`.canary_set`: m mislabelled canaries with fair coins, for one-run audits
   (:func:`make_input_canaries`, used by the in-training canary audit);
+- :mod:`.text_canaries`: m text canaries (random tokens, or secrets in a template sentence)
+  with fair coins, for one-run audits of language models (:func:`make_text_canaries`);
 - :mod:`.adversarial_samples`: crafted adversarial samples (uniform and adaptive expansion);
 - :mod:`.worst_case_init`: worst-case initialisation;
 - :mod:`.training`: an Opacus trainer on digits with an input canary;
@@ -72,6 +74,11 @@ if TYPE_CHECKING:
         run_protocol,
         yoon_protocol,
     )
+    from opacus_lastiterate.auditing.input_space.text_canaries import (
+        TextCanaries,
+        TextReduction,
+        make_text_canaries,
+    )
     from opacus_lastiterate.auditing.input_space.training import (
         Architecture,
         Initialisation,
@@ -120,6 +127,9 @@ _LAZY: dict[str, str] = {
     "run_input_audit": "audit",
     "uniform_expansion_objective": "adversarial_samples",
     "worst_case_initialisation": "worst_case_init",
+    "TextCanaries": "text_canaries",
+    "TextReduction": "text_canaries",
+    "make_text_canaries": "text_canaries",
 }
 """Public name -> defining submodule; resolved on first access."""
 
@@ -143,6 +153,8 @@ __all__ = [
     "OpacusInputTrainer",
     "SampleAudit",
     "ScoreStatistic",
+    "TextCanaries",
+    "TextReduction",
     "adaptive_expansion_objective",
     "annamalai_protocol",
     "blank_canary",
@@ -154,6 +166,7 @@ __all__ = [
     "in_distribution_canary",
     "least_likely_label",
     "make_input_canaries",
+    "make_text_canaries",
     "mislabelled_canary",
     "published_objective",
     "run_input_audit",
