@@ -112,7 +112,11 @@ def test_sgd_trainer_with_the_linear_schedule_records_its_learning_rates(
 
 def test_the_default_trainer_is_constant_rate_plain_sgd() -> None:
     trainer = OpacusDigitsTrainer()
-    assert (trainer.optimizer, trainer.weight_decay, trainer.lr_schedule) == ("sgd", 0.0, "constant")
+    assert (trainer.optimizer, trainer.weight_decay, trainer.lr_schedule) == (
+        "sgd",
+        0.0,
+        "constant",
+    )
     assert trainer.run.weights is None
     np.testing.assert_array_equal(learning_rates(0.5, 3, "constant"), [0.5, 0.5, 0.5])
     np.testing.assert_allclose(learning_rates(0.3, 3, "linear"), [0.3, 0.2, 0.1])
