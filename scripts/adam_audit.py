@@ -58,6 +58,7 @@ import numpy as np
 
 from opacus_lastiterate.analysis.audit import ScoreAudit
 from opacus_lastiterate.analysis.last_iterate.adaptive_steps import adaptive_run_caveats
+from opacus_lastiterate.analysis.last_iterate.adaptive_weights import ADAPTIVE_HEURISTIC_LABEL
 from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.auditing.opacus_training import OpacusDigitsTrainer
@@ -185,7 +186,7 @@ def audit_setting(
         "gaussian_dp_estimate": estimate.epsilon,
         "gaussian_dp_estimate_kind": estimate.kind,
         "heuristic": heuristic,
-        "heuristic_label": "heuristic; adaptive second moment treated as fixed",
+        "heuristic_label": ADAPTIVE_HEURISTIC_LABEL,
         "constant_rate_heuristic": privacy_model("heuristic", constant).epsilon(DELTA),
         "standard": privacy_model("standard", run).epsilon(DELTA),
         "exceeds_heuristic": bool(bound.epsilon > heuristic),
