@@ -3,7 +3,11 @@
 :class:`OpacusDigitsTrainer` trains a small model (softmax regression or a one-hidden-layer
 MLP) on a subset of scikit-learn's bundled 8x8 digits (no download) with
 ``PrivacyEngine(accountant="last_iterate")``, Poisson sampling and a fixed number of steps,
-and returns the final model only. Two canaries (``docs/auditing.md``, "Adversaries"):
+and returns the final model only. The optimizer under the ``DPOptimizer`` is torch's plain
+SGD (default) or AdamW (``optimizer="adamw"``, ``docs/adaptive_optimizers.md``), at a constant
+learning rate or one that decays linearly to 0 over the run (``lr_schedule="linear"``, the
+Hugging Face default without warm-up); :attr:`OpacusDigitsTrainer.run` is the run with the
+per-step weights the accountant records for these. Two canaries (``docs/auditing.md``, "Adversaries"):
 
 * ``"gradient"`` (default): a Dirac gradient canary of norm C = ``max_grad_norm`` added to
   the clipped gradient sum before the noise, Poisson-sampled at the training rate q (like a
@@ -39,20 +43,31 @@ with requires("opacus_lastiterate.auditing.opacus_training", "torch", "opacus"):
 
 import opacus_lastiterate.accountants  # noqa: F401  (registers accountant="last_iterate")
 from opacus_lastiterate.analysis._validation import (
+    check_in_interval,
     check_int,
     check_noise_multiplier,
     check_positive,
 )
+from opacus_lastiterate.analysis.kept_model import KeptModel
+from opacus_lastiterate.analysis.last_iterate.adaptive_steps import AdaptiveStep
+from opacus_lastiterate.analysis.last_iterate.adaptive_weights import AdaptiveSettings
+from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
 from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
 
 __all__ = [
     "CanaryKind",
     "ConstantRunEpsilons",
+    "LearningRateSchedule",
     "OpacusDigitsTrainer",
+    "TrainerOptimizer",
 ]
 
 CanaryKind = Literal["gradient", "input"]
+TrainerOptimizer = Literal["sgd", "adamw"]
+LearningRateSchedule = Literal["constant", "linear"]
+_OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
+_SCHEDULES: tuple[str, ...] = ("constant", "linear")
 _NUM_FEATURES, _NUM_CLASSES = 64, 10
 
 
@@ -79,28 +94,41 @@ def train_dp_sgd(
     expected_batch_size: int | None = None,
     before_training: Callable[[torch.optim.Optimizer, nn.Module, torch.Generator], None]
     | None = None,
+    optimizer: TrainerOptimizer = "sgd",
+    weight_decay: float = 0.0,
+    lr_schedule: LearningRateSchedule = "constant",
 ) -> nn.Module:
-    """``steps`` steps of Opacus DP-SGD (Poisson sampling, plain SGD) on ``(x, y)``.
+    """``steps`` steps of Opacus DP-SGD (Poisson sampling) on ``(x, y)``.
 
-    The batch sampling, the noise and ``before_training``'s generator are seeded from
-    ``SeedSequence(seed)``; nothing global is drawn from. ``expected_batch_size`` overrides
-    the divisor Opacus derives from ``len(x)`` (to keep it the same with and without an
-    added canary). Returns ``model`` (unwrapped) holding the final parameters.
+    The optimizer under the ``DPOptimizer`` is torch's ``SGD`` (no momentum; L2
+    ``weight_decay``) or ``AdamW`` (torch's default betas and eps, decoupled
+    ``weight_decay``); step k (from 0) uses :func:`learning_rates` of ``lr_schedule``
+    (``"linear"``: through a ``LambdaLR`` stepped after every optimizer step). The batch sampling, the noise
+    and ``before_training``'s generator are seeded from ``SeedSequence(seed)``; nothing
+    global is drawn from. ``expected_batch_size`` overrides the divisor Opacus derives from
+    ``len(x)`` (to keep it the same with and without an added canary). Returns ``model``
+    (unwrapped) holding the final parameters.
     """
+    _check_optimizer_options(optimizer, weight_decay, lr_schedule)
     sampling_seed, noise_seed, canary_seed = np.random.SeedSequence(seed).generate_state(3)
     sampling = torch.Generator().manual_seed(int(sampling_seed))
     noise = torch.Generator().manual_seed(int(noise_seed))
     canary_rng = torch.Generator().manual_seed(int(canary_seed))
-    optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate)
+    inner: torch.optim.Optimizer
+    if optimizer == "adamw":
+        inner = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
+    else:
+        inner = torch.optim.SGD(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
+    factors = learning_rates(1.0, steps, lr_schedule)
     dataset = TensorDataset(torch.from_numpy(x.copy()), torch.from_numpy(y.copy()))
     loader = DataLoader(dataset, batch_size=batch_size, generator=sampling)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Secure RNG turned off")
         warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook")
         engine = PrivacyEngine(accountant="last_iterate")
-        private, optimizer, loader = engine.make_private(
+        private, dp_optimizer, loader = engine.make_private(
             module=model,
-            optimizer=optimizer,
+            optimizer=inner,
             data_loader=loader,
             noise_multiplier=noise_multiplier,
             max_grad_norm=max_grad_norm,
@@ -108,21 +136,50 @@ def train_dp_sgd(
             noise_generator=noise,
         )
         if expected_batch_size is not None:
-            optimizer.expected_batch_size = expected_batch_size  # type: ignore[attr-defined]
+            dp_optimizer.expected_batch_size = expected_batch_size  # type: ignore[attr-defined]
+        schedule = (
+            None
+            if lr_schedule == "constant"
+            else torch.optim.lr_scheduler.LambdaLR(
+                dp_optimizer, lambda k: float(factors[min(k, steps - 1)])
+            )
+        )
         if before_training is not None:
-            before_training(optimizer, model, canary_rng)
+            before_training(dp_optimizer, model, canary_rng)
         criterion = nn.CrossEntropyLoss()
         taken = 0
         while taken < steps:
             for xb, yb in loader:
-                optimizer.zero_grad()
+                dp_optimizer.zero_grad()
                 criterion(private(xb), yb).backward()
-                optimizer.step()
+                dp_optimizer.step()
+                if schedule is not None:
+                    schedule.step()
                 taken += 1
                 if taken == steps:
                     break
         private.remove_hooks()
     return model  # the unwrapped module, holding the final parameters
+
+
+def _check_optimizer_options(optimizer: object, weight_decay: object, schedule: object) -> None:
+    if optimizer not in _OPTIMIZERS:
+        raise ValueError(f"`optimizer` must be one of {_OPTIMIZERS}, got {optimizer!r}.")
+    check_in_interval("weight_decay", weight_decay, 0.0, math.inf, low_open=False)
+    if schedule not in _SCHEDULES:
+        raise ValueError(f"`lr_schedule` must be one of {_SCHEDULES}, got {schedule!r}.")
+
+
+def learning_rates(learning_rate: float, steps: int, schedule: LearningRateSchedule) -> np.ndarray:
+    """The learning rate of each of ``steps`` steps: constant, or ``"linear"``: decaying
+    linearly to 0, ``learning_rate * (steps - k) / steps`` at step k = 0, ..., steps - 1 (the
+    Hugging Face linear schedule without warm-up)."""
+    if schedule not in _SCHEDULES:
+        raise ValueError(f"`lr_schedule` must be one of {_SCHEDULES}, got {schedule!r}.")
+    t = check_int("steps", steps, minimum=1)
+    if schedule == "constant":
+        return np.full(t, float(learning_rate))
+    return float(learning_rate) * (t - np.arange(t)) / t
 
 
 class ConstantRunEpsilons:
@@ -164,12 +221,17 @@ class OpacusDigitsTrainer(ConstantRunEpsilons):
         num_examples: N, size of D (a subset of the 1797 digits chosen by ``data_seed``).
         noise_multiplier: sigma.
         max_grad_norm: clipping norm C (also the gradient canary's norm).
-        learning_rate: SGD step size (no momentum).
+        learning_rate: the optimizer's (peak) learning rate.
         hidden: hidden units (0: softmax regression).
         init_seed: seed of the fixed initialisation (the same in every run).
         data_seed: seed of the choice of D and of the input canary.
         canary_coordinate: flat index into the first layer's weight for the gradient canary;
             None picks the weight of class 0 from the first pixel that is zero on all of D.
+        optimizer: ``"sgd"`` (torch's SGD, no momentum) or ``"adamw"`` (torch's AdamW with
+            its default betas (0.9, 0.999) and eps 1e-8).
+        weight_decay: lambda >= 0 (SGD: L2 added to the gradient; AdamW: decoupled).
+        lr_schedule: ``"constant"`` or ``"linear"`` (decay to 0 over the T steps,
+            :func:`learning_rates`).
     """
 
     canary: CanaryKind = "gradient"
@@ -183,6 +245,9 @@ class OpacusDigitsTrainer(ConstantRunEpsilons):
     init_seed: int = 0
     data_seed: int = 0
     canary_coordinate: int | None = None
+    optimizer: TrainerOptimizer = "sgd"
+    weight_decay: float = 0.0
+    lr_schedule: LearningRateSchedule = "constant"
 
     def __post_init__(self) -> None:
         if self.canary not in ("gradient", "input"):
@@ -199,6 +264,7 @@ class OpacusDigitsTrainer(ConstantRunEpsilons):
         check_int("hidden", self.hidden)
         check_int("init_seed", self.init_seed)
         check_int("data_seed", self.data_seed)
+        _check_optimizer_options(self.optimizer, self.weight_decay, self.lr_schedule)
         width = (self.hidden or _NUM_CLASSES) * _NUM_FEATURES
         if self.canary_coordinate is not None:
             c = check_int("canary_coordinate", self.canary_coordinate)
@@ -223,6 +289,33 @@ class OpacusDigitsTrainer(ConstantRunEpsilons):
     def sample_rate(self) -> float:
         """q = 1 / ceil(N / B), the Poisson sampling rate Opacus uses."""
         return self._loader_constants(self.num_examples)[0]
+
+    def optimizer_steps(self) -> list[tuple[SGDSettings | AdaptiveStep, int]]:
+        """The optimizer's settings of every step, run-length encoded ``(settings, steps)``,
+        as ``LastIterateAccountant``'s hook records them: ``SGDSettings``, or for AdamW an
+        ``AdaptiveStep`` (its settings and the noise sigma C / B of the averaged gradient,
+        B = ``int(N q)``, Opacus's expected batch size)."""
+        rates = learning_rates(self.learning_rate, self.steps, self.lr_schedule)
+        if self.optimizer == "adamw":
+            batch = self._loader_constants(self.num_examples)[1]
+            std = self.noise_multiplier * self.max_grad_norm / batch
+            return [
+                (AdaptiveStep(AdaptiveSettings("adamw", float(lr), weight_decay=self.weight_decay), std), 1)
+                for lr in rates
+            ]  # fmt: skip
+        return [(SGDSettings(float(lr), 0.0, 0.0, False, self.weight_decay), 1) for lr in rates]
+
+    @property
+    def run(self) -> DPSGDRun:
+        """The run the trainer takes, T steps at (q, sigma), Poisson-sampled, with the
+        weights the kept model (:class:`~opacus_lastiterate.analysis.kept_model.KeptModel`)
+        gives :meth:`optimizer_steps`: none for constant-rate plain SGD, the schedule's and
+        weight decay's otherwise, AdamW's frozen-second-moment weights
+        (``docs/adaptive_optimizers.md``) for AdamW."""
+        constant = DPSGDRun.constant(
+            steps=self.steps, sample_rate=self.sample_rate, noise_multiplier=self.noise_multiplier
+        )
+        return KeptModel.from_run(constant, self.optimizer_steps()).run
 
     def _split(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         x, y = digits_arrays()
@@ -277,6 +370,9 @@ class OpacusDigitsTrainer(ConstantRunEpsilons):
             max_grad_norm=self.max_grad_norm,
             learning_rate=self.learning_rate,
             before_training=before,
+            optimizer=self.optimizer,
+            weight_decay=self.weight_decay,
+            lr_schedule=self.lr_schedule,
         )
 
     def _insert_gradient_canary(

@@ -134,6 +134,31 @@ def torch_sgd_weights(lrs, momentum: float = 0.0, weight_decay: float = 0.0) -> 
     return np.array(out)
 
 
+def frozen_adamw_weights(lrs, *, noise_std, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
+    """w_s = -(final parameter) of AdamW on one scalar from 0, written out in numpy from the
+    update rule (decoupled decay, bias-corrected moments), with the second moment frozen at
+    its expectation under N(0, noise_std^2) gradients and gradient 1 at step s, 0 at every
+    other step: the frozen-second-moment weights of the adaptive heuristic, computed without
+    the package."""
+    lrs = np.asarray(lrs, float)
+    steps = lrs.size
+    v = np.empty(steps)
+    acc = 0.0
+    for t in range(steps):
+        acc = beta2 * acc + (1 - beta2) * noise_std**2
+        v[t] = acc
+    out = np.empty(steps)
+    for impulse in range(steps):
+        p = m = 0.0
+        for t in range(steps):
+            p *= 1 - lrs[t] * weight_decay
+            m = beta1 * m + (1 - beta1) * (1.0 if t == impulse else 0.0)
+            m_hat = m / (1 - beta1 ** (t + 1))
+            p -= lrs[t] * m_hat / (math.sqrt(v[t] / (1 - beta2 ** (t + 1))) + eps)
+        out[impulse] = -p
+    return out
+
+
 # -- closed-form hockey-stick of a shifted Gaussian mixture ----------------------------------
 
 
