@@ -60,6 +60,10 @@ class TraceColumns(NamedTuple):
         return self if keep.all() else TraceColumns._make(column[keep] for column in self)
 
 
+_KINDS = (float, float, float, bool, float, np.int64)
+"""The types of the columns of :class:`TraceColumns`, in its order."""
+
+
 class SettingsTrace:
     """Run-length encoded SGD settings in growable numpy columns (an entry added in amortised
     O(1)); the number of steps covered and whether the settings change the weights are kept
@@ -71,23 +75,17 @@ class SettingsTrace:
 
     def __init__(self, columns: TraceColumns | None = None) -> None:
         n = 0 if columns is None else len(columns.steps)
-        size = max(16, n)
-        self._reals = np.empty((size, 4))  # lr, momentum, dampening, weight_decay
-        self._nesterov = np.empty(size, dtype=bool)
-        self._runs = np.empty(size, dtype=np.int64)
+        if columns is None or not n:
+            columns = TraceColumns(*(np.empty(16, dtype=k) for k in _KINDS))
+        # one contiguous array per field (a copy: appends may write into the last entry)
+        self._cols = [np.array(column, dtype=k) for column, k in zip(columns, _KINDS, strict=True)]
         self._n = n
         self._last: SettingsKey | None = None
         self._covered = 0
         self._varies = False
         self._first_lr = 0.0
-        if columns is not None and n:
-            self._reals[:n] = np.column_stack(
-                (columns.lr, columns.momentum, columns.dampening, columns.weight_decay)
-            )
-            self._nesterov[:n] = columns.nesterov
-            self._runs[:n] = columns.steps
-            self._last = (*self._reals[n - 1, :3].tolist(), bool(self._nesterov[n - 1]),
-                          float(self._reals[n - 1, 3]))  # fmt: skip
+        if n:
+            self._last = self.columns().settings_at(n - 1)
             self._covered = int(columns.steps.sum())
             self._varies = columns.varies()
             self._first_lr = float(columns.lr[0])
@@ -115,17 +113,15 @@ class SettingsTrace:
         """Add ``steps`` steps with settings ``key``; True if they start a new entry."""
         self._covered += steps
         if self._last == key:
-            self._runs[self._n - 1] += steps
+            self._cols[5][self._n - 1] += steps
             return False
-        n = self._n
-        if n == len(self._runs):
-            self._reals = np.concatenate((self._reals, np.empty_like(self._reals)))
-            self._nesterov = np.concatenate((self._nesterov, np.empty_like(self._nesterov)))
-            self._runs = np.concatenate((self._runs, np.empty_like(self._runs)))
-        lr, momentum, dampening, nesterov, weight_decay = key
-        self._reals[n] = (lr, momentum, dampening, weight_decay)
-        self._nesterov[n] = nesterov
-        self._runs[n] = steps
+        n, cols = self._n, self._cols
+        if n == len(cols[0]):
+            self._cols = cols = [np.concatenate((c, np.empty_like(c))) for c in cols]
+        for c, value in zip(cols[:5], key, strict=True):
+            c[n] = value
+        cols[5][n] = steps
+        lr, momentum, _, _, weight_decay = key
         if n == 0:
             self._first_lr = lr
         self._varies = (
@@ -136,9 +132,8 @@ class SettingsTrace:
 
     def columns(self) -> TraceColumns:
         """The entries as columns (views: read them, do not write them)."""
-        n, reals = self._n, self._reals
-        return TraceColumns(reals[:n, 0], reals[:n, 1], reals[:n, 2], self._nesterov[:n],
-                            reals[:n, 3], self._runs[:n])  # fmt: skip
+        n = self._n
+        return TraceColumns._make(c[:n] for c in self._cols)
 
     def entries(self) -> list[TraceEntry]:
         """The entries as tuples (lr, momentum, dampening, nesterov, weight_decay, steps)."""
