@@ -352,30 +352,42 @@ class IncrementalCharacteristic:
         if n == 0 or self._near_half:
             return None
         first = self.frozen
-        eta_a = np.asarray(eta[first:n], dtype=float)
-        q_a = np.asarray(q[first:n], dtype=float)
-        s2_a = np.asarray(sigma[first:n], dtype=float) ** 2
-        w_a = self.recursion.weights(first, self.r, eta_a)
+        # the active steps a block at a time (a long run's first query: O(block) temporaries)
+        blocks = [(lo, min(n, lo + _BUILD_BLOCK)) for lo in range(first, n, _BUILD_BLOCK)]
+        s2_act = mu_act = eta_max = 0.0
+        for lo, hi in blocks:
+            eta_b = np.asarray(eta[lo:hi], dtype=float)
+            w_b = self.recursion.weights(lo, self.r[lo - first : hi - first], eta_b)
+            s2_b = np.asarray(sigma[lo:hi], dtype=float) ** 2
+            s2_act += float(np.dot(s2_b, w_b * w_b))
+            mu_act += float(np.dot(np.asarray(q[lo:hi], dtype=float), w_b))
+            eta_max = max(eta_max, float(eta_b.max()))
         lin, quad = self.lin, self.quad
-        s2 = self.s20 + lin[2] + quad[0] + float(np.dot(s2_a, w_a * w_a))
-        mu = self.mu0 + lin[0] + float(np.dot(q_a, w_a))
+        s2 = self.s20 + lin[2] + quad[0] + s2_act
+        mu = self.mu0 + lin[0] + mu_act
         if not s2 > 0.0:
             return None
         s = math.sqrt(s2)
         # freeze the leading active steps whose predicted share of E2 is small enough
-        if self.beta > 0.0 and w_a.size:
+        count = n - first  # beta = 0: the weights never change
+        if self.beta > 0.0 and blocks:
             kappa = FREEZE_ERROR * delta * 2.0 * math.pi * s2 / n
-            growth = RATE_SAFETY * float(eta_a.max()) / (1.0 - self.beta)
-            age = (n - 1) - np.arange(first, n)
-            c = (self.beta if self.nesterov else 1.0) * self.recursion.damping(first, w_a.size)
-            c = c * self.beta ** (age + 1.0) * growth
-            ok = c_q(q_a) * c * c <= kappa
-            count = w_a.size if ok.all() else int(np.argmin(ok))
-        else:
-            count = w_a.size  # beta = 0: the weights never change
+            growth = RATE_SAFETY * eta_max / (1.0 - self.beta)
+            for lo, hi in blocks:
+                age = (n - 1) - np.arange(lo, hi)
+                c = (self.beta if self.nesterov else 1.0) * self.recursion.damping(lo, hi - lo)
+                c = c * self.beta ** (age + 1.0) * growth
+                ok = c_q(np.asarray(q[lo:hi], dtype=float)) * c * c <= kappa
+                if not ok.all():
+                    count = lo - first + int(np.argmin(ok))
+                    break
         if count >= _FREEZE_BLOCK or (count and self.grid is None):
-            self._freeze(count, eta, sigma, q)
-            w_a, q_a, eta_a = w_a[count:], q_a[count:], eta_a[count:]
+            for lo in range(0, count, _BUILD_BLOCK):
+                self._freeze(min(_BUILD_BLOCK, count - lo), eta, sigma, q)
+        first = self.frozen
+        eta_a = np.asarray(eta[first:n], dtype=float)
+        q_a = np.asarray(q[first:n], dtype=float)
+        w_a = self.recursion.weights(first, self.r, eta_a)
         tail = ETA * delta
         a_end = s * float(special.ndtri(tail)) - mu
         theta_min = math.sqrt(2.0 * (-math.log(tail) + 1.0)) / s
