@@ -68,10 +68,12 @@ def main() -> None:
         f"T = {steps:,}, sigma {sigma:g}, q {q:g}, momentum 0.9 + cosine: replay_step "
         f"{replay:.1f} s ({replay / steps * 1e6:.1f} us a step); peak RSS {_peak_rss_mb():.0f} MB"
     )
+    cpu = time.process_time()
     first, eps = _timed(acc.get_epsilon, delta)
+    cpu = time.process_time() - cpu
     again, _ = _timed(acc.get_epsilon, delta)
     print(
-        f"first get_epsilon({delta:g}) {first:.2f} s (epsilon {eps:.4f}), "
+        f"first get_epsilon({delta:g}) {first:.2f} s ({cpu:.2f} CPU s; epsilon {eps:.4f}), "
         f"second {again * 1e3:.2f} ms; peak RSS {_peak_rss_mb():.0f} MB"
     )
 
@@ -94,9 +96,11 @@ def main() -> None:
         f"{_peak_rss_mb():.0f} MB"
     )
     buffer.seek(0)
+    cpu = time.process_time()
     read, loaded_state = _timed(torch.load, buffer, weights_only=True)
     fresh = LastIterateAccountant()
     load, _ = _timed(fresh.load_state_dict, loaded_state)
+    cpu = time.process_time() - cpu
     loaded_rss = _peak_rss_mb()
     probe = LastIterateAccountant()  # a query changes the kept engine: asked of a copy
     probe.load_state_dict(loaded_state)
@@ -104,7 +108,7 @@ def main() -> None:
     del probe
     print(
         f"torch.load(weights_only=True) {read:.2f} s; load_state_dict {load:.2f} s; load in all "
-        f"{read + load:.2f} s; first "
+        f"{read + load:.2f} s ({cpu:.2f} CPU s); first "
         f"get_epsilon after loading {after * 1e3:.1f} ms (epsilon {eps_loaded:.4f}); peak RSS "
         f"after loading {loaded_rss:.0f} MB"
     )
