@@ -51,15 +51,18 @@ _REAL, _FLAG, _COUNT = np.dtype("<f8"), np.dtype("u1"), np.dtype("<i8")
 1), the run lengths as little-endian int64."""
 
 
-def encode_trace(trace: list[TraceEntry] | TraceColumns) -> dict[str, dict[str, bytes]]:
+def encode_trace(trace: list[TraceEntry] | TraceColumns) -> dict[str, dict[str, Any]]:
     """The stored form of a trace (entries or columns): each setting run-length encoded over
     the steps on its own (``values[i]`` holds for ``steps[i]`` steps), each column the raw
-    bytes of a little-endian array (module docstring); the same floats, bit for bit."""
+    bytes of a little-endian array (module docstring; an empty trace as empty lists); the
+    same floats, bit for bit."""
     if not isinstance(trace, TraceColumns):
         trace = _columns_of(trace)
     n = len(trace.steps)
     ends = np.cumsum(trace.steps)
-    out: dict[str, dict[str, bytes]] = {}
+    out: dict[str, dict[str, Any]] = {}
+    if not n:  # empty lists: torch's protocol 2 pickles b"" as a call weights_only refuses
+        return {field: {"values": [], "steps": []} for field in TRACE_FIELDS}
     for k, field in enumerate(TRACE_FIELDS):
         column = trace[k]
         key = column if field == "nesterov" else column.view(np.int64)  # 0.0 and -0.0 apart

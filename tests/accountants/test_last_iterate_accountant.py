@@ -194,7 +194,7 @@ def test_state_dict_fills_a_given_destination() -> None:
         "history": [(1.0, 0.1, 1)],
         "mechanism": "last_iterate",
         "optimizer_trace": {
-            f: {"values": b"", "steps": b""}
+            f: {"values": [], "steps": []}
             for f in ("lr", "momentum", "dampening", "nesterov", "weight_decay")
         },
         "optimizer_trace_disabled": False,
