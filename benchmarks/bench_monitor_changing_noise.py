@@ -98,7 +98,7 @@ def main() -> int:
         f"{args.gamma ** (args.steps - 1):.3f}); {args.repeats} repeats"
     )
     print(
-        f"loop CPU seconds without / with the monitor: "
+        "loop CPU seconds without / with the monitor: "
         + ", ".join(f"{a:.2f} / {b:.2f}" for a, b in loops)
         + f"; ratio median {statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]"
     )

@@ -83,8 +83,10 @@ def trace_as_text(stored: Mapping[str, Any]) -> dict[str, Any]:
         return stored  # type: ignore[return-value]
     return {
         field: (
-            {key: (base64.b64encode(seq).decode("ascii") if isinstance(seq, bytes) else seq)
-             for key, seq in part.items()}  # fmt: skip
+            {
+                key: (base64.b64encode(seq).decode("ascii") if isinstance(seq, bytes) else seq)
+                for key, seq in part.items()
+            }
             if isinstance(part, Mapping)
             else part
         )
@@ -227,11 +229,11 @@ def _real_column(values: np.ndarray | list[Any] | tuple[Any, ...], name: str, hi
     ``high_open``); in numpy for an array and for Python floats and ints (a bool is neither
     here), one by one otherwise and to name the first bad one."""
     if isinstance(values, np.ndarray):
-        arr = values.astype(float)
-        ok = (arr >= 0.0) & ((arr < high) if high_open else (arr <= high))  # NaN fails
-        if ok.all():
-            return arr
-        values = arr.tolist()  # named one by one below
+        as_floats = values.astype(float)
+        fine = (as_floats >= 0.0) & ((as_floats < high) if high_open else (as_floats <= high))
+        if fine.all():  # NaN fails
+            return as_floats
+        values = as_floats.tolist()  # named one by one below
     if set(map(type, values)) <= {float, int}:
         try:
             arr = np.array(values, dtype=float)

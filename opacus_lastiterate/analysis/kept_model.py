@@ -63,7 +63,8 @@ SettingsRuns = Sequence[tuple[Any, int]]
 """Run-length encoded optimizer settings: (settings, steps), oldest first."""
 
 
-def _sgd_run_weights(runs: SettingsRuns | TraceColumns) -> np.ndarray:
+def _sgd_run_weights(runs: Any) -> np.ndarray:
+    """The SGD weights of run-length settings, (settings, steps) pairs or columns."""
     if not isinstance(runs, TraceColumns):
         runs = _sgd_columns(runs)
     lr, momentum, dampening, nesterov, weight_decay = runs.per_step()
@@ -89,12 +90,14 @@ def _adaptive_varies(first: AdaptiveStep, settings: AdaptiveStep) -> bool:
     return True  # the bias corrections and the second moment weigh the steps unequally
 
 
-OPTIMIZER_WEIGHTS: Mapping[type, tuple[Callable[[SettingsRuns], np.ndarray],
+OPTIMIZER_WEIGHTS: Mapping[type, tuple[Callable[[Any], np.ndarray],
                                        Callable[[Any, Any], bool]]] = {
     SGDSettings: (_sgd_run_weights, _sgd_varies),
     AdaptiveStep: (adaptive_run_weights, _adaptive_varies),
 }
-"""Settings class of an optimizer -> (weights of a run-length list of its settings, whether
+"""Settings class of an optimizer -> (weights of a run-length list of its settings (SGD's
+also of their :class:`~.last_iterate.settings_columns.TraceColumns`, as the kept model holds
+them), whether
 settings differ from the first step's in a way that changes the weights: (first, settings)
 -> bool). The one place a new optimizer's weights are added (module docstring)."""
 
