@@ -3,11 +3,15 @@
 Records ``--steps`` steps of SGD with momentum 0.9 and a cosine learning rate (a new rate at
 every step) into a ``LastIterateAccountant`` through ``replay_step``, as a replica of the
 accountant is fed, then times the first and a second ``get_epsilon``, ``state_dict()``, its
-size pickled, through ``torch.save`` and as JSON (the monitor's checkpoint), ``torch.load``
+size pickled (and the bytes of the learning-rate column per entry, that is per step whose
+settings change), through ``torch.save`` and as JSON (the optimizer trace as base64 text, as
+the monitor's checkpoint holds it), ``torch.load``
 with ``weights_only=True``, ``load_state_dict`` into a fresh accountant and its first query,
 and checks that the loaded accountant continues with the same floats (both take three
-more steps, each queried). Prints the process's
-peak resident memory after the imports and at the end.
+more steps, each queried). Prints the load (``torch.load`` plus ``load_state_dict``) in all, and
+the process's peak resident memory after the imports, after each stage and at the end (the
+goal of issue 37: under 500 MB up to the load, state at most about 16 bytes per step whose
+settings change, load under 1 s).
 
     python benchmarks/bench_long_run.py                    # T = 10^6, sigma 20
     python benchmarks/bench_long_run.py --steps 100000 --noise-multiplier 6
@@ -48,6 +52,7 @@ def main() -> None:
     import torch
 
     from opacus_lastiterate.accountants import LastIterateAccountant
+    from opacus_lastiterate.accountants.optimizer_trace import trace_as_text
     from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
 
     warnings.simplefilter("ignore")
@@ -63,10 +68,12 @@ def main() -> None:
         f"T = {steps:,}, sigma {sigma:g}, q {q:g}, momentum 0.9 + cosine: replay_step "
         f"{replay:.1f} s ({replay / steps * 1e6:.1f} us a step); peak RSS {_peak_rss_mb():.0f} MB"
     )
+    cpu = time.process_time()
     first, eps = _timed(acc.get_epsilon, delta)
+    cpu = time.process_time() - cpu
     again, _ = _timed(acc.get_epsilon, delta)
     print(
-        f"first get_epsilon({delta:g}) {first:.2f} s (epsilon {eps:.4f}), "
+        f"first get_epsilon({delta:g}) {first:.2f} s ({cpu:.2f} CPU s; epsilon {eps:.4f}), "
         f"second {again * 1e3:.2f} ms; peak RSS {_peak_rss_mb():.0f} MB"
     )
 
@@ -75,26 +82,33 @@ def main() -> None:
     buffer = io.BytesIO()
     saved, _ = _timed(torch.save, state, buffer)
     pickled = len(pickle.dumps(state))
-    as_json = len(json.dumps(state))
+    as_json = len(json.dumps(dict(state, optimizer_trace=trace_as_text(state["optimizer_trace"]))))
+    lr = state["optimizer_trace"]["lr"]
+    entries = len(lr["steps"]) // 8
+    per_change = (len(lr["values"]) + len(lr["steps"])) / max(entries, 1)
     print(
         f"state_dict {took:.2f} s; pickled {pickled / 1e6:.1f} MB "
         f"({pickled / steps:.1f} bytes a step; optimizer_trace "
         f"{sizes['optimizer_trace'] / 1e6:.1f} MB, weighted_characteristic "
-        f"{sizes.get('weighted_characteristic', 0) / 1e3:.0f} kB); torch.save "
+        f"{sizes.get('weighted_characteristic', 0) / 1e3:.0f} kB; {entries:,} learning-rate "
+        f"entries, {per_change:.1f} bytes each); torch.save "
         f"{buffer.tell() / 1e6:.1f} MB in {saved:.2f} s; JSON {as_json / 1e6:.1f} MB; peak RSS "
         f"{_peak_rss_mb():.0f} MB"
     )
     buffer.seek(0)
+    cpu = time.process_time()
     read, loaded_state = _timed(torch.load, buffer, weights_only=True)
     fresh = LastIterateAccountant()
     load, _ = _timed(fresh.load_state_dict, loaded_state)
+    cpu = time.process_time() - cpu
     loaded_rss = _peak_rss_mb()
     probe = LastIterateAccountant()  # a query changes the kept engine: asked of a copy
     probe.load_state_dict(loaded_state)
     after, eps_loaded = _timed(probe.get_epsilon, delta)
     del probe
     print(
-        f"torch.load(weights_only=True) {read:.2f} s; load_state_dict {load:.2f} s; first "
+        f"torch.load(weights_only=True) {read:.2f} s; load_state_dict {load:.2f} s; load in all "
+        f"{read + load:.2f} s ({cpu:.2f} CPU s); first "
         f"get_epsilon after loading {after * 1e3:.1f} ms (epsilon {eps_loaded:.4f}); peak RSS "
         f"after loading {loaded_rss:.0f} MB"
     )

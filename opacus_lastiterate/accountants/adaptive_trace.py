@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from opacus_lastiterate.accountants.optimizer_trace import (
-    TraceColumns,
     check_column_mapping,
     check_trace_covers,
     decode_trace,
@@ -28,6 +27,7 @@ from opacus_lastiterate.analysis.last_iterate.adaptive_steps import (
     ADAPTIVE_STEP_FIELDS,
     AdaptiveStep,
 )
+from opacus_lastiterate.analysis.last_iterate.settings_columns import TraceColumns
 
 __all__ = []
 

@@ -33,13 +33,7 @@ from opacus_lastiterate.accountants.adaptive_trace import (
 )
 from opacus_lastiterate.accountants.base import RunAccountant, check_step_noise, synchronized
 from opacus_lastiterate.accountants.monotonicity import MonotonicityWatch
-from opacus_lastiterate.accountants.optimizer_trace import (
-    SettingsTrace,
-    TraceEntry,
-    decode_trace,
-    encode_trace,
-    trim_trace,
-)
+from opacus_lastiterate.accountants.optimizer_trace import decode_trace, encode_trace, trim_trace
 from opacus_lastiterate.accountants.summary import CAVEAT, summary
 from opacus_lastiterate.accountants.unit_setting import (
     UnitOwner,
@@ -58,6 +52,11 @@ from opacus_lastiterate.analysis.kept_model import KeptModel
 from opacus_lastiterate.analysis.last_iterate.adaptive_steps import AdaptiveStep
 from opacus_lastiterate.analysis.last_iterate.adaptive_weights import ADAPTIVE_HEURISTIC_LABEL
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
+from opacus_lastiterate.analysis.last_iterate.settings_columns import (
+    SettingsTrace,
+    TraceColumns,
+    TraceEntry,
+)
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import WeightedHeuristicResult
 from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
 from opacus_lastiterate.analysis.sampling import PoissonSampling, effective_sampling
@@ -461,9 +460,9 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
         covers = not self._trace_disabled and len(self._trace) and (
             self._trace.covered == self._steps()
         )
-        settings: list[tuple[Any, int]] | None = (
-            [(SGDSettings(*e[:5]), e[5]) for e in self._trace.entries()] if covers else None
-        )
+        settings: TraceColumns | list[tuple[Any, int]] | None = (
+            self._trace.columns() if covers else None
+        )  # columns: the kept model takes them in at once
         if adaptive and not self._trace_disabled:
             settings = self._adaptive.runs()
         self._kept = KeptModel.from_run(self.run, settings, accuracy=self.weight_accuracy)

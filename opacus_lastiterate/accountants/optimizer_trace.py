@@ -2,32 +2,37 @@
 the SGD settings it recorded, run-length encoded, and the compact form its ``state_dict``
 stores; the validation of a stored trace and its trimming by steps taken back.
 
-In memory the trace is a list of entries ``(lr, momentum, dampening, nesterov,
-weight_decay, steps)``, one per run of identical settings. The stored form
-(:func:`encode_trace`) run-length encodes each setting on its own,
-``{"lr": {"values": [...], "steps": [...]}, "momentum": {...}, ...}``: a schedule that
-changes the learning rate at every step costs one float and one small int per step (about
-11 bytes pickled, 10^6 steps about 11 MB), and the settings that stay put one run each. It
-holds plain lists of Python floats, ints and bools, so that ``torch.load(weights_only=True)``
-and JSON take it, and it is validated column by column in numpy.
+In memory the trace is a
+:class:`~opacus_lastiterate.analysis.last_iterate.settings_columns.SettingsTrace` (numpy
+columns, one entry per run of identical settings). The stored form (:func:`encode_trace`)
+run-length encodes each setting on its own, ``{"lr": {"values": b"...", "steps": b"..."},
+"momentum": {...}, ...}``, each column as the raw bytes of a little-endian array (the real
+settings float64, ``nesterov`` one byte 0 or 1, the run lengths int64): a schedule that
+changes the learning rate at every step costs 16 bytes a step (10^6 steps 16 MB), the
+settings that stay put one run each. Bytes are what ``torch.load(weights_only=True)`` reads
+without a Python object per element; :func:`trace_as_text` gives the same columns as base64
+text for JSON (the monitor's checkpoint). :func:`decode_trace` reads the three forms (bytes,
+base64 text, and plain lists of Python floats, ints and bools, as earlier versions stored)
+and validates them column by column in numpy.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from opacus_lastiterate.analysis._validation import check_in_interval, check_steps
+from opacus_lastiterate.analysis.last_iterate.settings_columns import TraceColumns, TraceEntry
 
 __all__ = [
-    "TraceEntry",
+    "trace_as_lists",
+    "trace_as_text",
 ]
-
-# One run of identical optimizer settings: (lr, momentum, dampening, nesterov, weight_decay, steps)
-TraceEntry = tuple[float, float, float, bool, float, int]
 
 TRACE_FIELDS = ("lr", "momentum", "dampening", "nesterov", "weight_decay")
 """The settings of a trace entry, in its order; the keys of the stored trace."""
@@ -36,131 +41,74 @@ _REAL_RANGES = {"lr": (math.inf, True), "momentum": (1.0, False),
                 "dampening": (1.0, False), "weight_decay": (math.inf, True)}  # fmt: skip
 """(upper end, whether it is open) of each real setting; each lies in [0, upper end)."""
 
-
-class TraceColumns(NamedTuple):
-    """A trace as one numpy array per field, one element per entry."""
-
-    lr: np.ndarray
-    momentum: np.ndarray
-    dampening: np.ndarray
-    nesterov: np.ndarray
-    weight_decay: np.ndarray
-    steps: np.ndarray
-
-    def entries(self) -> list[TraceEntry]:
-        """The entries as tuples of Python floats, bools and ints (the same floats)."""
-        return list(zip(*(column.tolist() for column in self), strict=True))
-
-    def settings_at(self, i: int) -> tuple[float, float, float, bool, float]:
-        """(lr, momentum, dampening, nesterov, weight_decay) of entry ``i``."""
-        return (float(self.lr[i]), float(self.momentum[i]), float(self.dampening[i]),
-                bool(self.nesterov[i]), float(self.weight_decay[i]))  # fmt: skip
-
-    def varies(self) -> bool:
-        """Whether the settings change the weights of the steps (see
-        :meth:`LastIterateAccountant.uses_weights`)."""
-        lr = self.lr
-        return bool((lr[1:] != lr[:-1]).any() or self.momentum.any() or self.weight_decay.any())
+_REAL, _FLAG, _COUNT = np.dtype("<f8"), np.dtype("u1"), np.dtype("<i8")
+"""The stored types: the real settings as little-endian float64, nesterov as one byte (0 or
+1), the run lengths as little-endian int64."""
 
 
-class SettingsTrace:
-    """The run-length encoded trace of an accountant, in growable numpy columns (no Python
-    object per entry; an entry added in amortised O(1)): the number of steps it covers and
-    whether its settings change the weights are kept as it grows."""
-
-    def __init__(self, columns: TraceColumns | None = None) -> None:
-        n = 0 if columns is None else len(columns.steps)
-        size = max(16, n)
-        self._reals = np.empty((size, 4))  # lr, momentum, dampening, weight_decay
-        self._nesterov = np.empty(size, dtype=bool)
-        self._runs = np.empty(size, dtype=np.int64)
-        self._n = n
-        self._last: tuple[float, float, float, bool, float] | None = None
-        self._covered = 0
-        self._varies = False
-        self._first_lr = 0.0
-        if columns is not None and n:
-            self._reals[:n] = np.column_stack(
-                (columns.lr, columns.momentum, columns.dampening, columns.weight_decay)
-            )
-            self._nesterov[:n] = columns.nesterov
-            self._runs[:n] = columns.steps
-            self._last = (*self._reals[n - 1, :3].tolist(), bool(self._nesterov[n - 1]),
-                          float(self._reals[n - 1, 3]))  # fmt: skip
-            self._covered = int(columns.steps.sum())
-            self._varies = columns.varies()
-            self._first_lr = float(columns.lr[0])
-
-    def __len__(self) -> int:
-        return self._n
-
-    @property
-    def last(self) -> tuple[float, float, float, bool, float] | None:
-        """(lr, momentum, dampening, nesterov, weight_decay) of the last entry."""
-        return self._last
-
-    @property
-    def covered(self) -> int:
-        """The number of steps the trace covers."""
-        return self._covered
-
-    @property
-    def varies(self) -> bool:
-        """Whether the settings change the weights of the steps (a learning rate that
-        changes, momentum or weight decay)."""
-        return self._varies
-
-    def append(self, key: tuple[float, float, float, bool, float], steps: int) -> bool:
-        """Add ``steps`` steps with settings ``key``; True if they start a new entry."""
-        self._covered += steps
-        if self._last == key:
-            self._runs[self._n - 1] += steps
-            return False
-        n = self._n
-        if n == len(self._runs):
-            self._reals = np.concatenate((self._reals, np.empty_like(self._reals)))
-            self._nesterov = np.concatenate((self._nesterov, np.empty_like(self._nesterov)))
-            self._runs = np.concatenate((self._runs, np.empty_like(self._runs)))
-        lr, momentum, dampening, nesterov, weight_decay = key
-        self._reals[n] = (lr, momentum, dampening, weight_decay)
-        self._nesterov[n] = nesterov
-        self._runs[n] = steps
-        if n == 0:
-            self._first_lr = lr
-        self._varies = (
-            self._varies or lr != self._first_lr or momentum != 0.0 or weight_decay != 0.0
-        )
-        self._n, self._last = n + 1, key
-        return True
-
-    def columns(self) -> TraceColumns:
-        """The entries as columns (views: read them, do not write them)."""
-        n, reals = self._n, self._reals
-        return TraceColumns(reals[:n, 0], reals[:n, 1], reals[:n, 2], self._nesterov[:n],
-                            reals[:n, 3], self._runs[:n])  # fmt: skip
-
-    def entries(self) -> list[TraceEntry]:
-        """The entries as tuples (lr, momentum, dampening, nesterov, weight_decay, steps)."""
-        return self.columns().entries()
-
-
-def encode_trace(trace: list[TraceEntry] | TraceColumns) -> dict[str, dict[str, list[Any]]]:
+def encode_trace(trace: list[TraceEntry] | TraceColumns) -> dict[str, dict[str, Any]]:
     """The stored form of a trace (entries or columns): each setting run-length encoded over
-    the steps on its own (``values[i]`` holds for ``steps[i]`` steps); the same floats, bit
-    for bit."""
+    the steps on its own (``values[i]`` holds for ``steps[i]`` steps), each column the raw
+    bytes of a little-endian array (module docstring; an empty trace as empty lists); the
+    same floats, bit for bit."""
     if not isinstance(trace, TraceColumns):
         trace = _columns_of(trace)
     n = len(trace.steps)
     ends = np.cumsum(trace.steps)
-    out: dict[str, dict[str, list[Any]]] = {}
+    out: dict[str, dict[str, Any]] = {}
+    if not n:  # empty lists: torch's protocol 2 pickles b"" as a call weights_only refuses
+        return {field: {"values": [], "steps": []} for field in TRACE_FIELDS}
     for k, field in enumerate(TRACE_FIELDS):
         column = trace[k]
         key = column if field == "nesterov" else column.view(np.int64)  # 0.0 and -0.0 apart
         last = np.append(np.flatnonzero(key[1:] != key[:-1]), n - 1) if n else ends
+        kind = _FLAG if field == "nesterov" else _REAL
         out[field] = {
-            "values": column[last].tolist(),  # the last entry of each run
-            "steps": np.diff(ends[last], prepend=0).tolist(),
+            "values": column[last].astype(kind).tobytes(),  # the last entry of each run
+            "steps": np.diff(ends[last], prepend=0).astype(_COUNT).tobytes(),
         }
+    return out
+
+
+def trace_as_text(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored trace with each column of bytes as base64 text (for JSON), the other parts
+    as they are; :func:`decode_trace` reads it back to the same floats. A part that is not
+    a mapping of columns is returned unchanged (the decoder names it)."""
+    if not isinstance(stored, Mapping):
+        return stored  # type: ignore[return-value]
+    return {
+        field: (
+            {
+                key: (base64.b64encode(seq).decode("ascii") if isinstance(seq, bytes) else seq)
+                for key, seq in part.items()
+            }
+            if isinstance(part, Mapping)
+            else part
+        )
+        for field, part in stored.items()
+    }
+
+
+def trace_as_lists(stored: Mapping[str, Any]) -> dict[str, dict[str, list[Any]]]:
+    """A stored trace (bytes, base64 text or lists) as plain lists of Python floats, bools
+    and ints, to read or edit (:func:`decode_trace` reads this form too; it takes one Python
+    object per element, the bytes do not).
+
+    Raises:
+        TypeError, ValueError: a column that is not bytes, base64 text or a list, or bytes
+            that are not whole elements (named).
+    """
+    out: dict[str, dict[str, list[Any]]] = {}
+    for field, part in check_column_mapping(stored, "stored", TRACE_FIELDS).items():
+        if not isinstance(part, Mapping) or set(part) != {"values", "steps"}:
+            raise TypeError(f"`stored[{field!r}]` must be a mapping with the keys 'values' and 'steps'.")
+        kind = _FLAG if field == "nesterov" else _REAL
+        out[field] = {}
+        for key, k in (("values", kind), ("steps", _COUNT)):
+            raw = _raw(part[key], k, f"stored[{field!r}][{key!r}]")
+            if isinstance(raw, np.ndarray):
+                raw = (raw.astype(bool) if k is _FLAG else raw).tolist()
+            out[field][key] = list(raw)
     return out
 
 
@@ -226,10 +174,9 @@ def _column(part: object, field: str, name: str) -> tuple[np.ndarray, np.ndarray
             f"`{name}` must be a mapping with exactly the keys 'values' and 'steps', got "
             f"{sorted(map(str, part)) if isinstance(part, Mapping) else type(part).__name__}."
         )
-    values, steps = part["values"], part["steps"]
-    for key, seq in (("values", values), ("steps", steps)):
-        if not isinstance(seq, (list, tuple)):
-            raise TypeError(f"`{name}[{key!r}]` must be a list, got {type(seq).__name__}.")
+    kind = _FLAG if field == "nesterov" else _REAL
+    values = _raw(part["values"], kind, f"{name}['values']")
+    steps = _raw(part["steps"], _COUNT, f"{name}['steps']")
     if len(values) != len(steps):
         raise ValueError(
             f"`{name}`: 'values' and 'steps' must have the same length, got "
@@ -237,6 +184,13 @@ def _column(part: object, field: str, name: str) -> tuple[np.ndarray, np.ndarray
         )
     counts = _steps_column(steps, f"{name}['steps']")
     if field == "nesterov":
+        if isinstance(values, np.ndarray):
+            bad = np.flatnonzero(values > 1)
+            if bad.size:
+                raise ValueError(
+                    f"`{name}['values'][{bad[0]}]` must be 0 or 1 (a bool), got {values[bad[0]]}."
+                )
+            return values.astype(bool), counts
         for i, v in enumerate(values):
             if type(v) is not bool:
                 raise TypeError(f"`{name}['values'][{i}]` must be a bool, got {v!r}.")
@@ -245,11 +199,36 @@ def _column(part: object, field: str, name: str) -> tuple[np.ndarray, np.ndarray
     return _real_column(values, f"{name}['values']", high, high_open), counts
 
 
-def _real_column(values: list[Any] | tuple[Any, ...], name: str, high: float,
+def _raw(seq: object, kind: np.dtype, name: str) -> np.ndarray | list[Any] | tuple[Any, ...]:
+    """A stored column as an array of ``kind`` (bytes, or base64 text of them), or the list
+    it is (the plain form, checked element by element by the caller)."""
+    if isinstance(seq, (list, tuple)):
+        return seq
+    if isinstance(seq, str):
+        try:
+            seq = base64.b64decode(seq.encode("ascii"), validate=True)
+        except (UnicodeEncodeError, binascii.Error) as err:
+            raise ValueError(f"`{name}` must be base64 text of the column's bytes: {err}.") from None
+    if not isinstance(seq, (bytes, bytearray)):
+        raise TypeError(f"`{name}` must be bytes, base64 text or a list, got {type(seq).__name__}.")
+    if len(seq) % kind.itemsize:
+        raise ValueError(
+            f"`{name}` must hold whole {kind.itemsize}-byte elements, got {len(seq)} bytes."
+        )
+    return np.frombuffer(seq, dtype=kind)
+
+
+def _real_column(values: np.ndarray | list[Any] | tuple[Any, ...], name: str, high: float,
                  high_open: bool) -> np.ndarray:  # fmt: skip
     """The values as floats, each checked to lie in [0, high) (closed at ``high`` unless
-    ``high_open``); in numpy for Python floats and ints (a bool is neither here), one by one
-    otherwise and to name the first bad one."""
+    ``high_open``); in numpy for an array and for Python floats and ints (a bool is neither
+    here), one by one otherwise and to name the first bad one."""
+    if isinstance(values, np.ndarray):
+        as_floats = values.astype(float)
+        fine = (as_floats >= 0.0) & ((as_floats < high) if high_open else (as_floats <= high))
+        if fine.all():  # NaN fails
+            return as_floats
+        values = as_floats.tolist()  # named one by one below
     if set(map(type, values)) <= {float, int}:
         try:
             arr = np.array(values, dtype=float)
@@ -266,8 +245,13 @@ def _real_column(values: list[Any] | tuple[Any, ...], name: str, high: float,
     return np.array(out, dtype=float)
 
 
-def _steps_column(steps: list[Any] | tuple[Any, ...], name: str) -> np.ndarray:
+def _steps_column(steps: np.ndarray | list[Any] | tuple[Any, ...], name: str) -> np.ndarray:
     """The run lengths as int64, each an integer >= 1."""
+    if isinstance(steps, np.ndarray):
+        bad = np.flatnonzero(steps < 1)
+        if bad.size:
+            raise ValueError(f"`{name}[{bad[0]}]` must be an integer >= 1, got {steps[bad[0]]}.")
+        return steps.astype(np.int64)
     if set(map(type, steps)) <= {int}:
         try:
             arr = np.array(steps, dtype=np.int64)

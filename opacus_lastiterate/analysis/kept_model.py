@@ -52,6 +52,7 @@ from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
     IncrementalWeightedHeuristic,
 )
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings, sgd_weights
+from opacus_lastiterate.analysis.last_iterate.settings_columns import SettingsTrace, TraceColumns
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import WeightedHeuristicResult
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.privacy_models import PRIVACY_MODELS, Choice, ModelName, choose
@@ -65,16 +66,23 @@ SettingsRuns = Sequence[tuple[Any, int]]
 """Run-length encoded optimizer settings: (settings, steps), oldest first."""
 
 
-def _sgd_run_weights(runs: SettingsRuns) -> np.ndarray:
-    counts = [n for _, n in runs]
-    lr, momentum, dampening, nesterov, weight_decay = (
-        np.repeat(np.asarray(column), counts)
-        for column in zip(*(s.as_tuple() for s, _ in runs), strict=True)
-    )
+def _sgd_run_weights(runs: Any) -> np.ndarray:
+    """The SGD weights of run-length settings, (settings, steps) pairs or columns."""
+    if not isinstance(runs, TraceColumns):
+        runs = _sgd_columns(runs)
+    lr, momentum, dampening, nesterov, weight_decay = runs.per_step()
     return sgd_weights(
         lr, momentum=momentum, dampening=dampening, nesterov=bool(nesterov.any()),
         weight_decay=weight_decay,
     )  # fmt: skip
+
+
+def _sgd_columns(runs: SettingsRuns) -> TraceColumns:
+    """Run-length SGD settings as columns."""
+    trace = SettingsTrace()
+    for settings, steps in runs:
+        trace.append(settings.as_tuple(), int(steps))
+    return trace.columns()
 
 
 def _sgd_varies(first: SGDSettings, settings: SGDSettings) -> bool:
@@ -85,12 +93,14 @@ def _adaptive_varies(first: AdaptiveStep, settings: AdaptiveStep) -> bool:
     return True  # the bias corrections and the second moment weigh the steps unequally
 
 
-OPTIMIZER_WEIGHTS: Mapping[type, tuple[Callable[[SettingsRuns], np.ndarray],
+OPTIMIZER_WEIGHTS: Mapping[type, tuple[Callable[[Any], np.ndarray],
                                        Callable[[Any, Any], bool]]] = {
     SGDSettings: (_sgd_run_weights, _sgd_varies),
     AdaptiveStep: (adaptive_run_weights, _adaptive_varies),
 }
-"""Settings class of an optimizer -> (weights of a run-length list of its settings, whether
+"""Settings class of an optimizer -> (weights of a run-length list of its settings (SGD's
+also of their :class:`~.last_iterate.settings_columns.TraceColumns`, as the kept model holds
+them), whether
 settings differ from the first step's in a way that changes the weights: (first, settings)
 -> bool). The one place a new optimizer's weights are added (module docstring)."""
 
@@ -119,7 +129,9 @@ class KeptModel:
         self.accuracy = float(accuracy)
         """Requested relative accuracy of the weighted heuristic (a change rebuilds it)."""
         self._constant = IncrementalHeuristic()
-        self._runs: list[list[Any]] = []  # [settings, steps], run-length; [] when unknown
+        # the settings, run-length: SGD's as columns, the others as [settings, steps]
+        self._sgd = SettingsTrace()
+        self._runs: list[list[Any]] = []
         self._known = True  # every step's settings recorded
         self._varies = False
         self._weighted: IncrementalWeightedHeuristic | None = None
@@ -133,13 +145,21 @@ class KeptModel:
     def from_run(
         cls,
         run: DPSGDRun,
-        settings: SettingsRuns | None = None,
+        settings: SettingsRuns | TraceColumns | None = None,
         *,
         accuracy: float = 1e-3,
     ) -> KeptModel:
         """The kept model of an existing run: its segments with ``settings`` (run-length
-        (settings, steps) covering every step), or settings unknown when None."""
+        (settings, steps) covering every step, or SGD settings as
+        :class:`~.last_iterate.settings_columns.TraceColumns`, taken in at once), or settings
+        unknown when None."""
         kept = cls(sampling=run.sampling, accuracy=accuracy, unit=run.unit)
+        if settings is not None and not isinstance(settings, TraceColumns):
+            settings = list(settings)
+            if settings and all(type(s) is SGDSettings for s, _ in settings):
+                settings = _sgd_columns(settings)
+        if isinstance(settings, TraceColumns):
+            return kept._take_columns(run, settings)
         runs = [] if settings is None else [[s, int(n)] for s, n in settings if n > 0]
         if settings is not None and sum(n for _, n in runs) != run.num_steps:
             raise ValueError(
@@ -160,6 +180,20 @@ class KeptModel:
                 kept.append(seg.noise_multiplier, seg.sample_rate, take, st)
                 left -= take
         return kept
+
+    def _take_columns(self, run: DPSGDRun, columns: TraceColumns) -> KeptModel:
+        """Take in ``run`` with SGD settings ``columns`` at once (what :meth:`append` of each
+        entry would record; the weighted engine is built at its first use)."""
+        columns = columns.without_empty()
+        covered = int(columns.steps.sum())
+        if covered != run.num_steps:
+            raise ValueError(f"`settings` must cover the run's {run.num_steps} steps, got {covered}.")
+        for seg in run.segments:
+            self._constant.append(seg.noise_multiplier, seg.sample_rate, seg.steps)
+        self._sgd = SettingsTrace(columns)
+        self._varies = self._sgd.varies
+        self._run = None
+        return self
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -198,7 +232,11 @@ class KeptModel:
     @property
     def settings(self) -> list[tuple[Any, int]] | None:
         """The recorded settings, run-length encoded; None when some step's are unknown."""
-        return [(s, n) for s, n in self._runs] if self._known else None
+        if not self._known:
+            return None
+        if len(self._sgd):
+            return [(SGDSettings(*e[:5]), e[5]) for e in self._sgd.entries()]
+        return [(s, n) for s, n in self._runs]
 
     @property
     def run(self) -> DPSGDRun:
@@ -213,10 +251,13 @@ class KeptModel:
 
     def weights(self) -> np.ndarray:
         """The per-step weights of the recorded settings (:data:`OPTIMIZER_WEIGHTS`)."""
-        if not self._known or not self._runs:
+        if not self._known or not (self._runs or len(self._sgd)):
             raise ValueError("no optimizer settings were recorded for every step.")
-        runs = [(settings, steps) for settings, steps in self._runs]
-        weights = OPTIMIZER_WEIGHTS[type(runs[0][0])][0](runs)
+        if len(self._sgd):
+            weights = OPTIMIZER_WEIGHTS[SGDSettings][0](self._sgd.columns())
+        else:
+            runs = [(settings, steps) for settings, steps in self._runs]
+            weights = OPTIMIZER_WEIGHTS[type(runs[0][0])][0](runs)
         weights.setflags(write=False)
         return weights
 
@@ -273,19 +314,25 @@ class KeptModel:
         self._run = None
         if settings is None:
             self._known, self._runs, self._varies = False, [], False
+            self._sgd = SettingsTrace()
             self._equivalent = self._sgd_view = None
             return
         if not self._known:
+            return
+        before = SGDSettings if len(self._sgd) else type(self._runs[0][0]) if self._runs else None
+        if before is not None and type(settings) is not before:
+            raise TypeError(
+                f"`settings` must be of one optimizer, got {type(settings).__name__} after "
+                f"{before.__name__}."
+            )
+        if type(settings) is SGDSettings:  # as columns: no Python object per step
+            self._sgd.append(settings.as_tuple(), steps)
+            self._varies = self._sgd.varies
             return
         self._note_equivalent(settings, steps)
         if self._runs and self._runs[-1][0] == settings:
             self._runs[-1][1] += steps
             return
-        if self._runs and type(settings) is not type(self._runs[0][0]):
-            raise TypeError(
-                f"`settings` must be of one optimizer, got {type(settings).__name__} after "
-                f"{type(self._runs[0][0]).__name__}."
-            )
         if type(settings) not in OPTIMIZER_WEIGHTS:
             raise TypeError(
                 f"`settings` must be one of {', '.join(c.__name__ for c in OPTIMIZER_WEIGHTS)} "
@@ -320,13 +367,11 @@ class KeptModel:
         if engine is None or engine.num_steps != self.num_steps or engine.accuracy != self.accuracy:
             engine = IncrementalWeightedHeuristic(self.accuracy)
             sigma, q = self._constant.run.per_step()
-            runs: list[list[Any]] = (
-                self._runs if self._sgd_view is None else [[s, 1] for s in self._sgd_view]
-            )
-            counts = [n for _, n in runs]
-            fields = [np.repeat(np.asarray(c), counts)
-                      for c in zip(*(s.as_tuple() for s, _ in runs), strict=True)]
-            engine.extend(sigma, q, *fields)
+            columns = (
+                self._sgd.columns() if self._sgd_view is None
+                else _sgd_columns([(s, 1) for s in self._sgd_view])
+            )  # fmt: skip
+            engine.extend(sigma, q, *columns.per_step())
             saved, self._saved = self._saved, None
             if saved is not None:
                 engine.restore_characteristic(saved)
@@ -408,7 +453,7 @@ class KeptModel:
 
     def _kept_weighted(self) -> bool:
         return self.uses_weights and (
-            isinstance(self._runs[0][0], SGDSettings) or self._sgd_view is not None
+            len(self._sgd) > 0 or self._sgd_view is not None
         )
 
     def _build(self, choice: Choice, params: Mapping[str, Any]) -> PrivacyModel:

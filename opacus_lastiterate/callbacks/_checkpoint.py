@@ -2,7 +2,8 @@
 
 :func:`monitor_state` builds the dictionary that
 :meth:`~opacus_lastiterate.callbacks.monitor.PrivacyMonitor.state_dict` returns (format 2,
-JSON-serialisable: the accountants' histories as lists of lists); :func:`restore` validates
+JSON-serialisable: the accountants' histories as lists of lists, the optimizer trace's
+columns as base64 text); :func:`restore` validates
 such a state whole, then loads the accountants' parts into the accountants and returns
 the rest as a :class:`RestoredState` for the monitor to take over; :func:`rewind` takes the
 sinks back to the restored step. Lightning and Hugging Face checkpoints do not save Opacus's
@@ -20,6 +21,7 @@ import numpy as np
 
 from opacus_lastiterate.accountants.any_accountant import check_accountant_state
 from opacus_lastiterate.accountants.incremental_rdp import IncrementalRDP
+from opacus_lastiterate.accountants.optimizer_trace import trace_as_text
 from opacus_lastiterate.callbacks.records import FIELDS, EpsilonRecord
 
 __all__ = ["FORMAT", "RDP_RTOL", "RestoredState", "monitor_state", "restore", "rewind"]
@@ -38,8 +40,16 @@ _TUPLE_KEYS = ("history",)
 
 
 def _plain(state: Mapping[str, Any]) -> dict[str, Any]:
-    """An accountant's state with its lists of tuples as lists of lists."""
-    return {k: ([list(e) for e in v] if isinstance(v, list) else v) for k, v in state.items()}
+    """An accountant's state with its lists of tuples as lists of lists and its optimizer
+    trace's columns of bytes as base64 text (JSON; the accountant reads both back)."""
+    out: dict[str, Any] = {}
+    for k, v in state.items():
+        if isinstance(v, list):
+            v = [list(e) for e in v]
+        elif k == "optimizer_trace" and isinstance(v, Mapping):
+            v = trace_as_text(v)
+        out[k] = v
+    return out
 
 
 def _tuples(state: Mapping[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from opacus_lastiterate.accountants import LastIterateAccountant
+from opacus_lastiterate.accountants.optimizer_trace import trace_as_lists
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings, cosine_schedule
 
 GAP, QUERIES, REPEATS = 400, 24, 3
@@ -86,8 +87,9 @@ def test_characteristic_of_another_history_is_ignored() -> None:
     state = _trained(300).state_dict()
     other = _trained(300)
     state_other = other.state_dict()
-    lrs = state_other["optimizer_trace"]["lr"]
-    lrs["values"] = [lr * 1.5 for lr in lrs["values"]]
+    trace = trace_as_lists(state_other["optimizer_trace"])
+    trace["lr"]["values"] = [lr * 1.5 for lr in trace["lr"]["values"]]
+    state_other["optimizer_trace"] = trace
     state_other["weighted_characteristic"] = state["weighted_characteristic"]
     edited = LastIterateAccountant()
     edited.load_state_dict(state_other)

@@ -35,3 +35,16 @@ def test_advance_one_step_at_a_time_matches_opacus_accountant():
         reference.step(noise_multiplier=sigma, sample_rate=q)
         if t in (0, 9, 29):
             assert eps[t] == pytest.approx(reference.get_epsilon(1e-5), rel=1e-9)
+
+
+def test_a_batch_of_new_noise_multipliers_gives_the_floats_of_one_at_a_time():
+    """advance() evaluates the series of every new (sigma, q) of a noise schedule in one call:
+    the vector after each step is the one add() reaches a step at a time, bit for bit, and
+    a pair seen again (here the first) is not evaluated anew."""
+    steps = [(0.999**t, 0.02) for t in range(40)] + [(1.0, 0.02), (0.5, 0.3)]
+    batched, single = IncrementalRDP(), IncrementalRDP()
+    eps = batched.advance(steps, 1e-5)
+    for sigma, q in steps:
+        single.add(sigma, q)
+    assert np.array_equal(batched.rdp, single.rdp)
+    assert eps[-1] == single.epsilon(1e-5)

@@ -14,7 +14,11 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from opacus_lastiterate.accountants import LastIterateAccountant
-from opacus_lastiterate.accountants.optimizer_trace import encode_trace
+from opacus_lastiterate.accountants.optimizer_trace import (
+    encode_trace,
+    trace_as_lists,
+    trace_as_text,
+)
 from opacus_lastiterate.analysis.last_iterate.heuristic import LastIterateHeuristic
 from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
@@ -182,7 +186,7 @@ def test_a_long_stored_trace_is_checked_column_by_column(field, key, value):
     reported by field and index, with nothing loaded."""
     good = [(0.1 + 1e-4 * i, 0.9, 0.0, False, 0.0, 1 + i % 3) for i in range(500)]
     good.append((0.2, 1.0, 1.0, True, 0.5, 7))  # closed ends of [0, 1]
-    stored = encode_trace(good)
+    stored = trace_as_lists(encode_trace(good))
     via_numpy = {f: {"values": [np.float64(v) if type(v) is float else v for v in c["values"]],
                      "steps": c["steps"]} for f, c in stored.items()}  # fmt: skip
     state = {"history": [(1.0, 0.01, sum(e[5] for e in good))], "mechanism": "last_iterate"}
@@ -209,25 +213,65 @@ def test_the_stored_trace_is_each_setting_run_length_encoded_and_round_trips_exa
     trace = [(lr, 0.9, 0.0, False, 0.0, 1) for lr in lrs[:500]]
     trace += [(lr, 0.5, 0.1, True, 1e-4, 2) for lr in lrs[500:]]
     stored = encode_trace(trace)
-    assert stored["lr"] == {"values": lrs, "steps": [1] * 500 + [2] * 500}
-    assert stored["momentum"] == {"values": [0.9, 0.5], "steps": [500, 1000]}
-    assert stored["nesterov"] == {"values": [False, True], "steps": [500, 1000]}
+    assert len(stored["lr"]["values"]) == len(stored["lr"]["steps"]) == 8 * 1000  # bytes
+    assert len(stored["momentum"]["values"]) == 8 * 2
+    lists = trace_as_lists(stored)
+    assert lists["lr"] == {"values": lrs, "steps": [1] * 500 + [2] * 500}
+    assert lists["momentum"] == {"values": [0.9, 0.5], "steps": [500, 1000]}
+    assert lists["nesterov"] == {"values": [False, True], "steps": [500, 1000]}
     history = [(1.0, 0.01, 1500)]
     for copy_of in (
-        lambda s: json.loads(json.dumps(s)),
+        lambda s: json.loads(json.dumps(trace_as_text(s))),
         lambda s: _torch_round_trip(s, io.BytesIO()),
+        lambda s: trace_as_lists(s),
+        lambda s: json.loads(json.dumps(trace_as_lists(s))),
     ):
         acc = LastIterateAccountant()
         acc.load_state_dict({"history": history, "mechanism": "last_iterate",
                              "optimizer_trace": copy_of(stored)})  # fmt: skip
         assert acc.optimizer_trace == trace
         assert acc.state_dict()["optimizer_trace"] == stored
-    short = copy.deepcopy(stored)
+    short = trace_as_lists(stored)
     short["momentum"]["steps"][-1] -= 1
     with pytest.raises(ValueError, match=r"every setting must cover the same steps"):
         LastIterateAccountant().load_state_dict(
             {"history": history, "mechanism": "last_iterate", "optimizer_trace": short}
         )
+
+
+@pytest.mark.parametrize(
+    "field, key, edit, error, message",
+    [
+        ("lr", "values", lambda b: b[:-1], ValueError, r"whole 8-byte elements, got 7999"),
+        ("lr", "values", lambda b: _put(b, 300, "<f8", math.nan), ValueError, r"\[300\]"),
+        ("momentum", "values", lambda b: _put(b, 0, "<f8", 1.5), ValueError, r"\[0\]"),
+        ("lr", "steps", lambda b: _put(b, 7, "<i8", 0), ValueError, r"\['steps'\]\[7\]"),
+        ("nesterov", "values", lambda b: b"\x02", ValueError, r"must be 0 or 1"),
+        ("lr", "values", lambda b: "not base64!", ValueError, r"base64"),
+        ("lr", "steps", lambda b: 3.0, TypeError, r"bytes, base64 text or a list"),
+    ],
+)
+def test_a_stored_trace_in_bytes_is_checked_before_anything_changes(field, key, edit, error,
+                                                                    message):  # fmt: skip
+    """The bytes form is validated as the lists are: a bad element named by its index, a
+    column of partial elements or other types refused, the accountant left as it was."""
+    good = [(0.1 + 1e-4 * i, 0.9, 0.0, False, 0.0, 1) for i in range(1000)]
+    stored = encode_trace(good)
+    state = {"history": [(1.0, 0.01, 1000)], "mechanism": "last_iterate"}
+    acc = LastIterateAccountant()
+    acc.load_state_dict(dict(state, optimizer_trace=stored))
+    assert acc.optimizer_trace == good
+    bad = copy.deepcopy(stored)
+    bad[field][key] = edit(bad[field][key])
+    with pytest.raises(error, match=message):
+        acc.load_state_dict(dict(state, history=[(2.0, 0.01, 1000)], optimizer_trace=bad))
+    assert acc.optimizer_trace == good and acc.history == [(1.0, 0.01, 1000)]
+
+
+def _put(raw, i, kind, value):
+    column = np.frombuffer(raw, dtype=kind).copy()
+    column[i] = value
+    return column.tobytes()
 
 
 def _torch_round_trip(state, buffer):

@@ -139,6 +139,7 @@ GRID_MARGIN = 0.25
 RATE_SAFETY = 2.0  # later rates predicted <= RATE_SAFETY x the largest active one (freezing)
 _FP = FP_CHARGE
 _FREEZE_BLOCK = 16  # steps are frozen in blocks of at least this many (less work per query)
+_BUILD_BLOCK = 1 << 16  # a new grid takes in the frozen steps this many at a time (memory)
 _SHADOW_START = 0.3  # the next grid is started when this share of a margin is used
 _SHADOW_SWITCH = 0.6  # ... and takes over, folded by then, when this share is used
 STATE_FORMAT = 2
@@ -355,30 +356,42 @@ class IncrementalCharacteristic:
         if n == 0 or self._near_half:
             return None
         first = self.frozen
-        eta_a = np.asarray(eta[first:n], dtype=float)
-        q_a = np.asarray(q[first:n], dtype=float)
-        s2_a = np.asarray(sigma[first:n], dtype=float) ** 2
-        w_a = self.recursion.weights(first, self.r, eta_a)
+        # the active steps a block at a time (a long run's first query: O(block) temporaries)
+        blocks = [(lo, min(n, lo + _BUILD_BLOCK)) for lo in range(first, n, _BUILD_BLOCK)]
+        s2_act = mu_act = eta_max = 0.0
+        for lo, hi in blocks:
+            eta_b = np.asarray(eta[lo:hi], dtype=float)
+            w_b = self.recursion.weights(lo, self.r[lo - first : hi - first], eta_b)
+            s2_b = np.asarray(sigma[lo:hi], dtype=float) ** 2
+            s2_act += float(np.dot(s2_b, w_b * w_b))
+            mu_act += float(np.dot(np.asarray(q[lo:hi], dtype=float), w_b))
+            eta_max = max(eta_max, float(eta_b.max()))
         lin, quad = self.lin, self.quad
-        s2 = self.s20 + lin[2] + quad[0] + float(np.dot(s2_a, w_a * w_a))
-        mu = self.mu0 + lin[0] + float(np.dot(q_a, w_a))
+        s2 = self.s20 + lin[2] + quad[0] + s2_act
+        mu = self.mu0 + lin[0] + mu_act
         if not s2 > 0.0:
             return None
         s = math.sqrt(s2)
         # freeze the leading active steps whose predicted share of E2 is small enough
-        if self.beta > 0.0 and w_a.size:
+        count = n - first  # beta = 0: the weights never change
+        if self.beta > 0.0 and blocks:
             kappa = FREEZE_ERROR * delta * 2.0 * math.pi * s2 / n
-            growth = RATE_SAFETY * float(eta_a.max()) / (1.0 - self.beta)
-            age = (n - 1) - np.arange(first, n)
-            c = (self.beta if self.nesterov else 1.0) * self.recursion.damping(first, w_a.size)
-            c = c * self.beta ** (age + 1.0) * growth
-            ok = c_q(q_a) * c * c <= kappa
-            count = w_a.size if ok.all() else int(np.argmin(ok))
-        else:
-            count = w_a.size  # beta = 0: the weights never change
+            growth = RATE_SAFETY * eta_max / (1.0 - self.beta)
+            for lo, hi in blocks:
+                age = (n - 1) - np.arange(lo, hi)
+                c = (self.beta if self.nesterov else 1.0) * self.recursion.damping(lo, hi - lo)
+                c = c * self.beta ** (age + 1.0) * growth
+                ok = c_q(np.asarray(q[lo:hi], dtype=float)) * c * c <= kappa
+                if not ok.all():
+                    count = lo - first + int(np.argmin(ok))
+                    break
         if count >= _FREEZE_BLOCK or (count and self.grid is None):
-            self._freeze(count, eta, sigma, q)
-            w_a, q_a, eta_a = w_a[count:], q_a[count:], eta_a[count:]
+            for lo in range(0, count, _BUILD_BLOCK):
+                self._freeze(min(_BUILD_BLOCK, count - lo), eta, sigma, q)
+        first = self.frozen
+        eta_a = np.asarray(eta[first:n], dtype=float)
+        q_a = np.asarray(q[first:n], dtype=float)
+        w_a = self.recursion.weights(first, self.r, eta_a)
         tail = ETA * delta
         a_end = s * float(special.ndtri(tail)) - mu
         theta_min = math.sqrt(2.0 * (-math.log(tail) + 1.0)) / s
@@ -504,33 +517,44 @@ class IncrementalCharacteristic:
         self.rebuilds += 1
         n, beta, first = self.n, self.beta, self.frozen
         eta_all = np.asarray(eta[:n], dtype=float)
-        # R_t(T) = sum_{s=t..frozen-1} eta_s beta^(s-t) + beta^(frozen-t) R_frozen(T)
+        q_now = np.asarray(q[:n], dtype=float)
+        # the frozen steps are refrozen at their current weights w_t(T) (rho = 0): R_t(T) =
+        # sum_{s=t..e-1} eta_s beta^(s-t) + beta^(e-t) R_e(T), a block [t0, e) at a time from
+        # the newest back (R_frozen(T) the first carry), so that the temporaries are O(block)
         r_next, r_next_age = (float(self.r[0]), float(self.r_age[0])) if self.r.size else (0.0, 0.0)
-        r_all = self.recursion.discounted_rates(eta_all[:first])
-        if beta > 0.0 and first:
-            r_all = r_all + r_next * beta ** np.arange(first, 0, -1.0)
-        # the frozen steps are refrozen at their current weights w_t(T) (rho = 0), with growth
-        # coefficients (x beta for nesterov) a_t beta^(T + 1 - t), T + 1 = n (as in _freeze)
-        w_re = self.recursion.weights(0, r_all, eta_all[:first])
-        q_f = np.asarray(q[:first], dtype=float)
-        idx = np.arange(first, dtype=float)
-        c_f = self.recursion.growth(0, first, n)
-        w_act = self.recursion.weights(first, self.r, eta_all[first:])
-        w_now = np.r_[w_re, w_act]
-        q_now = np.r_[q_f, np.asarray(q[first:n], dtype=float)]
+        w_now = np.empty(n)
+        carry = r_next
+        for end in range(first, 0, -_BUILD_BLOCK):
+            start = max(0, end - _BUILD_BLOCK)
+            r_blk = self.recursion.discounted_rates(eta_all[start:end])
+            if beta > 0.0:
+                r_blk += carry * beta ** np.arange(end - start, 0, -1.0)
+            carry = float(r_blk[0])
+            w_now[start:end] = self.recursion.weights(start, r_blk, eta_all[start:end])
+        w_now[first:] = self.recursion.weights(first, self.r, eta_all[first:])
         grid = self._new_grid(delta, tail, s, mu, a_end, theta_min, w_now, q_now)
         if grid is None:
             return None
         self.shadow = None
-        if first:
-            grid.fold(w_re, q_f, c_f)
+        w_round, carries = 0.0, (4.0 if first > _BUILD_BLOCK else 0.0)
+        for start in range(0, first, _BUILD_BLOCK):
+            end = min(first, start + _BUILD_BLOCK)
+            w_re, q_f = w_now[start:end], q_now[start:end]
+            # growth coefficients (x beta for nesterov) a_t beta^(T + 1 - t), T + 1 = n (as in
+            # _freeze)
+            grid.fold(w_re, q_f, self.recursion.growth(start, end - start, n))
             # rounding of the refrozen weights: the backward filter loses about 2 ulps per
             # step, damped by beta (at most about 2 / (1 - beta), as the R_t of _sync), the
-            # continuation from R_frozen(T) and a_t (nesterov: eta_t + beta a_t R_t) a few more
-            age = np.zeros(first)
+            # continuation from R_frozen(T) and a_t (nesterov: eta_t + beta a_t R_t) a few more;
+            # each block's carry (the power, product and sum) about 3 ulps more, damped by
+            # beta over each block: 4 more in all (none with a single block)
+            age = np.zeros(end - start)
             if beta > 0.0:
-                age = np.minimum(first - idx, 2.0 / (1.0 - beta) + 2.0) + r_next_age
-            grid.w_round = float(np.dot(g_q(q_f), _FP * (age + 6.0 + PHASOR_CHARGE) * w_re))
+                idx = np.arange(start, end, dtype=float)
+                age = np.minimum(first - idx, 2.0 / (1.0 - beta) + 2.0) + r_next_age + carries
+            w_round += float(np.dot(g_q(q_f), _FP * (age + 6.0 + PHASOR_CHARGE) * w_re))
+        if first:
+            grid.w_round = w_round
         return grid
 
     def _new_grid(
@@ -543,8 +567,10 @@ class IncrementalCharacteristic:
         keep = w_now > 0
         if not keep.any():
             return None
+        if not keep.all():  # else no copies (a long run's steps)
+            w_now, q_now = w_now[keep], q_now[keep]
         try:
-            b_unc, lam = chernoff_upper(w_now[keep], q_now[keep], s, tail)
+            b_unc, lam = chernoff_upper(w_now, q_now, s, tail)
         except (OverflowError, ValueError, FloatingPointError):
             return None
         b_end = b_unc - mu

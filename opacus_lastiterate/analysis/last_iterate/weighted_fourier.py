@@ -55,6 +55,7 @@ FP_CHARGE = 8.0 * np.finfo(float).eps
 MAX_TERMS = 20_000
 """At most this many frequencies (a noise scale too small for the interval: declined)."""
 _CHERNOFF_ROUNDS = 40  # Newton steps at most (about 5 from the Gaussian start)
+_BLOCK = 1 << 16  # steps per block of the sums over the steps (temporaries of 0.5 MB each)
 
 
 def chernoff_upper(w: np.ndarray, q: np.ndarray, s: float, target: float) -> tuple[float, float]:
@@ -69,20 +70,32 @@ def chernoff_upper(w: np.ndarray, q: np.ndarray, s: float, target: float) -> tup
     log_t = math.log(target)
     w_max = float(w.max())
     lo, hi = 1e-6 / s, min(700.0 / w_max, 1e6 / s)
+    blocks = [slice(i, i + _BLOCK) for i in range(0, w.size, _BLOCK)]  # O(block) temporaries
 
     def b(lam: float) -> float:
         if lam * w_max > 700.0:
             return math.inf
-        return (0.5 * lam * lam * s * s + float(np.dot(q, np.expm1(lam * w))) - log_t) / lam
+        total = sum(float(np.dot(q[k], np.expm1(lam * w[k]))) for k in blocks)
+        return (0.5 * lam * lam * s * s + total - log_t) / lam
 
-    qw = q * w
-    qww = qw * w
-    lam = min(max(math.sqrt(-2.0 * log_t / (s * s + float(qww.sum()))), lo), hi)
+    def sums(lam: float) -> tuple[float, float, float]:
+        """sum q (e^{lam w} - 1), sum q w e^{lam w}, sum q w^2 e^{lam w}."""
+        s0 = s1 = s2 = 0.0
+        for k in blocks:
+            qk, wk = q[k], w[k]
+            grow = np.exp(lam * wk)
+            qw = qk * wk
+            s0 += float(np.dot(qk, grow - 1.0))
+            s1 += float(np.dot(qw, grow))
+            s2 += float(np.dot(qw * wk, grow))
+        return s0, s1, s2
+
+    qww = sum(float((q[k] * w[k] * w[k]).sum()) for k in blocks)  # one block: as unblocked
+    lam = min(max(math.sqrt(-2.0 * log_t / (s * s + qww)), lo), hi)
     for _ in range(_CHERNOFF_ROUNDS):
-        grow = np.exp(lam * w)
-        s0 = float(np.dot(q, grow - 1.0))
-        g = 0.5 * lam * lam * s * s + lam * float(np.dot(qw, grow)) - s0 + log_t
-        slope = lam * (s * s + float(np.dot(qww, grow)))
+        s0, s1, s2 = sums(lam)
+        g = 0.5 * lam * lam * s * s + lam * s1 - s0 + log_t
+        slope = lam * (s * s + s2)
         nxt = min(max(lam - g / slope, lo), hi)
         done = abs(nxt - lam) <= 1e-6 * lam
         lam = nxt

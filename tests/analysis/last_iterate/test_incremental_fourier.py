@@ -223,3 +223,24 @@ def test_kept_route_answers_every_step_of_a_long_run():
     early = inc.rebuilds
     assert inc.switches >= 10 and early <= 15
     _check(got, _scratch(lrs, np.full(n, 0.0445), np.full(n, 6.0), n, 0.9, 0.0, False, 1e-5))
+
+
+@pytest.mark.parametrize("name", ["momentum-cosine", "nesterov-cosine", "dampening", "plain-step"])
+def test_a_grid_built_in_blocks_brackets_the_same_value(name, monkeypatch):
+    """A new grid takes in the frozen steps a block at a time (and the Chernoff sums run over
+    blocks), so that a long run's first query needs O(block) temporaries: with blocks of 37
+    and 50 steps its bracket still holds the from-scratch value, and its upper end lies within
+    1e-9 relative of the one built in one block (the grid's interval moves by rounding)."""
+    from opacus_lastiterate.analysis.last_iterate import weighted_fourier
+
+    n = 700
+    queried = lambda t: t in (300, 650, 700)  # noqa: E731 (a gap: frozen steps to refold)
+    *_, whole = _run(name, n, queried)
+    monkeypatch.setattr(incremental_fourier, "_BUILD_BLOCK", 37)
+    monkeypatch.setattr(weighted_fourier, "_BLOCK", 50)
+    inc, lrs, q, sigma, blocked = _run(name, n, queried)
+    assert inc.rebuilds >= 1
+    _, beta, damp, nest = CASES[name]
+    for t in (300, 650, 700):
+        _check(blocked[t], _scratch(lrs, q, sigma, t, beta, damp, nest, 1e-5))
+        assert blocked[t][0] == pytest.approx(whole[t][0], rel=1e-9)
