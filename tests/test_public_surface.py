@@ -156,4 +156,5 @@ def test_every_public_name_is_met_by_a_user() -> None:
 
 
 def test_the_package_lists_few_distinct_public_names() -> None:
-    assert len(_public_exports()) <= 330
+    # 585 before the rule above; a new capability adds the names its users meet
+    assert len(_public_exports()) <= 345
