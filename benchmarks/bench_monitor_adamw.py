@@ -21,6 +21,7 @@ the step number). ``--optimizer sgd``: SGD momentum 0.9 with a cosine schedule i
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 import warnings
@@ -121,7 +122,7 @@ def main() -> None:
         per_step.append((total - base) / args.steps * 1e3)
         edges = [0, args.steps // 3, 2 * args.steps // 3, args.steps]
         thirds.append([1e3 * (sum(steps[a:b]) - sum(base_steps[a:b])) / (b - a)
-                       for a, b in zip(edges, edges[1:])])
+                       for a, b in itertools.pairwise(edges)])
         finishes.append(finish)
     print(f"{args.optimizer}, standard_every={args.standard_every}, {args.steps} steps, "
           f"{args.device}, {args.repeats} repeats")
