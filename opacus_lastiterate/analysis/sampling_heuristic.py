@@ -218,7 +218,8 @@ def _exact_sum(options: list[tuple[np.ndarray, np.ndarray]]) -> dict[float, floa
         order = np.argsort(first, kind="stable")  # groups by first appearance
         rank = np.empty_like(order)
         rank[order] = np.arange(order.size)
-        probs_now = np.bincount(rank[inverse.ravel()], weights=masses, minlength=order.size)
+        probs_now = np.bincount(  # type: ignore[assignment]
+            rank[inverse.ravel()], weights=masses, minlength=order.size)
         values_now = sums[first[order]]
     return dict(zip(values_now.tolist(), probs_now.tolist(), strict=True))
 
