@@ -195,22 +195,33 @@ def _count_pair(layout: EpochLayout) -> ShiftedGaussianMixture | float:
 
 
 def _exact_sum(options: list[tuple[np.ndarray, np.ndarray]]) -> dict[float, float] | None:
-    """Law of sum_e X_e as {value: probability}, or None beyond EXACT_SUPPORT_LIMIT points."""
-    law: dict[float, float] = {0.0: 1.0}
+    """Law of sum_e X_e as {value: probability}, or None beyond EXACT_SUPPORT_LIMIT points.
+
+    Each convolution runs on arrays: the pairwise sums in the order of a loop over the law's
+    points then the option's, grouped by value in order of first appearance and summed in
+    that order (``np.bincount``), which are the additions, in the same order, of a
+    dictionary filled by that loop: the same floats."""
+    values_now, probs_now = np.zeros(1), np.ones(1)
     for values, probs in options:
         step: dict[float, float] = defaultdict(float)
         for v, p in zip(values.tolist(), probs.tolist(), strict=True):
             step[v] += p
         step[0.0] += max(0.0, 1.0 - float(probs.sum()))
-        new: dict[float, float] = defaultdict(float)
-        for a, pa in law.items():
-            for b, pb in step.items():
-                if pb > 0:
-                    new[a + b] += pa * pb
-        if len(new) > EXACT_SUPPORT_LIMIT:
+        kept = [(v, p) for v, p in step.items() if p > 0]
+        b_values = np.array([v for v, _ in kept], dtype=float)
+        b_probs = np.array([p for _, p in kept], dtype=float)
+        sums = (values_now[:, None] + b_values[None, :]).ravel()
+        masses = (probs_now[:, None] * b_probs[None, :]).ravel()
+        unique, first, inverse = np.unique(sums, return_index=True, return_inverse=True)
+        if unique.size > EXACT_SUPPORT_LIMIT:
             return None
-        law = new
-    return law
+        order = np.argsort(first, kind="stable")  # groups by first appearance
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        probs_now = np.bincount(  # type: ignore[assignment]
+            rank[inverse.ravel()], weights=masses, minlength=order.size)
+        values_now = sums[first[order]]
+    return dict(zip(values_now.tolist(), probs_now.tolist(), strict=True))
 
 
 def trim_tails(pmf: np.ndarray, budget: float) -> tuple[np.ndarray, int, float]:

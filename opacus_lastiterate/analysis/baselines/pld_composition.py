@@ -38,11 +38,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-from dp_accounting.pld import common, pld_pmf
+from dp_accounting.pld import pld_pmf
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from numpy.typing import NDArray
 from scipy import signal
 
+from opacus_lastiterate.analysis.baselines.self_convolution import clear_transforms, self_convolve
 from opacus_lastiterate.analysis.baselines.subsampled_gaussian_pld import (
     LossPmf,
     subsampled_gaussian_pmfs,
@@ -143,7 +144,7 @@ class PLDComposer:
         ``squaring`` (None: the composer's ``squaring``)."""
         if steps <= 0:
             return
-        one_remove, one_add = subsampled_gaussian_pmfs(noise_multiplier, sample_rate, self.interval)
+        one_remove, one_add = _one_step(noise_multiplier, sample_rate, self.interval)
         self._symmetric = self._symmetric and sample_rate == 1.0
         power = _power if (self.squaring if squaring is None else squaring) else _self_compose
         self._remove = _compose(self._remove, power(one_remove, steps, self.tail), self.tail)
@@ -233,10 +234,34 @@ class _Entry:
 _CACHE = CompositionCache()
 
 
+_ONE_STEP: dict[tuple[float, float, float], tuple[LossPmf, LossPmf]] = {}
+_ONE_STEP_KEPT = 8
+_ONE_STEP_LOCK = threading.Lock()
+
+
+def _one_step(sigma: float, q: float, interval: float) -> tuple[LossPmf, LossPmf]:
+    """``subsampled_gaussian_pmfs(sigma, q, interval)``, the same objects while among the
+    last few built: a run growing one step at a time then self-composes the same arrays,
+    whose transforms :func:`~.self_convolution.self_convolve` keeps."""
+    key = (sigma, q, interval)
+    with _ONE_STEP_LOCK:
+        kept = _ONE_STEP.get(key)
+    if kept is None:
+        kept = subsampled_gaussian_pmfs(sigma, q, interval)
+        with _ONE_STEP_LOCK:
+            _ONE_STEP[key] = kept
+            while len(_ONE_STEP) > _ONE_STEP_KEPT:
+                del _ONE_STEP[next(iter(_ONE_STEP))]
+    return kept
+
+
 def clear_kept_compositions() -> None:
-    """Forget the compositions that :func:`incremental_pld` keeps (their memory, or a cold
-    start for a timing)."""
+    """Forget the compositions that :func:`incremental_pld` keeps, and the one-step PLDs
+    and transforms behind them (their memory, or a cold start for a timing)."""
     _CACHE.clear()
+    with _ONE_STEP_LOCK:
+        _ONE_STEP.clear()
+    clear_transforms()
 
 
 def incremental_pld(
@@ -261,7 +286,7 @@ def _self_compose(pmf: LossPmf, times: int, tail: float) -> LossPmf:
     """``DensePLDPmf.self_compose(times, tail)`` on arrays; ``pmf`` itself for one step."""
     if times == 1:
         return pmf
-    low, probs = common.self_convolve(pmf.probs, times, tail)
+    low, probs = self_convolve(pmf.probs, times, tail)
     infinity = tail - math.expm1(times * math.log1p(-pmf.infinity_mass))
     return LossPmf(pmf.lower * times + low, np.asarray(probs, dtype=float), infinity)
 
