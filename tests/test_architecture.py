@@ -377,3 +377,16 @@ def test_private_access_checker(tmp_path: Path) -> None:
         "pkg/callbacks/mod.py:23: helpers._internal  (private name of pkg.analysis.helpers)",
         "pkg/callbacks/mod.py:27: os._exit  (private name of os (outside the package))",
     ]
+
+
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_is_over_600_lines() -> None:
+    """One concept per module, and a module a reader takes in at once."""
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in ROOT.rglob("*.py")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"

@@ -50,7 +50,6 @@ checked there).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -58,6 +57,7 @@ from torch import nn
 
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
+from opacus_lastiterate.auditing.wiring_report import ParameterReport, WiringReport
 from opacus_lastiterate.auditing.wiring_users import (
     BatchSizes,
     per_user_problems,
@@ -74,41 +74,6 @@ _GHOST_HINT = (
     "ghost clipping computes no per-sample gradients, so only the n*C bound of the clipped "
     "sum is checked"
 )
-
-
-@dataclass(frozen=True)
-class ParameterReport:
-    """What the probe step showed for one parameter of the DP optimizer.
-
-    Attributes:
-        name: the parameter's name in the model (``param_groups[g][i]`` without a model).
-        numel: its number of entries.
-        examples: the number of per-sample gradients (None under ghost clipping).
-        noise_std: the empirical standard deviation of the noise added to it.
-        stated_std: ``noise_multiplier * max_grad_norm``.
-        clipped_norm_max: the largest norm of one example's clipped contribution, over all
-            parameters jointly for flat clipping (None under ghost clipping).
-    """
-
-    name: str
-    numel: int
-    examples: int | None
-    noise_std: float
-    stated_std: float
-    clipped_norm_max: float | None
-
-
-@dataclass(frozen=True)
-class WiringReport:
-    """The passed probe step: one :class:`ParameterReport` per parameter, the pooled noise
-    standard deviation, and the names of the frozen parameters checked."""
-
-    parameters: tuple[ParameterReport, ...]
-    pooled_noise_std: float
-    stated_std: float
-    frozen: tuple[str, ...]
-    ghost_clipping: bool
-    notes: tuple[str, ...] = field(default=())
 
 
 def _fingerprint(t: torch.Tensor) -> tuple[float, float] | None:

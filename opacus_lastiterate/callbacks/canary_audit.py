@@ -114,17 +114,8 @@ class CanaryAuditResult:
         }
 
 
-_ONE_RUN_FIELDS = (
-    "epsilon",
-    "delta",
-    "confidence",
-    "method",
-    "kind",
-    "num_guesses",
-    "num_correct",
-    "threshold",
-    "notes",
-)
+_ONE_RUN_FIELDS = ("epsilon", "delta", "confidence", "method", "kind", "num_guesses",
+                   "num_correct", "threshold", "notes")
 """The keys of a one-run result in :meth:`CanaryAuditResult.as_dict`."""
 
 

@@ -17,12 +17,11 @@ weights (``--lr-schedule``, ``--momentum``); the JSON keys are those names.
 
 from __future__ import annotations
 
-import math
-import re
 from typing import Any
 
 import click
 
+from opacus_lastiterate.cli._lr_schedule import learning_rates
 from opacus_lastiterate.cli._optimizer import (
     adaptive_label,
     adaptive_weights_of,
@@ -68,66 +67,6 @@ def _keys() -> tuple[str, ...]:
     return COMPARED_MODELS
 
 
-def _learning_rates(lr_schedule: str | None, steps: int, step_size: int | None, gamma: float) -> Any:
-    """The per-step learning rates of ``--lr-schedule`` (unit base rate: only ratios matter)."""
-    from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
-        BUILTIN_SCHEDULES,
-        builtin_schedule,
-    )
-
-    name = lr_schedule or "constant"
-    if name in BUILTIN_SCHEDULES:
-        options: dict[str, Any] = {}
-        if name == "step":
-            size = step_size if step_size is not None else max(1, steps // 3)
-            options = {"step_size": size, "gamma": gamma}
-        return builtin_schedule(name, 1.0, steps, **options)
-    rates = _read_rates(name, BUILTIN_SCHEDULES)
-    if rates.size != steps:
-        raise click.BadParameter(
-            f"the file {name!r} must hold --steps = {steps} rates, got {rates.size}.",
-            param_hint="'--lr-schedule'",
-        )
-    return rates
-
-
-def _read_rates(name: str, builtin: Any) -> Any:
-    """The learning rates of the text file ``name``: numbers separated by white space or
-    commas, in reading order; ``#`` starts a comment (a header line must be one). A value that
-    is not a finite number >= 0 is a usage error naming --lr-schedule, the file, and the line
-    (1-based, every line of the file counted) and column (1-based field) where it stands."""
-    import numpy as np
-
-    try:
-        with open(name, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        why = err.strerror if isinstance(err, OSError) and err.strerror else err
-        raise click.BadParameter(
-            f"must be one of {', '.join(builtin)} or a readable text file with one learning "
-            f"rate per step, got {name!r} ({why}).",
-            param_hint="'--lr-schedule'",
-        ) from None
-    rates: list[float] = []
-    for line_number, line in enumerate(lines, start=1):
-        fields = re.split(r"[\s,]+", line.split("#", 1)[0].strip())
-        for column, field in enumerate(filter(None, fields), start=1):
-            try:
-                rate = float(field)
-            except ValueError:
-                rate = None
-            if rate is None or not math.isfinite(rate) or rate < 0:
-                what = "not a number" if rate is None else "not a finite number >= 0"
-                hint = " (a header line must start with #)" if rate is None else ""
-                raise click.BadParameter(
-                    f"{name!r}, line {line_number}, column {column}: {field!r} is {what}"
-                    f"{hint}.",
-                    param_hint="'--lr-schedule'",
-                )
-            rates.append(rate)
-    return np.asarray(rates, dtype=float)
-
-
 def _weighted(args: dict[str, Any], quantity: str, argument: float) -> Any:
     """The weighted heuristic (a WeightedHeuristicResult) when schedule/momentum are set: the
     registry's ``"heuristic"`` of the run with the per-step weights of the SGD settings."""
@@ -151,7 +90,7 @@ def _weights(args: dict[str, Any]) -> Any:
         return None
     from opacus_lastiterate.analysis.last_iterate.optimizer_weights import sgd_weights
     if "learning_rates" not in args:
-        args["learning_rates"] = _learning_rates(
+        args["learning_rates"] = learning_rates(
             args["lr_schedule"], args["steps"], args["step_size"], args["gamma"]
         )
     if args["optimizer"] != "sgd":
@@ -527,7 +466,7 @@ def epsilon(**args: Any) -> None:
             "privacy_model('heuristic', run) in Python)."
         )
     if _weighted_requested(args):  # a bad schedule file is reported before any computation
-        args["learning_rates"] = _learning_rates(args["lr_schedule"], args["steps"],
+        args["learning_rates"] = learning_rates(args["lr_schedule"], args["steps"],
                                                  args["step_size"], args["gamma"])
     if unit_numbers(args, lambda: _weights(args)):
         return  # the numbers of a user or a group (cli/_unit.py)

@@ -13,6 +13,7 @@ pairwise sum, as :mod:`.incremental_fourier` charges it.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from opacus_lastiterate.analysis.last_iterate.fourier_roots import Hints
 from opacus_lastiterate.analysis.last_iterate.step_factors import g_q, log_factors
+from opacus_lastiterate.analysis.last_iterate.weighted_fourier import MAX_TERMS, chernoff_upper
 
 __all__ = []
 
@@ -176,3 +178,34 @@ class FrequencyGrid:
         if not all(v.shape == (grid.m,) for v in vectors):
             raise ValueError("a vector of the grid is not of its length m")
         return grid
+
+
+def new_grid(
+delta: float, tail: float, s: float, mu: float, a_end: float, theta_min: float,
+    w_now: np.ndarray, q_now: np.ndarray, *, margin: float,
+) -> FrequencyGrid | None:
+    """An empty grid for the run whose weights are ``w_now``: its interval [A, B] (the
+    Chernoff bound at its best lambda), widened by ``margin`` of its span on each
+    side, and its frequencies."""
+    keep = w_now > 0
+    if not keep.any():
+        return None
+    if not keep.all():  # else no copies (a long run's steps)
+        w_now, q_now = w_now[keep], q_now[keep]
+    try:
+        b_unc, lam = chernoff_upper(w_now, q_now, s, tail)
+    except (OverflowError, ValueError, FloatingPointError):
+        return None
+    b_end = b_unc - mu
+    span = b_end - a_end
+    if not (math.isfinite(span) and span > 0):
+        return None
+    lo, hi = a_end - margin * span, b_end + margin * span
+    step = 2.0 * math.pi / (hi - lo)
+    m = math.ceil(theta_min / step - 0.5) + 1
+    if m > MAX_TERMS:
+        return None
+    # a little room for more frequencies (a smaller delta later at the same grid)
+    grid = FrequencyGrid(delta, step, m + 2, lo, hi, lam)
+    grid.a0, grid.b0 = a_end, b_end
+    return grid

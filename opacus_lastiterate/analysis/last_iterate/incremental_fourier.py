@@ -106,7 +106,7 @@ from typing import Any
 import numpy as np
 from scipy import special
 
-from opacus_lastiterate.analysis.last_iterate.characteristic_grid import FrequencyGrid
+from opacus_lastiterate.analysis.last_iterate.characteristic_grid import FrequencyGrid, new_grid
 from opacus_lastiterate.analysis.last_iterate.characteristic_shadow import ShadowGrid
 from opacus_lastiterate.analysis.last_iterate.fourier_batch import solve_steps
 from opacus_lastiterate.analysis.last_iterate.fourier_roots import solve_epsilons
@@ -121,9 +121,7 @@ from opacus_lastiterate.analysis.last_iterate.step_factors import (
 from opacus_lastiterate.analysis.last_iterate.weighted_fourier import (
     ETA,
     FP_CHARGE,
-    MAX_TERMS,
     Inversion,
-    chernoff_upper,
 )
 
 __all__ = [
@@ -532,7 +530,7 @@ class IncrementalCharacteristic:
             carry = float(r_blk[0])
             w_now[start:end] = self.recursion.weights(start, r_blk, eta_all[start:end])
         w_now[first:] = self.recursion.weights(first, self.r, eta_all[first:])
-        grid = self._new_grid(delta, tail, s, mu, a_end, theta_min, w_now, q_now)
+        grid = new_grid(delta, tail, s, mu, a_end, theta_min, w_now, q_now, margin=GRID_MARGIN)
         if grid is None:
             return None
         self.shadow = None
@@ -557,36 +555,6 @@ class IncrementalCharacteristic:
             grid.w_round = w_round
         return grid
 
-    def _new_grid(
-        self, delta: float, tail: float, s: float, mu: float, a_end: float, theta_min: float,
-        w_now: np.ndarray, q_now: np.ndarray,
-    ) -> FrequencyGrid | None:
-        """An empty grid for the run whose weights are ``w_now``: its interval [A, B] (the
-        Chernoff bound at its best lambda), widened by ``GRID_MARGIN`` of its span on each
-        side, and its frequencies."""
-        keep = w_now > 0
-        if not keep.any():
-            return None
-        if not keep.all():  # else no copies (a long run's steps)
-            w_now, q_now = w_now[keep], q_now[keep]
-        try:
-            b_unc, lam = chernoff_upper(w_now, q_now, s, tail)
-        except (OverflowError, ValueError, FloatingPointError):
-            return None
-        b_end = b_unc - mu
-        span = b_end - a_end
-        if not (math.isfinite(span) and span > 0):
-            return None
-        lo, hi = a_end - GRID_MARGIN * span, b_end + GRID_MARGIN * span
-        step = 2.0 * math.pi / (hi - lo)
-        m = math.ceil(theta_min / step - 0.5) + 1
-        if m > MAX_TERMS:
-            return None
-        # a little room for more frequencies (a smaller delta later at the same grid)
-        grid = FrequencyGrid(delta, step, m + 2, lo, hi, lam)
-        grid.a0, grid.b0 = a_end, b_end
-        return grid
-
     # -- the next grid, built ahead (no O(T M) rebuild at a query) ------------------------------
 
     def _grow_shadow(
@@ -605,8 +573,8 @@ class IncrementalCharacteristic:
             return False
         eta0 = np.asarray(eta[: self.n], dtype=float)
         r0 = self.recursion.discounted_rates(eta0)
-        new = self._new_grid(grid.delta, tail, s, mu, a_end, theta_min,
-                             self.recursion.weights(0, r0, eta0), np.asarray(q[: self.n], dtype=float))  # fmt: skip
+        new = new_grid(grid.delta, tail, s, mu, a_end, theta_min, self.recursion.weights(0, r0, eta0),
+                       np.asarray(q[: self.n], dtype=float), margin=GRID_MARGIN)  # fmt: skip
         if new is None:
             self._shadow_retry = 2 * self.n  # try again when the run is twice as long
         else:
