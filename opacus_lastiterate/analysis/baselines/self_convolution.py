@@ -19,7 +19,9 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import fft, special
 
-__all__ = ["clear_transforms", "self_convolve"]
+__all__ = [
+    "self_convolve",
+]
 
 _KEPT = 16  # PMFs whose transforms are kept
 
