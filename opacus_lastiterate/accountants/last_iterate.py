@@ -89,10 +89,8 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
 
     Per-step accounting is incremental (:class:`~opacus_lastiterate.analysis.kept_model.
     KeptModel`): asking for epsilon after every step costs a warm-started root find, not a
-    computation from scratch.
-
-    The privacy unit (:attr:`unit`, ``docs/privacy_units.md``): ``unit=`` here, or
-    ``accountant.unit = PrivacyUnit.user(16)`` on the one ``PrivacyEngine`` made.
+    computation from scratch. The privacy unit (:attr:`unit`, ``docs/privacy_units.md``):
+    ``unit=`` here, or ``accountant.unit = PrivacyUnit.user(16)`` on the engine's accountant.
 
     Attributes:
         history: ``(noise_multiplier, sample_rate, num_steps)`` segments, oldest first,
@@ -261,6 +259,15 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
         kept.sampling = self.sampling
         kept.accuracy = self.weight_accuracy
         kept.unit = self._unit
+        if len(self._adaptive) and kept.uses_weights:
+            try:
+                kept.run  # its weights, checked (and kept for the query that follows)
+            except ValueError as err:  # weights the heuristic does not describe
+                self._disable_trace()
+                self._kept = KeptModel.from_run(self.run, None, accuracy=self.weight_accuracy)
+                warn(f"{err} The last-iterate accountant falls back to the constant-rate formula, "
+                     "which does not describe this optimizer.", OptimizerTraceWarning)  # fmt: skip
+                return self._kept_model()
         return kept
 
     @property

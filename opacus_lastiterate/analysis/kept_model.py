@@ -250,7 +250,15 @@ class KeptModel:
         return self._run
 
     def weights(self) -> np.ndarray:
-        """The per-step weights of the recorded settings (:data:`OPTIMIZER_WEIGHTS`)."""
+        """The per-step weights of the recorded settings (:data:`OPTIMIZER_WEIGHTS`).
+
+        Raises:
+            ValueError: no settings for every step, or a weight that is negative or not
+                finite (as :class:`~.run.DPSGDRun` refuses): the final model is then not a
+                weighting of the noisy gradients that the heuristic describes (for Adam's
+                L2 ``weight_decay``, lr * weight_decay above the frozen preconditioner flips
+                the parameter's sign at every step).
+        """
         if not self._known or not (self._runs or len(self._sgd)):
             raise ValueError("no optimizer settings were recorded for every step.")
         if len(self._sgd):
@@ -258,6 +266,16 @@ class KeptModel:
         else:
             runs = [(settings, steps) for settings, steps in self._runs]
             weights = OPTIMIZER_WEIGHTS[type(runs[0][0])][0](runs)
+        bad = np.flatnonzero(~(np.isfinite(weights) & (weights >= 0)))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"the weights of the recorded optimizer settings must be finite and >= 0, got "
+                f"{float(weights[i])!r} at step {i + 1}: the final model is not a weighting of "
+                "the noisy gradients that the heuristic describes (with an L2 weight_decay, "
+                "lr * weight_decay above the optimizer's preconditioner flips the parameter's "
+                "sign at every step)."
+            )
         weights.setflags(write=False)
         return weights
 

@@ -248,3 +248,21 @@ def test_distributed_optimizer_noise_std_is_over_the_global_batch():
         dist.world_size = bad
         with pytest.raises(ValueError, match="world_size"):
             dp_noise_std(dist)
+
+
+def test_adam_with_l2_decay_whose_weights_flip_sign_falls_back_with_a_warning():
+    """Adam's L2 weight decay with lr * weight_decay above the preconditioner (about
+    sigma C / B = 0.025 here) flips the parameter's sign at every step: the frozen-second-
+    moment weights are negative, which no heuristic describes. The accountant says so and
+    answers with the constant-rate formula, labelled as such, instead of a number for
+    weights it cannot use; training is not interrupted."""
+    with pytest.warns(OptimizerTraceWarning, match="finite and >= 0"):
+        acc = _train(lambda p: torch.optim.Adam(p, lr=0.5, weight_decay=0.2), steps=8,
+                     schedule=False)
+        eps = acc.get_epsilon(DELTA)
+    constant = privacy_model("heuristic", DPSGDRun.constant(steps=8, sample_rate=BATCH / N,
+                                                            noise_multiplier=SIGMA))
+    assert eps == pytest.approx(constant.epsilon(DELTA), rel=1e-9)
+    assert acc.adaptive_optimizer is None and acc.heuristic_label != ADAPTIVE_HEURISTIC_LABEL
+    assert acc.settings_unusable
+    assert math.isfinite(acc.get_epsilon(DELTA))  # no second warning needed, no error

@@ -132,3 +132,25 @@ def test_settings_of_another_class_are_refused_by_name() -> None:
     kept = KeptModel()
     with pytest.raises(TypeError, match="settings"):
         kept.append(1.0, 0.1, 1, (0.1, 0.0, 0.0, False, 0.0))
+
+
+def test_weights_that_flip_sign_are_refused_as_a_run_refuses_them() -> None:
+    """Adam with an L2 weight decay far above its frozen preconditioner: the weights of an
+    independent computation (adaptive_run_weights) are negative, so DPSGDRun refuses them and
+    so does every query of the kept model."""
+    from opacus_lastiterate.analysis.last_iterate.adaptive_steps import (
+        AdaptiveStep,
+        adaptive_run_weights,
+    )
+    from opacus_lastiterate.analysis.last_iterate.adaptive_weights import AdaptiveSettings
+
+    step = AdaptiveStep(AdaptiveSettings("adam", lr=1e-3, weight_decay=0.1), noise_std=1e-6)
+    weights = adaptive_run_weights([(step, 20)])
+    assert (weights < 0).any()
+    with pytest.raises(ValueError, match="weights"):
+        DPSGDRun([(1.0, 0.1, 20)], weights=weights)
+    kept = KeptModel()
+    for _ in range(20):
+        kept.append(1.0, 0.1, 1, step)
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        kept.epsilon(1e-5, "heuristic")

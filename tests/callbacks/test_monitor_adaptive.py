@@ -169,3 +169,39 @@ def test_sgd_records_keep_the_plain_label() -> None:
     assert records and all(r.optimizer is None for r in records)
     assert engine.accountant.adaptive_optimizer is None
     assert ADAPTIVE_HEURISTIC_LABEL not in records[-1].labels()["heuristic_epsilon"]
+
+
+def test_monitor_of_an_adam_run_whose_weights_flip_sign_warns_and_labels_what_it_computed():
+    """Adam with an L2 weight decay far above its preconditioner: the monitor's records are
+    the constant-rate heuristic (independent: privacy_model on the constant run), labelled as
+    the plain heuristic, after one OptimizerTraceWarning; no step is interrupted."""
+    from opacus import PrivacyEngine
+
+    torch.manual_seed(0)
+    x, y = torch.randn(N, 16), torch.randint(0, 4, (N,))
+    model = nn.Linear(16, 4)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.5, weight_decay=0.2)
+    engine = PrivacyEngine(accountant="last_iterate")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, optimizer, loader = engine.make_private(
+            module=model, optimizer=optimizer,
+            data_loader=DataLoader(TensorDataset(x, y), batch_size=BATCH),
+            noise_multiplier=1.0, max_grad_norm=CLIP,
+        )
+    records: list[EpsilonRecord] = []
+    monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=optimizer)
+    with pytest.warns(OptimizerTraceWarning, match="finite and >= 0"):
+        steps = train(model, optimizer, loader, steps=6)
+        final = monitor.finish()
+    assert [r.step for r in records[:-1]] == list(range(1, steps + 1))
+    # every heuristic value is labelled as the formula that computed it (step 1's weights
+    # were still valid: its record names Adam and carries no heuristic value)
+    assert all(r.optimizer is None for r in records if r.heuristic_epsilon is not None)
+    assert final.optimizer is None
+    assert ADAPTIVE_HEURISTIC_LABEL not in final.labels()["heuristic_epsilon"]
+    q = engine.accountant.history[0][1]
+    constant = DPSGDRun.constant(steps=steps, sample_rate=q, noise_multiplier=1.0)
+    assert final.heuristic_epsilon == pytest.approx(
+        privacy_model("heuristic", constant).epsilon(DELTA), rel=1e-9
+    )
