@@ -162,13 +162,9 @@ def synchronise(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train_hf(args: argparse.Namespace, monitored: bool, out: Path) -> Run:
-    """The Hugging Face Trainer: it builds the linear warm-up/decay schedule on the DP
-    optimizer it is given (``optimizers=(dp_optimizer, None)``)."""
-    from transformers import Trainer, TrainerCallback, TrainingArguments
-
-    from opacus_lastiterate.callbacks import HFPrivacyCallback
-
+def set_up(args: argparse.Namespace, monitored: bool, out: Path) -> tuple[Any, ...]:
+    """Seeded data, the start of the timed span, the LoRA model made private, and the
+    monitor (None when ``monitored`` is False): what both training loops start from."""
     torch.manual_seed(args.seed)
     train_set = ToyLanguage(args.n, seed=1, length=args.length)
     held_out = ToyLanguage(256, seed=2, length=args.length)
@@ -176,6 +172,19 @@ def train_hf(args: argparse.Namespace, monitored: bool, out: Path) -> Run:
     model = build_model(args.rank, **args.arch, device=args.device)
     engine, dp_optimizer, criterion = make_private(args, model, train_set)
     monitor = make_monitor(args, engine, out / "privacy.jsonl") if monitored else None
+    return train_set, held_out, t0, model, engine, dp_optimizer, criterion, monitor
+
+
+def train_hf(args: argparse.Namespace, monitored: bool, out: Path) -> Run:
+    """The Hugging Face Trainer: it builds the linear warm-up/decay schedule on the DP
+    optimizer it is given (``optimizers=(dp_optimizer, None)``)."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from opacus_lastiterate.callbacks import HFPrivacyCallback
+
+    train_set, held_out, t0, model, engine, dp_optimizer, criterion, monitor = set_up(
+        args, monitored, out
+    )
 
     class ClearPerSampleGradients(TrainerCallback):
         """What HFPrivacyCallback does after each step: the Trainer's model.zero_grad()
@@ -250,13 +259,9 @@ def train_lightning(args: argparse.Namespace, monitored: bool, out: Path) -> Run
             optimizer.zero_grad(set_to_none=True)  # the DPOptimizer's: clears p.grad_sample
 
     warnings.filterwarnings("ignore", module="lightning")
-    torch.manual_seed(args.seed)
-    train_set = ToyLanguage(args.n, seed=1, length=args.length)
-    held_out = ToyLanguage(256, seed=2, length=args.length)
-    t0 = time.perf_counter()
-    model = build_model(args.rank, **args.arch, device=args.device)
-    engine, dp_optimizer, criterion = make_private(args, model, train_set)
-    monitor = make_monitor(args, engine, out / "privacy.jsonl") if monitored else None
+    train_set, held_out, t0, model, engine, dp_optimizer, criterion, monitor = set_up(
+        args, monitored, out
+    )
     loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True,
                         generator=torch.Generator().manual_seed(args.seed))
     trainer = pl.Trainer(

@@ -5,15 +5,14 @@ impulses (learning rates from torch's own CosineAnnealingLR); usage errors name 
 from __future__ import annotations
 
 import json
-import math
 
-import numpy as np
 import pytest
 import torch
 
 from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.cli import main
+from tests.analysis._reference import frozen_adamw_weights
 
 T, Q, SIGMA, DELTA = 40, 0.05, 1.0, 1e-5
 
@@ -30,23 +29,6 @@ def _torch_cosine(steps: int, base: float) -> list[float]:
     return rates
 
 
-def _numpy_adamw(lrs, b1, b2, eps, wd, std):
-    n = len(lrs)
-    v, acc = np.empty(n), 0.0
-    for t in range(n):
-        acc = b2 * acc + (1 - b2) * std**2
-        v[t] = acc
-    w = np.empty(n)
-    for impulse in range(n):
-        p = m = 0.0
-        for t in range(n):
-            p *= 1 - lrs[t] * wd
-            m = b1 * m + (1 - b1) * (t == impulse)
-            p -= lrs[t] * m / (1 - b1 ** (t + 1)) / (math.sqrt(v[t] / (1 - b2 ** (t + 1))) + eps)
-        w[impulse] = -p
-    return w
-
-
 def test_adamw_cosine_matches_a_numpy_adamw(capsys: pytest.CaptureFixture[str]) -> None:
     lr, b1, b2, eps, wd, std = 0.05, 0.8, 0.95, 0.01, 2.0, 0.02
     argv = ["epsilon", "--steps", str(T), "--sample-rate", str(Q), "--noise-multiplier",
@@ -55,14 +37,15 @@ def test_adamw_cosine_matches_a_numpy_adamw(capsys: pytest.CaptureFixture[str]) 
             "--weight-decay", str(wd), "--noise-std", str(std), "--json"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
-    w = _numpy_adamw(_torch_cosine(T, lr), b1, b2, eps, wd, std)
+    w = frozen_adamw_weights(_torch_cosine(T, lr), beta1=b1, beta2=b2, eps=eps, weight_decay=wd,
+                             noise_std=std)
     run = DPSGDRun.from_history([(SIGMA, Q, T)], weights=w)
     expected = privacy_model("heuristic", run).epsilon(DELTA)
     assert out["weighted_heuristic"] == pytest.approx(expected, rel=2e-3)
     assert "adaptive second moment treated as fixed" in out["labels"]["weighted_heuristic"]
     assert out["optimizer"]["name"] == "adamw" and out["optimizer"]["weight_decay"] == wd
     # the decay matters at this lr x weight_decay: without it the number differs
-    w0 = _numpy_adamw(_torch_cosine(T, lr), b1, b2, eps, 0.0, std)
+    w0 = frozen_adamw_weights(_torch_cosine(T, lr), beta1=b1, beta2=b2, eps=eps, noise_std=std)
     other = privacy_model("heuristic", DPSGDRun.from_history([(SIGMA, Q, T)], weights=w0))
     assert abs(other.epsilon(DELTA) - expected) > 1e-2 * expected
 
@@ -120,7 +103,7 @@ def test_target_epsilon_with_adamw_calibrates_the_adaptive_heuristic(
     out = json.loads(capsys.readouterr().out)
     (row,) = out["calibrations"]
     sigma = row["noise_multiplier"]
-    w = _numpy_adamw(_torch_cosine(T, lr), 0.9, 0.999, 1e-8, wd, sigma)
+    w = frozen_adamw_weights(_torch_cosine(T, lr), weight_decay=wd, noise_std=sigma)
     run = DPSGDRun.from_history([(sigma, Q, T)], weights=w)
     assert privacy_model("heuristic", run).epsilon(DELTA) == pytest.approx(2.0, rel=3e-3)
     assert "adaptive second moment treated as fixed" in out["labels"]["heuristic"]

@@ -8,7 +8,6 @@ import copy
 import math
 import warnings
 
-import numpy as np
 import pytest
 import torch
 from opacus import PrivacyEngine
@@ -20,6 +19,7 @@ from opacus_lastiterate.analysis.last_iterate.adaptive_weights import ADAPTIVE_H
 from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.exceptions import AdaptiveHeuristicWarning, OptimizerTraceWarning
+from tests.analysis._reference import frozen_adamw_weights
 
 DELTA = 1e-5
 SIGMA, CLIP = 0.8, 1.0
@@ -66,30 +66,6 @@ def _train(make_optimizer, steps=STEPS, schedule=True):
     return engine.accountant
 
 
-def _numpy_adamw_weights(lrs, *, beta1, beta2, eps, weight_decay, noise_std):
-    """Independent AdamW on one coordinate with v_t frozen at its expectation under
-    N(0, noise_std^2) gradients: the final parameter's response to a unit gradient at each
-    step (p_0 = 0, every other gradient 0), negated."""
-    T = len(lrs)
-    v = np.zeros(T)
-    acc = 0.0
-    for t in range(T):
-        acc = beta2 * acc + (1 - beta2) * noise_std**2
-        v[t] = acc
-    weights = np.empty(T)
-    for impulse in range(T):
-        p = m = 0.0
-        for t in range(T):
-            g = 1.0 if t == impulse else 0.0
-            p *= 1 - lrs[t] * weight_decay
-            m = beta1 * m + (1 - beta1) * g
-            m_hat = m / (1 - beta1 ** (t + 1))
-            v_hat = v[t] / (1 - beta2 ** (t + 1))
-            p -= lrs[t] * m_hat / (math.sqrt(v_hat) + eps)
-        weights[impulse] = -p
-    return weights
-
-
 @pytest.mark.parametrize("eps", [1e-8, 0.05])
 def test_adamw_with_warmup_and_decay_matches_a_numpy_adamw(eps):
     beta1, beta2, wd = 0.8, 0.95, 0.5
@@ -100,7 +76,7 @@ def test_adamw_with_warmup_and_decay_matches_a_numpy_adamw(eps):
     assert acc.heuristic_label == ADAPTIVE_HEURISTIC_LABEL
     assert acc.uses_weights
     lrs = [BASE_LR * _warmup_decay(t) for t in range(STEPS)]
-    w = _numpy_adamw_weights(lrs, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd,
+    w = frozen_adamw_weights(lrs, beta1=beta1, beta2=beta2, eps=eps, weight_decay=wd,
                              noise_std=SIGMA * CLIP / BATCH)
     run = DPSGDRun.constant(steps=STEPS, sample_rate=BATCH / N, noise_multiplier=SIGMA)
     expected = privacy_model("heuristic", DPSGDRun(run.segments, weights=w)).epsilon(DELTA)

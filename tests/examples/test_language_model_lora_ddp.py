@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -30,6 +29,7 @@ import torch.distributed as dist  # noqa: E402
 
 from opacus_lastiterate.analysis.privacy_models import privacy_model  # noqa: E402
 from opacus_lastiterate.analysis.run import DPSGDRun  # noqa: E402
+from tests.analysis._reference import frozen_adamw_weights  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "language_model_lora_ddp.py"
@@ -76,26 +76,6 @@ def _pld(steps: int, q: float, sigma: float) -> float:
     return float(acc.get_epsilon(DELTA))
 
 
-def _adamw_weights(steps: int, noise_std: float) -> np.ndarray:
-    """AdamW on one coordinate with v_t frozen at its expectation under N(0, noise_std^2)
-    gradients: the weight of step t is minus the final parameter's response to a unit
-    gradient at t (from 0, so the decay only scales later steps' effect)."""
-    b1, b2 = BETAS
-    v, acc = np.empty(steps), 0.0
-    for t in range(steps):
-        acc = b2 * acc + (1 - b2) * noise_std**2
-        v[t] = acc
-    w = np.empty(steps)
-    for impulse in range(steps):
-        p = m = 0.0
-        for t in range(steps):
-            p *= 1 - LR * WD
-            m = b1 * m + (1 - b1) * (t == impulse)
-            p -= LR * m / (1 - b1 ** (t + 1)) / (math.sqrt(v[t] / (1 - b2 ** (t + 1))) + EPS)
-        w[impulse] = -p
-    return w
-
-
 def test_one_log_one_row_per_step(run: dict[str, Any]) -> None:
     out = run["out"]
     assert sorted(p.name for p in out.rglob("*.jsonl")) == ["privacy.jsonl"]
@@ -125,7 +105,8 @@ def test_epsilons_are_those_of_one_process_at_the_global_rate(run: dict[str, Any
         t = r["step"]
         assert r["sample_rate"] == q and r["noise_multiplier"] == SIGMA
         assert r["standard_epsilon"] == pytest.approx(_pld(t, q, SIGMA), rel=1e-9)
-        weights = _adamw_weights(t, SIGMA * CLIP / BATCH)  # the run that ends at step t
+        weights = frozen_adamw_weights([LR] * t, noise_std=SIGMA * CLIP / BATCH, beta1=BETAS[0],
+                                       beta2=BETAS[1], eps=EPS, weight_decay=WD)  # the run that ends at step t
         run_t = DPSGDRun(DPSGDRun.constant(steps=t, sample_rate=q, noise_multiplier=SIGMA)
                          .segments, weights=weights)
         expected = privacy_model("heuristic", run_t).epsilon(DELTA)
