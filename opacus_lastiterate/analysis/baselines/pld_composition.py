@@ -46,6 +46,7 @@ from scipy import signal
 from opacus_lastiterate.analysis.baselines.self_convolution import clear_transforms, self_convolve
 from opacus_lastiterate.analysis.baselines.subsampled_gaussian_pld import (
     LossPmf,
+    loss_range,
     subsampled_gaussian_pmfs,
 )
 
@@ -59,6 +60,18 @@ __all__ = [
 
 TAIL_MASS_TRUNCATION = 1e-15
 """dp_accounting's default ``tail_mass_truncation`` of ``compose`` and ``self_compose``."""
+
+GRID_POINTS = 8192
+"""The most points the least private one-step PLD spans in a composition whose work
+:func:`bounded_groups` bounds."""
+
+FREE_GROUPS = 16
+"""Runs of at most this many groups are composed at the requested interval whatever their
+grid (a few noise milestones cost a few one-step PLDs)."""
+
+WORK_POINTS = 2**20
+"""The grid points (groups times the least private group's span) above which
+:func:`bounded_groups` widens the interval."""
 
 
 def compose_subsampled_gaussian(
@@ -86,24 +99,74 @@ def group_noise(
 
 
 def _grouped(
-    history: Iterable[tuple[float, float, int]], noise_grouping: float
+    history: Iterable[tuple[float, float, int]], noise_grouping: float, rates: bool = False
 ) -> list[tuple[float, float, int, bool]]:
-    """:func:`group_noise`, each group with whether it merged distinct noise multipliers."""
+    """:func:`group_noise`, each group with whether it merged distinct settings. With
+    ``rates``, sample rates within the same factor merge too, at the largest of them (the
+    pair of a smaller Poisson rate is a mixture of the larger rate's pair with the
+    identical pair (Q, Q), and hockey-stick divergences are jointly convex, so the larger
+    rate's pair dominates)."""
     out: list[tuple[float, float, int, bool]] = []
-    low = high = 0.0
+    low = high = q_low = q_high = 0.0
     limit = 1.0 + noise_grouping
     for sigma, q, steps in history:
         if steps <= 0:
             continue
-        if out and out[-1][1] == q:
+        if out:
             lo, hi = min(low, sigma), max(high, sigma)
-            if hi <= lo * limit:
-                low, high = lo, hi
-                out[-1] = (lo, q, out[-1][2] + steps, lo != hi)
+            q_lo, q_hi = min(q_low, q), max(q_high, q)
+            if hi <= lo * limit and (q_lo == q_hi or (rates and q_hi <= q_lo * limit)):
+                low, high, q_low, q_high = lo, hi, q_lo, q_hi
+                out[-1] = (lo, q_hi, out[-1][2] + steps, lo != hi or q_lo != q_hi)
                 continue
         low = high = sigma
+        q_low = q_high = q
         out.append((sigma, q, steps, False))
     return out
+
+
+def bounded_groups(
+    history: Sequence[tuple[float, float, int]], value_discretization_interval: float,
+    noise_grouping: float, max_groups: int,
+) -> tuple[list[tuple[float, float, int, bool]], float, float]:
+    """(groups, interval, grouping) that bound the work of a composition: at most
+    ``max_groups`` one-step PLDs, on grids of at most :data:`WORK_POINTS` points in all.
+
+    A run whose :func:`group_noise` at ``noise_grouping`` has at most ``max_groups`` groups,
+    and at most :data:`FREE_GROUPS` of them or at most :data:`WORK_POINTS` grid points in
+    all (counted at the least private group's span), is returned as it is: the requested
+    interval and grouping. Otherwise,
+    with more than ``max_groups`` groups, the grouping widens to the factor
+    ``spread ** (1 / max_groups)`` of the run's noise multipliers and sample rates
+    (squared again until at most ``max_groups`` groups remain; a monotone schedule needs
+    no second pass) and sample rates merge too (each group at its smallest noise
+    multiplier and largest sample rate); and the interval widens so that the least private
+    group's one-step PLD spans at most :data:`GRID_POINTS` points (connect-the-dots
+    discretisation is pessimistic on any grid, and loses little at this resolution). Each
+    step is then composed with its noise multiplier lowered and its sample rate raised by
+    at most the factor 1 + grouping: an upper bound on the run, whatever its number of
+    segments."""
+    groups = _grouped(history, noise_grouping)
+    span = loss_range(min(g[0] for g in groups), max(g[1] for g in groups)) if groups else 0.0
+    if len(groups) <= max_groups and (
+        len(groups) <= FREE_GROUPS
+        or len(groups) * span / value_discretization_interval <= WORK_POINTS
+    ):
+        return groups, value_discretization_interval, noise_grouping
+    grouping = noise_grouping
+    if len(groups) > max_groups:
+        sigmas = [sigma for sigma, _, steps in history if steps > 0]
+        rates = [q for _, q, steps in history if steps > 0]
+        spread = max(max(sigmas) / min(sigmas), max(rates) / min(rates))
+        factor = min(spread, spread ** (1.0 / max_groups))
+        while True:
+            grouping = max(noise_grouping, factor - 1.0)
+            groups = _grouped(history, grouping, rates=True)
+            if len(groups) <= max_groups or factor >= spread:
+                break
+            factor = min(spread, factor * factor)
+        span = loss_range(min(g[0] for g in groups), max(g[1] for g in groups))
+    return groups, max(value_discretization_interval, float(span) / GRID_POINTS), grouping
 
 
 class PLDComposer:
@@ -266,7 +329,7 @@ def clear_kept_compositions() -> None:
 
 def incremental_pld(
     history: Iterable[tuple[float, float, int]], value_discretization_interval: float,
-    noise_grouping: float = 0.0,
+    noise_grouping: float = 0.0, max_groups: int | None = None,
 ) -> PrivacyLossDistribution:
     """The PLD of ``history`` through the process's :class:`CompositionCache`: called again
     with a longer run, it composes only the steps added since (the last segment is composed
@@ -274,8 +337,14 @@ def incremental_pld(
     of ``history`` (the same float); else of its noise grouped (:func:`group_noise`), each
     group that merged distinct noise multipliers self-composed by squaring
     (``PLDComposer(squaring=True)``), a segment of one noise multiplier as without grouping.
-    An upper bound either way."""
-    return _CACHE.pld(_grouped(history, noise_grouping), value_discretization_interval)
+    With ``max_groups``, grouped and discretised by :func:`bounded_groups`. An upper bound
+    either way."""
+    if max_groups is None:
+        return _CACHE.pld(_grouped(history, noise_grouping), value_discretization_interval)
+    groups, interval, _ = bounded_groups(
+        list(history), value_discretization_interval, noise_grouping, max_groups
+    )
+    return _CACHE.pld(groups, interval)
 
 
 def _dense(pmf: LossPmf, interval: float) -> pld_pmf.DensePLDPmf:

@@ -60,6 +60,18 @@ def subsampled_gaussian_pld(
     return PrivacyLossDistribution(remove, pmf(_ADD))
 
 
+def loss_range(noise_multiplier: float, sample_rate: float) -> float:
+    """The widest span of privacy losses (nats) that the connect-the-dots PLD of one step
+    covers, over both directions: its grid has about this over the interval points."""
+    spans = []
+    for adjacency in (_REMOVE, _ADD):
+        bounds = privacy_loss_mechanism.GaussianPrivacyLoss(
+            noise_multiplier, sampling_prob=sample_rate, adjacency_type=adjacency
+        ).connect_dots_bounds()
+        spans.append(bounds.epsilon_upper - bounds.epsilon_lower)
+    return max(spans)
+
+
 @dataclass(frozen=True)
 class LossPmf:
     """A discretised privacy-loss distribution as arrays: mass ``probs[i]`` at loss

@@ -147,3 +147,56 @@ def test_by_default_a_drifting_noise_is_grouped_within_a_tenth_of_a_percent():
     lowered = _dp_accounting([(s / 1.001, q, n) for s, q, n in history])
     assert len(group_noise(history, 1e-3)) == 4
     assert exact * (1 - 1e-6) <= ours <= lowered * (1 + 1e-6)
+
+
+# -- the work bound (max_groups): a schedule that changes at every step -------------------------
+
+
+@pytest.mark.parametrize(
+    "history",
+    [
+        _history(12, decay=0.97),  # the noise falls at every step
+        [(1.2, 0.04 * 1.02**t, 1) for t in range(12)],  # the sample rate grows at every step
+        [(1.0 + 0.2 * (t % 5), 0.05, 1) for t in range(12)],  # a cycle (not monotone)
+    ],
+)
+def test_a_bounded_composition_is_an_upper_bound_within_its_reported_factor(history):
+    model = StandardComposition(history, value_discretization_interval=INTERVAL, max_groups=3)
+    interval, grouping, groups = model.settings
+    assert groups <= 3 and grouping > 0 and interval >= INTERVAL
+    ours = model.epsilon(DELTA)
+    exact = _dp_accounting(history)
+    # every noise multiplier lowered and every sample rate raised by at most 1 + grouping
+    factor = 1 + grouping
+    worse = [(s / factor, min(1.0, q * factor), n) for s, q, n in history]
+    assert exact * (1 - 1e-6) <= ours <= _dp_accounting(worse) * (1 + 1e-6)
+
+
+def test_the_bound_leaves_a_run_within_it_as_it_was():
+    history = _history(12, decay=0.97)
+    bounded = StandardComposition(history, value_discretization_interval=INTERVAL, max_groups=12)
+    free = StandardComposition(history, value_discretization_interval=INTERVAL, max_groups=None)
+    assert bounded.settings == (INTERVAL, 1e-3, 12)
+    assert bounded.epsilon(DELTA) == free.epsilon(DELTA)
+
+
+def test_a_long_schedule_is_composed_with_at_most_max_groups_pmfs(monkeypatch):
+    history = [(0.999**t, 0.01, 1) for t in range(2000)]
+    built = []
+    real = pld_composition.subsampled_gaussian_pmfs
+    monkeypatch.setattr(
+        pld_composition, "subsampled_gaussian_pmfs",
+        lambda *a: built.append(a) or real(*a),
+    )
+    pld_composition.clear_kept_compositions()
+    model = StandardComposition(history, max_groups=64)
+    interval, _, groups = model.settings
+    assert model.epsilon(DELTA) > 0 and len(built) == groups <= 64
+    # the least private (last) group's one-step PLD spans at most GRID_POINTS (8192) points
+    assert interval > 1e-4 and real(*built[-1])[0].probs.size <= 8192 + 2
+
+
+@pytest.mark.parametrize("bad,error", [(0, ValueError), (1.5, TypeError), (True, TypeError)])
+def test_max_groups_is_validated(bad, error):
+    with pytest.raises(error, match="max_groups"):
+        StandardComposition(_history(3), max_groups=bad)
