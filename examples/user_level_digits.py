@@ -20,7 +20,7 @@ user's clipped contribution is one vector of norm at most C, so a canary user is
 vector); ``--canary-users M`` adds M input-space canary users, each owning
 ``--canary-records`` held-out images that share one secret, a label drawn at random, added to
 the training users or left out together by a fair coin, and scored by minus the final model's
-summed loss on them.
+summed loss on them (the package's ``make_canary_users`` builds them).
 
 ``python examples/user_level_digits.py --quick`` takes a few seconds; the data ship with
 scikit-learn (no download).
@@ -43,7 +43,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import opacus_lastiterate.accountants  # noqa: F401  (registers accountant="last_iterate")
-from opacus_lastiterate.auditing.input_space import InputCanaries, fair_coins
+from opacus_lastiterate.auditing.input_space import InputCanaries, make_canary_users
 from opacus_lastiterate.callbacks import (
     LABELS,
     EpsilonRecord,
@@ -115,7 +115,8 @@ def load_users(
     Pixels are scaled by their known range [0, 16] to [-1, 1]. A canary user owns
     ``canary_records`` held-out images (not otherwise in training, and left out of the
     held-out records) sharing one label drawn uniformly, its secret; a fair coin adds the user
-    to the training users or leaves it out.
+    to the training users or leaves it out. ``make_canary_users`` builds them and their
+    record, which scores a canary user by minus the final model's summed loss on its records.
     """
     x, y = load_digits(return_X_y=True)
     x = x.astype(np.float32) / 8.0 - 1.0
@@ -128,35 +129,27 @@ def load_users(
         sizes.append(int(rng.integers(1, 2 * records_per_user)))
     owner = np.repeat(np.arange(len(sizes)), sizes)[: len(x_train)]
     rng.shuffle(owner)  # who owns which record: random
-    canaries = None
-    if canary_users:
-        used = canary_users * canary_records
-        if used >= len(x_test):
-            raise SystemExit(f"--canary-users x --canary-records must be below {len(x_test)}.")
-        order = rng.permutation(len(x_test))
-        picked, kept = order[:used].reshape(canary_users, canary_records), order[used:]
-        features = torch.from_numpy(x_test[picked])  # (M, K, 64)
-        secrets = torch.from_numpy(rng.integers(0, 10, size=canary_users).astype(np.int64))
-        coins = fair_coins(seed, canary_users, salt=3)
-        canaries = InputCanaries(features, secrets, coins, picked[:, 0].astype(np.int64))
-        inside = np.flatnonzero(coins)
-        x_train = np.concatenate([x_train, x_test[picked[inside]].reshape(-1, 64)])
-        y_train = np.concatenate([y_train, np.repeat(secrets.numpy()[inside], canary_records)])
-        new_users = len(sizes) + np.repeat(np.arange(inside.size), canary_records)
-        owner = np.concatenate([owner, new_users])
-        x_test, y_test = x_test[kept], y_test[kept]
     train = TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train.astype(np.int64)))
-    test = TensorDataset(torch.from_numpy(x_test), torch.from_numpy(y_test.astype(np.int64)))
-    return UserDataset(train, owner.tolist(), max_records=max_records), test, canaries
-
-
-def canary_user_loss(output: torch.Tensor, secrets: torch.Tensor) -> torch.Tensor:
-    """A canary user's loss: the sum over its records of the loss of its secret label
-    (``output`` of shape (users, K, 10), one secret per user)."""
-    k = output.shape[1]
-    return nn.functional.cross_entropy(
-        output.reshape(-1, output.shape[-1]), secrets.repeat_interleave(k), reduction="none"
-    ).reshape(-1, k).sum(dim=1)
+    held_out = TensorDataset(torch.from_numpy(x_test), torch.from_numpy(y_test.astype(np.int64)))
+    if not canary_users:
+        return UserDataset(train, owner.tolist(), max_records=max_records), held_out, None
+    used = canary_users * canary_records
+    if used >= len(x_test):
+        raise SystemExit(f"--canary-users x --canary-records must be below {len(x_test)}.")
+    order = rng.permutation(len(x_test))
+    users, canaries = make_canary_users(
+        train,
+        owner.tolist(),
+        held_out,
+        order[:used].reshape(canary_users, canary_records),
+        num_classes=10,
+        seed=seed,
+        reduction="sum",  # a user's score: minus its summed loss
+        max_records=max_records,
+    )
+    kept = torch.from_numpy(order[used:])
+    test = TensorDataset(held_out.tensors[0][kept], held_out.tensors[1][kept])
+    return users, test, canaries
 
 
 def build_model(hidden: int) -> nn.Module:
@@ -283,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"time: {elapsed:.1f} s (training with the monitor)")
     if audit is not None:
         print("\nin-training audit of the final model (one run, canary users):")
-        print(audit.report(delta=args.delta, model=model, input_loss=canary_user_loss))
+        print(audit.report(delta=args.delta, model=model))
     return 0
 
 

@@ -17,6 +17,9 @@ audit"). Two kinds of canaries:
   :class:`~opacus_lastiterate.auditing.input_space.InputCanaries`, the package's input
   canaries with their coins): mislabelled copies of examples that are not otherwise in the
   training set, added to it by the coins. Score: minus the final model's loss on the canary.
+  Under user-level sampling the canaries are users
+  (:func:`~opacus_lastiterate.auditing.input_space.make_canary_users`: k records sharing one
+  secret label), scored by minus their records' summed or mean loss.
   Language models use ``"text"`` canaries instead
   (:func:`~opacus_lastiterate.auditing.input_space.make_text_canaries`).
 
@@ -548,7 +551,8 @@ class InTrainingCanaryAudit:
                 optimizer weights).
             confidence: confidence of each one-run audit.
             model: the final model; needed when input canaries were given.
-            input_loss: per-example loss of the input canaries (default cross-entropy; no text).
+            input_loss: per-record loss of the input canaries (default cross-entropy; canary
+                users reduce it over their records; no text).
             standard: also compute the standard composition epsilon (a PLD accountant:
                 seconds for long runs at large epsilon); False leaves it None.
         """

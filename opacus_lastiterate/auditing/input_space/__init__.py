@@ -5,6 +5,8 @@
   user-supplied) and their loss / logit-margin scores;
 - :mod:`.canary_set`: m mislabelled canaries with fair coins, for one-run audits
   (:func:`make_input_canaries`, used by the in-training canary audit);
+- :mod:`.canary_users`: m canary users of k records sharing one secret label, with fair
+  coins, for one-run audits under user-level sampling (:func:`make_canary_users`);
 - :mod:`.text_canaries`: m text canaries (random tokens, or secrets in a template sentence)
   with fair coins, for one-run audits of language models (:func:`make_text_canaries`);
 - :mod:`.adversarial_samples`: crafted adversarial samples (uniform and adaptive expansion);
@@ -65,6 +67,9 @@ if TYPE_CHECKING:
         fair_coins,
         make_input_canaries,
     )
+    from opacus_lastiterate.auditing.input_space.canary_users import (
+        make_canary_users,
+    )
     from opacus_lastiterate.auditing.input_space.model_cache import (
         CachedTrain,
     )
@@ -123,6 +128,7 @@ _LAZY: dict[str, str] = {
     "in_distribution_canary": "canaries",
     "least_likely_label": "canaries",
     "make_input_canaries": "canary_set",
+    "make_canary_users": "canary_users",
     "mislabelled_canary": "canaries",
     "run_input_audit": "audit",
     "uniform_expansion_objective": "adversarial_samples",
@@ -165,6 +171,7 @@ __all__ = [
     "fair_coins",
     "in_distribution_canary",
     "least_likely_label",
+    "make_canary_users",
     "make_input_canaries",
     "make_text_canaries",
     "mislabelled_canary",

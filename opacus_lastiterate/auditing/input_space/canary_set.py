@@ -8,6 +8,9 @@ an :class:`~opacus_lastiterate.auditing.input_space.canaries.InputCanary` of kin
 in the training set, relabelled to a wrong class as by :func:`~opacus_lastiterate.auditing.input_space.canaries.mislabelled_canary`);
 the set keeps them stacked so that they are scored in batches on the model's device.
 :func:`make_input_canaries` draws them and augments the training set;
+:func:`~opacus_lastiterate.auditing.input_space.canary_users.make_canary_users` makes
+canary *users* instead (k records sharing one secret label per canary, for user-level
+sampling: features with a records axis, scored by the sum or mean of the k records' losses);
 :class:`~opacus_lastiterate.callbacks.InTrainingCanaryAudit` audits them in training.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -30,6 +34,8 @@ __all__ = [
     "fair_coins",
     "make_input_canaries",
 ]
+
+_REDUCTIONS = ("sum", "mean")
 
 
 def fair_coins(seed: int, num: int, salt: int) -> NDArray[np.bool_]:
@@ -49,30 +55,81 @@ def _per_example_cross_entropy(output: torch.Tensor, target: torch.Tensor) -> to
 
 @dataclass(frozen=True, eq=False)
 class InputCanaries:
-    """Mislabelled input canaries and their coins (built by :func:`make_input_canaries`).
+    """Input canaries and their coins (built by :func:`make_input_canaries`, or by
+    :func:`~opacus_lastiterate.auditing.input_space.canary_users.make_canary_users` for
+    canary users).
+
+    A canary is one record (``reduction=None``: mislabelled examples), or a canary *user*
+    of k records that share one label, its secret (``reduction="sum"`` or ``"mean"``): the
+    features then carry a records axis and the canary's loss is the sum or the mean of its
+    records' losses, as :func:`~opacus_lastiterate.user_samplers.per_user_loss` reduces a
+    user's loss.
 
     Attributes:
-        features: every canary's input, included or not, shape ``(m, ...)``.
-        labels: their (wrong) labels, shape ``(m,)``.
+        features: every canary's input, included or not, shape ``(m, ...)``, or
+            ``(m, k, ...)`` for canary users.
+        labels: their labels (a wrong class, or a canary user's secret), shape ``(m,)``.
         included: the fair coins, True = added to the training set.
-        source_indices: index of each canary's example in the source data set.
+        source_indices: index of each canary's example in the source data set (shape
+            ``(m, k)`` for canary users: one per record).
+        reduction: None (one record per canary), or how a canary user's k record losses
+            make its loss, ``"sum"`` or ``"mean"``.
+
+    Raises:
+        ValueError: ``reduction`` not None, ``"sum"`` or ``"mean"``, or canary users whose
+            features lack the records axis or whose coins are not one per user.
     """
 
     features: torch.Tensor = field(repr=False)
     labels: torch.Tensor = field(repr=False)
     included: NDArray[np.bool_] = field(repr=False)
     source_indices: NDArray[np.int64] = field(repr=False)
+    reduction: Literal["sum", "mean"] | None = None
+
+    def __post_init__(self) -> None:
+        if self.reduction is None:
+            return
+        if self.reduction not in _REDUCTIONS:
+            raise ValueError(
+                f"`reduction` must be None, 'sum' or 'mean', got {self.reduction!r}."
+            )
+        f = self.features
+        if not isinstance(f, torch.Tensor) or f.dim() < 2 or f.shape[1] < 1:
+            raise ValueError(
+                "`features` of canary users must have shape (m, k, ...) with k >= 1, got "
+                f"{tuple(getattr(f, 'shape', ()))}."
+            )
+        if tuple(self.labels.shape) != (f.shape[0],) or np.shape(self.included) != (f.shape[0],):
+            raise ValueError(
+                f"`labels` and `included` must hold one entry per canary user ({f.shape[0]}), "
+                f"got shapes {tuple(self.labels.shape)} and {np.shape(self.included)}."
+            )
 
     @property
     def num_canaries(self) -> int:
         """m, the canaries with a coin (included or not)."""
         return int(self.included.size)
 
+    @property
+    def records_per_canary(self) -> int:
+        """k, the records of a canary: 1, or the length of a canary user's records axis."""
+        return 1 if self.reduction is None else int(self.features.shape[1])
+
     def canary(self, index: int) -> InputCanary:
-        """Canary ``index`` as an :class:`~opacus_lastiterate.auditing.input_space.canaries.InputCanary` (kind ``"mislabelled"``)."""
+        """Canary ``index`` as an :class:`~opacus_lastiterate.auditing.input_space.canaries.InputCanary` (kind ``"mislabelled"``).
+
+        Raises:
+            ValueError: ``index`` out of range, or canary users (k records each, not one
+                example: their records are ``features[index]``).
+        """
         i = check_int("index", index)
         if i >= self.num_canaries:
             raise ValueError(f"`index` must be in [0, {self.num_canaries - 1}], got {i}.")
+        if self.reduction is not None:
+            raise ValueError(
+                "canary users are not single examples: a canary user's k records are "
+                "`features[index]`, all labelled `labels[index]`."
+            )
         return InputCanary(self.features[i], int(self.labels[i]), "mislabelled")
 
     @torch.no_grad()
@@ -83,30 +140,42 @@ class InputCanaries:
         loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _per_example_cross_entropy,
         batch_size: int = 1024,
     ) -> NDArray[np.float64]:
-        """Minus the per-example ``loss`` of ``model`` on every canary (higher = "in").
+        """Minus the ``loss`` of ``model`` on every canary (higher = "in").
 
         ``loss(output, labels)`` must return one value per example (default: the
         cross-entropy, so that the score is :class:`~opacus_lastiterate.auditing.input_space.canaries.InputScore`'s ``"loss"``
-        statistic). The model is put in eval mode for the scoring and its mode restored
-        afterwards.
+        statistic). For canary users the model sees the records, shape ``(b k, ...)``,
+        each labelled with its user's secret, and a user's score is minus the sum (or the
+        mean, by :attr:`reduction`) of its k records' losses. ``batch_size`` canaries go
+        through the model at a time. The model is put in eval mode for the scoring and its
+        mode restored afterwards.
         """
         if not isinstance(model, nn.Module):
             raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}.")
         b = check_int("batch_size", batch_size, minimum=1)
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        users = self.reduction is not None
+        k = self.records_per_canary
         was_training = model.training
         model.eval()
         try:
             out = []
             for start in range(0, self.num_canaries, b):
-                x = self.features[start : start + b].to(device)
-                y = self.labels[start : start + b].to(device)
+                x = self.features[start : start + b]
+                y = self.labels[start : start + b]
+                if users:  # the records of the users, each with its user's secret
+                    x = x.reshape(-1, *x.shape[2:])
+                    y = y.repeat_interleave(k)
+                x, y = x.to(device), y.to(device)
                 values = loss(model(x), y)
                 if values.shape != y.shape:
                     raise ValueError(
                         f"`loss` must return one value per example (shape {tuple(y.shape)}), "
                         f"got shape {tuple(values.shape)}."
                     )
+                if users:
+                    per_record = values.reshape(-1, k)
+                    values = per_record.sum(1) if self.reduction == "sum" else per_record.mean(1)
                 out.append(-values.detach().double())
             return torch.cat(out).cpu().numpy() if out else np.zeros(0)
         finally:
