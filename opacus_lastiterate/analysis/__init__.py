@@ -83,7 +83,6 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     )
     from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
         WeightedHeuristicResult,
-        weighted_heuristic_epsilon_result,
     )
     from opacus_lastiterate.analysis.normalisation import (
         DivisorVerdict,
@@ -104,7 +103,6 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         PRIVACY_MODELS,
     )
     from opacus_lastiterate.analysis.run import (
-        DivisorRule,
         DPSGDRun,
         Normalisation,
         TrainingSegment,
@@ -113,7 +111,6 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         BallsInBins,
         DeterministicBatches,
         PoissonSampling,
-        SamplingScheme,
         ShuffledBatches,
         UnknownSampling,
     )
@@ -145,7 +142,6 @@ _LAZY: dict[str, str] = {
     "BallsInBins": "sampling",
     "DeterministicBatches": "sampling",
     "PoissonSampling": "sampling",
-    "SamplingScheme": "sampling",
     "ShuffledBatches": "sampling",
     "UnknownSampling": "sampling",
     "SamplingHeuristic": "sampling_heuristic",
@@ -157,13 +153,11 @@ _LAZY: dict[str, str] = {
     "FEASGM": "normalisation.divisor_leak",
     "PrivacyModel": "privacy_model",
     "PRIVACY_MODELS": "privacy_models",
-    "DivisorRule": "run",
     "RDPComposition": "baselines.composition",
     "full_batch_delta": "baselines.composition",
     "standard_delta": "baselines.composition",
     "standard_rdp_delta": "baselines.composition",
     "standard_rdp_epsilon": "baselines.composition",
-    "weighted_heuristic_epsilon_result": "last_iterate.weighted_heuristic",
     "Normalisation": "run",
     "LastIterateHeuristic": "last_iterate.heuristic",
     "RobustLastIterateHeuristic": "last_iterate.heuristic",
@@ -202,7 +196,6 @@ __all__ = [
     "BatchSizePlan",
     "DPSGDRun",
     "DeterministicBatches",
-    "DivisorRule",
     "DivisorVerdict",
     "EpsilonComparison",
     "FullBatchGaussian",
@@ -220,7 +213,6 @@ __all__ = [
     "RDPComposition",
     "RobustLastIterateHeuristic",
     "SamplingHeuristic",
-    "SamplingScheme",
     "ShiftedGaussianMixture",
     "ShuffleLowerBound",
     "ShuffledBatches",
@@ -251,7 +243,6 @@ __all__ = [
     "standard_epsilon",
     "standard_rdp_delta",
     "standard_rdp_epsilon",
-    "weighted_heuristic_epsilon_result",
 ]
 
 

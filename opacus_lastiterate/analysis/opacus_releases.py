@@ -14,8 +14,6 @@ from typing import Literal
 
 __all__ = [
     "OPACUS_RELEASES",
-    "Accounting",
-    "Family",
     "OpacusRelease",
     "installed_release",
     "release",

@@ -51,7 +51,6 @@ from opacus_lastiterate.analysis.opacus_releases import (
 
 __all__ = [
     "OPACUS_RELEASES",
-    "ExampleWeighting",
     "OpacusRelease",
     "VersionComparison",
     "VersionConfig",

@@ -46,7 +46,6 @@ from opacus_lastiterate.analysis.audit.one_run import (
     one_run_epsilon_bound,
 )
 from opacus_lastiterate.analysis.audit.one_run_fdp import (
-    TradeOffFamily,
     one_run_fdp_bound,
 )
 from opacus_lastiterate.analysis.audit.planning import (
@@ -63,10 +62,7 @@ from opacus_lastiterate.analysis.audit.pure_dp import (
     epsilon_from_error_rates,
 )
 from opacus_lastiterate.analysis.audit.result import (
-    AuditCounts,
-    AuditKind,
     AuditResult,
-    DescribedStrategy,
     MultiRunCounts,
     OneRunCounts,
 )
@@ -91,13 +87,10 @@ from opacus_lastiterate.exceptions import (
 )
 
 __all__ = [
-    "AuditCounts",
-    "AuditKind",
     "AuditPlan",
     "AuditResult",
     "AuditWarning",
     "Bonferroni",
-    "DescribedStrategy",
     "ErrorCurve",
     "ExplicitThreshold",
     "HeldOutSplit",
@@ -109,7 +102,6 @@ __all__ = [
     "RankGridBonferroni",
     "ScoreAudit",
     "ThresholdStrategy",
-    "TradeOffFamily",
     "audit_clopper_pearson",
     "audit_gaussian_dp",
     "audit_one_run",

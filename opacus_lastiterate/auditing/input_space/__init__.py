@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from opacus_lastiterate.auditing.input_space.adversarial_samples import (
         CRAFTING_OBJECTIVES,  # the names resolved lazily by __getattr__, for type checkers and IDEs
         CraftedSample,
-        CraftingObjective,
         ModelPopulation,
         adaptive_expansion_objective,
         craft_adversarial_sample,
@@ -39,7 +38,6 @@ if TYPE_CHECKING:
         uniform_expansion_objective,
     )
     from opacus_lastiterate.auditing.input_space.audit import (
-        CraftingMode,
         InputAuditReport,
         SampleAudit,
         check_disjoint_runs,
@@ -47,13 +45,10 @@ if TYPE_CHECKING:
     )
     from opacus_lastiterate.auditing.input_space.batched_training import (
         BatchedDPGD,
-        BatchedModels,
     )
     from opacus_lastiterate.auditing.input_space.canaries import (
-        CanaryType,
         InputCanary,
         InputScore,
-        ScoreStatistic,
         blank_canary,
         clip_backdoor_canary,
         in_distribution_canary,
@@ -76,12 +71,9 @@ if TYPE_CHECKING:
     )
     from opacus_lastiterate.auditing.input_space.text_canaries import (
         TextCanaries,
-        TextReduction,
         make_text_canaries,
     )
     from opacus_lastiterate.auditing.input_space.training import (
-        Architecture,
-        Initialisation,
         OpacusInputTrainer,
         digits_data,
     )
@@ -93,18 +85,12 @@ _LAZY: dict[str, str] = {
     "CRAFTING_OBJECTIVES": "adversarial_samples",
     "AuditProtocol": "protocols",
     "BatchedDPGD": "batched_training",
-    "BatchedModels": "batched_training",
     "annamalai_protocol": "protocols",
     "published_objective": "adversarial_samples",
     "run_protocol": "protocols",
     "yoon_protocol": "protocols",
-    "Architecture": "training",
     "CachedTrain": "model_cache",
-    "CanaryType": "canaries",
     "CraftedSample": "adversarial_samples",
-    "CraftingMode": "audit",
-    "CraftingObjective": "adversarial_samples",
-    "Initialisation": "training",
     "InputAuditReport": "audit",
     "InputCanaries": "canary_set",
     "fair_coins": "canary_set",
@@ -113,7 +99,6 @@ _LAZY: dict[str, str] = {
     "ModelPopulation": "adversarial_samples",
     "OpacusInputTrainer": "training",
     "SampleAudit": "audit",
-    "ScoreStatistic": "canaries",
     "adaptive_expansion_objective": "adversarial_samples",
     "blank_canary": "canaries",
     "check_disjoint_runs": "audit",
@@ -128,23 +113,16 @@ _LAZY: dict[str, str] = {
     "uniform_expansion_objective": "adversarial_samples",
     "worst_case_initialisation": "worst_case_init",
     "TextCanaries": "text_canaries",
-    "TextReduction": "text_canaries",
     "make_text_canaries": "text_canaries",
 }
 """Public name -> defining submodule; resolved on first access."""
 
 __all__ = [
     "CRAFTING_OBJECTIVES",
-    "Architecture",
     "AuditProtocol",
     "BatchedDPGD",
-    "BatchedModels",
     "CachedTrain",
-    "CanaryType",
     "CraftedSample",
-    "CraftingMode",
-    "CraftingObjective",
-    "Initialisation",
     "InputAuditReport",
     "InputCanaries",
     "InputCanary",
@@ -152,9 +130,7 @@ __all__ = [
     "ModelPopulation",
     "OpacusInputTrainer",
     "SampleAudit",
-    "ScoreStatistic",
     "TextCanaries",
-    "TextReduction",
     "adaptive_expansion_objective",
     "annamalai_protocol",
     "blank_canary",

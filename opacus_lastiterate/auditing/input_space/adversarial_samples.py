@@ -50,7 +50,6 @@ from opacus_lastiterate.auditing.input_space.canaries import (
 __all__ = [
     "CRAFTING_OBJECTIVES",
     "CraftedSample",
-    "CraftingObjective",
     "ModelPopulation",
     "adaptive_expansion_objective",
     "craft_adversarial_sample",

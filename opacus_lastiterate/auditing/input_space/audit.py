@@ -52,7 +52,6 @@ from opacus_lastiterate.auditing.runner import (
 )
 
 __all__ = [
-    "CraftingMode",
     "InputAuditReport",
     "SampleAudit",
     "check_disjoint_runs",

@@ -22,7 +22,6 @@ from opacus_lastiterate._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
     from opacus_lastiterate.auditing.opacus_releases.agreement import (
-        ProbeCheck,
         ProbeReport,
         check_probe,
     )
@@ -33,7 +32,6 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     )
 
 _LAZY: dict[str, str] = {
-    "ProbeCheck": "agreement",
     "ProbeReport": "agreement",
     "RealOpacusAudit": "real_code_audit",
     "audit_installed_opacus": "real_code_audit",
@@ -43,7 +41,6 @@ _LAZY: dict[str, str] = {
 """Public name -> defining submodule; resolved on first access."""
 
 __all__ = [
-    "ProbeCheck",
     "ProbeReport",
     "RealOpacusAudit",
     "audit_installed_opacus",
