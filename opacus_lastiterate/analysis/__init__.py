@@ -118,9 +118,6 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         BallsInBinsBound,
         random_allocation_pld,
     )
-    from opacus_lastiterate.analysis.sampling_heuristic import (
-        SamplingHeuristic,
-    )
     from opacus_lastiterate.analysis.sampling_standard import (
         NoAmplificationBound,
         PoissonAssumed,
@@ -144,7 +141,6 @@ _LAZY: dict[str, str] = {
     "PoissonSampling": "sampling",
     "ShuffledBatches": "sampling",
     "UnknownSampling": "sampling",
-    "SamplingHeuristic": "sampling_heuristic",
     "NoAmplificationBound": "sampling_standard",
     "BallsInBinsBound": "sampling_allocation",
     "random_allocation_pld": "sampling_allocation",
@@ -212,7 +208,6 @@ __all__ = [
     "QuadraticResult",
     "RDPComposition",
     "RobustLastIterateHeuristic",
-    "SamplingHeuristic",
     "ShiftedGaussianMixture",
     "ShuffleLowerBound",
     "ShuffledBatches",

@@ -17,7 +17,6 @@ __all__ = [
     "OpacusRelease",
     "installed_release",
     "release",
-    "releases_between",
 ]
 
 Family = Literal["0.9-0.11", "0.12-0.13", "0.14-0.15", "1.x"]

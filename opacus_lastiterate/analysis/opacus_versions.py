@@ -60,7 +60,6 @@ __all__ = [
     "example_weighting",
     "installed_release",
     "release",
-    "releases_between",
     "reported_epsilon",
 ]
 

@@ -49,7 +49,6 @@ __all__ = [
     "DPSGDRun",
     "Normalisation",
     "TrainingSegment",
-    "as_run",
 ]
 
 DivisorRule = Literal["sum", "public", "floored_expected", "realised"]

@@ -59,15 +59,11 @@ if TYPE_CHECKING:
     from opacus_lastiterate.auditing.input_space.adversarial_samples import (
         CRAFTING_OBJECTIVES,  # the names resolved lazily by __getattr__, for type checkers and IDEs
         CraftedSample,
-        ModelPopulation,
-        adaptive_expansion_objective,
         craft_adversarial_sample,
-        uniform_expansion_objective,
     )
     from opacus_lastiterate.auditing.input_space.audit import (
         InputAuditReport,
         SampleAudit,
-        check_disjoint_runs,
         run_input_audit,
     )
     from opacus_lastiterate.auditing.input_space.canaries import (
@@ -79,13 +75,9 @@ if TYPE_CHECKING:
         least_likely_label,
         mislabelled_canary,
     )
-    from opacus_lastiterate.auditing.input_space.model_cache import CachedTrain
     from opacus_lastiterate.auditing.input_space.training import (
         OpacusInputTrainer,
         digits_data,
-    )
-    from opacus_lastiterate.auditing.input_space.worst_case_init import (
-        worst_case_initialisation,
     )
     from opacus_lastiterate.auditing.opacus_releases.agreement import ProbeReport, check_probe
     from opacus_lastiterate.auditing.opacus_releases.real_code_audit import (
@@ -113,7 +105,6 @@ _LAZY: dict[str, str] = {
     "CRAFTING_OBJECTIVES": "input_space.adversarial_samples",
     "AdversarialDataset": "gradient_space.adversaries",
     "AuditRunner": "runner",
-    "CachedTrain": "input_space.model_cache",
     "CraftedSample": "input_space.adversarial_samples",
     "DPSGDArithmetic": "gradient_space.arithmetic",
     "DiracCanary": "gradient_space.canaries",
@@ -123,7 +114,6 @@ _LAZY: dict[str, str] = {
     "InputScore": "input_space.canaries",
     "Insertion": "gradient_space.insertion",
     "MaliciousDataset": "gradient_space.adversaries",
-    "ModelPopulation": "input_space.adversarial_samples",
     "OpacusDigitsTrainer": "opacus_training",
     "OpacusInputTrainer": "input_space.training",
     "PoissonInsertion": "gradient_space.insertion",
@@ -138,12 +128,10 @@ _LAZY: dict[str, str] = {
     "SimulatedCoordinateAdversary": "gradient_space.canaries",
     "TrainFunction": "runner",
     "WiringCheck": "wiring",
-    "adaptive_expansion_objective": "input_space.adversarial_samples",
     "audit_installed_opacus": "opacus_releases.real_code_audit",
     "audit_records": "runner",
     "audit_scores": "gradient_space.simulator",
     "blank_canary": "input_space.canaries",
-    "check_disjoint_runs": "input_space.audit",
     "check_private_training": "wiring",
     "check_probe": "opacus_releases.agreement",
     "clip_backdoor_canary": "input_space.canaries",
@@ -157,8 +145,6 @@ _LAZY: dict[str, str] = {
     "run_input_audit": "input_space.audit",
     "simulate_adversarial_dataset": "gradient_space.simulator",
     "simulate_malicious_dataset": "gradient_space.simulator",
-    "uniform_expansion_objective": "input_space.adversarial_samples",
-    "worst_case_initialisation": "input_space.worst_case_init",
 }
 """Public name -> defining submodule; resolved on first access (torch loads then)."""
 
@@ -167,7 +153,6 @@ __all__ = [
     "RECORD_FORMAT",
     "AdversarialDataset",
     "AuditRunner",
-    "CachedTrain",
     "CraftedSample",
     "DPSGDArithmetic",
     "DiracCanary",
@@ -177,7 +162,6 @@ __all__ = [
     "InputScore",
     "Insertion",
     "MaliciousDataset",
-    "ModelPopulation",
     "OpacusDigitsTrainer",
     "OpacusInputTrainer",
     "PoissonInsertion",
@@ -191,12 +175,10 @@ __all__ = [
     "SimulatedCoordinateAdversary",
     "TrainFunction",
     "WiringCheck",
-    "adaptive_expansion_objective",
     "audit_installed_opacus",
     "audit_records",
     "audit_scores",
     "blank_canary",
-    "check_disjoint_runs",
     "check_private_training",
     "check_probe",
     "clip_backdoor_canary",
@@ -210,8 +192,6 @@ __all__ = [
     "run_input_audit",
     "simulate_adversarial_dataset",
     "simulate_malicious_dataset",
-    "uniform_expansion_objective",
-    "worst_case_initialisation",
 ]
 
 

@@ -61,11 +61,7 @@ from opacus_lastiterate.analysis.audit.pure_dp import (
     epsilon_bound_from_counts,
     epsilon_from_error_rates,
 )
-from opacus_lastiterate.analysis.audit.result import (
-    AuditResult,
-    MultiRunCounts,
-    OneRunCounts,
-)
+from opacus_lastiterate.analysis.audit.result import AuditResult
 from opacus_lastiterate.analysis.audit.score_audit import ScoreAudit
 from opacus_lastiterate.analysis.audit.score_audits import (
     audit_clopper_pearson,
@@ -94,10 +90,8 @@ __all__ = [
     "ErrorCurve",
     "ExplicitThreshold",
     "HeldOutSplit",
-    "MultiRunCounts",
     "MultiSplit",
     "NaiveMax",
-    "OneRunCounts",
     "OneRunDeltaWarning",
     "RankGridBonferroni",
     "ScoreAudit",

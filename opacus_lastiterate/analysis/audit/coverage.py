@@ -36,9 +36,7 @@ from opacus_lastiterate.analysis.audit.threshold_strategies import (
     RankGridBonferroni,
 )
 
-__all__ = [
-    "exceedance_exact_binary",
-]
+__all__ = []
 
 Statistic = Callable[[np.ndarray, np.ndarray, np.random.Generator], float]
 

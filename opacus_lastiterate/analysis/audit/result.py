@@ -11,8 +11,6 @@ from opacus_lastiterate.analysis._validation import check_in_interval, check_int
 
 __all__ = [
     "AuditResult",
-    "MultiRunCounts",
-    "OneRunCounts",
 ]
 
 #: ``"bound"``: valid lower bound at the stated confidence, no assumption on the mechanism;

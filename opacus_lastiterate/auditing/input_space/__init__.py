@@ -31,16 +31,11 @@ if TYPE_CHECKING:
     from opacus_lastiterate.auditing.input_space.adversarial_samples import (
         CRAFTING_OBJECTIVES,  # the names resolved lazily by __getattr__, for type checkers and IDEs
         CraftedSample,
-        ModelPopulation,
-        adaptive_expansion_objective,
         craft_adversarial_sample,
-        published_objective,
-        uniform_expansion_objective,
     )
     from opacus_lastiterate.auditing.input_space.audit import (
         InputAuditReport,
         SampleAudit,
-        check_disjoint_runs,
         run_input_audit,
     )
     from opacus_lastiterate.auditing.input_space.batched_training import (
@@ -60,9 +55,6 @@ if TYPE_CHECKING:
         fair_coins,
         make_input_canaries,
     )
-    from opacus_lastiterate.auditing.input_space.model_cache import (
-        CachedTrain,
-    )
     from opacus_lastiterate.auditing.input_space.protocols import (
         AuditProtocol,
         annamalai_protocol,
@@ -77,31 +69,23 @@ if TYPE_CHECKING:
         OpacusInputTrainer,
         digits_data,
     )
-    from opacus_lastiterate.auditing.input_space.worst_case_init import (
-        worst_case_initialisation,
-    )
 
 _LAZY: dict[str, str] = {
     "CRAFTING_OBJECTIVES": "adversarial_samples",
     "AuditProtocol": "protocols",
     "BatchedDPGD": "batched_training",
     "annamalai_protocol": "protocols",
-    "published_objective": "adversarial_samples",
     "run_protocol": "protocols",
     "yoon_protocol": "protocols",
-    "CachedTrain": "model_cache",
     "CraftedSample": "adversarial_samples",
     "InputAuditReport": "audit",
     "InputCanaries": "canary_set",
     "fair_coins": "canary_set",
     "InputCanary": "canaries",
     "InputScore": "canaries",
-    "ModelPopulation": "adversarial_samples",
     "OpacusInputTrainer": "training",
     "SampleAudit": "audit",
-    "adaptive_expansion_objective": "adversarial_samples",
     "blank_canary": "canaries",
-    "check_disjoint_runs": "audit",
     "clip_backdoor_canary": "canaries",
     "craft_adversarial_sample": "adversarial_samples",
     "digits_data": "training",
@@ -110,8 +94,6 @@ _LAZY: dict[str, str] = {
     "make_input_canaries": "canary_set",
     "mislabelled_canary": "canaries",
     "run_input_audit": "audit",
-    "uniform_expansion_objective": "adversarial_samples",
-    "worst_case_initialisation": "worst_case_init",
     "TextCanaries": "text_canaries",
     "make_text_canaries": "text_canaries",
 }
@@ -121,20 +103,16 @@ __all__ = [
     "CRAFTING_OBJECTIVES",
     "AuditProtocol",
     "BatchedDPGD",
-    "CachedTrain",
     "CraftedSample",
     "InputAuditReport",
     "InputCanaries",
     "InputCanary",
     "InputScore",
-    "ModelPopulation",
     "OpacusInputTrainer",
     "SampleAudit",
     "TextCanaries",
-    "adaptive_expansion_objective",
     "annamalai_protocol",
     "blank_canary",
-    "check_disjoint_runs",
     "clip_backdoor_canary",
     "craft_adversarial_sample",
     "digits_data",
@@ -144,11 +122,8 @@ __all__ = [
     "make_input_canaries",
     "make_text_canaries",
     "mislabelled_canary",
-    "published_objective",
     "run_input_audit",
     "run_protocol",
-    "uniform_expansion_objective",
-    "worst_case_initialisation",
     "yoon_protocol",
 ]
 

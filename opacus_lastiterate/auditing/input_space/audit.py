@@ -54,7 +54,6 @@ from opacus_lastiterate.auditing.runner import (
 __all__ = [
     "InputAuditReport",
     "SampleAudit",
-    "check_disjoint_runs",
     "run_input_audit",
 ]
 

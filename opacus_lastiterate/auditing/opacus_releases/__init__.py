@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     from opacus_lastiterate.auditing.opacus_releases.real_code_audit import (
         RealOpacusAudit,
         audit_installed_opacus,
-        summarise_audit,
     )
 
 _LAZY: dict[str, str] = {
@@ -36,7 +35,6 @@ _LAZY: dict[str, str] = {
     "RealOpacusAudit": "real_code_audit",
     "audit_installed_opacus": "real_code_audit",
     "check_probe": "agreement",
-    "summarise_audit": "real_code_audit",
 }
 """Public name -> defining submodule; resolved on first access."""
 
@@ -45,7 +43,6 @@ __all__ = [
     "RealOpacusAudit",
     "audit_installed_opacus",
     "check_probe",
-    "summarise_audit",
 ]
 
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())

@@ -42,7 +42,6 @@ from opacus_lastiterate.analysis.audit import AuditResult, ScoreAudit
 __all__ = [
     "RealOpacusAudit",
     "audit_installed_opacus",
-    "summarise_audit",
 ]
 
 Mechanism = Literal["FEASGM", "ASGM"]
