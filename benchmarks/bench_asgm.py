@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 from opacus.accountants import PRVAccountant
 
-from opacus_lastiterate.analysis.normalisation import ASGM_MODEL, asgm_epsilon
+from opacus_lastiterate.analysis.normalisation import asgm_epsilon
+from opacus_lastiterate.analysis.normalisation.asgm import ASGM_MODEL
 
 CONFIGS = [
     dict(

@@ -789,6 +789,9 @@ def _privacy_models_entry(params: dict[str, Any], tmp: str) -> dict[str, Any]:
     """The analysis layer's privacy models on a multi-segment history, epsilon at several
     deltas and delta at several epsilons; the weighted heuristic of torch SGD weights."""
     from opacus_lastiterate import analysis as a
+    from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
+        weighted_heuristic_epsilon_result,
+    )
 
     run = a.DPSGDRun.from_history([tuple(s) for s in params["history"]])
     models = {
@@ -815,7 +818,7 @@ def _privacy_models_entry(params: dict[str, Any], tmp: str) -> dict[str, Any]:
         weights = a.sgd_weights(lrs, momentum=0.9, weight_decay=1e-4)
         # recorded with the weighted heuristic function, which returned this result object; the
         # function of that name returns a float since, and this one the object
-        result = a.weighted_heuristic_epsilon_result(
+        result = weighted_heuristic_epsilon_result(
             1e-5, weights=weights, sample_rates=0.02, noise_multipliers=1.1
         )
         out["weighted"] = {"learning_rates_head": jsonable(lrs[:5]),

@@ -156,5 +156,7 @@ def test_every_public_name_is_met_by_a_user() -> None:
 
 
 def test_the_package_lists_few_distinct_public_names() -> None:
-    # 585 before the rule above; a new capability adds the names its users meet
-    assert len(_public_exports()) <= 345
+    # 585 before the rule above, 341 before issue 32 (type aliases, internal result types and
+    # helpers only explained or only used by maintainers' scripts left __all__); a new
+    # capability adds the names its users meet
+    assert len(_public_exports()) <= 246

@@ -27,9 +27,7 @@ from typing import Any
 
 from opacus_lastiterate.analysis.opacus_releases import installed_release
 
-__all__ = [
-    "accounting_noise_multiplier",
-]
+__all__ = []
 
 
 def adjusts_noise_multiplier(optim: Any) -> bool:

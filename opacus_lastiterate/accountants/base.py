@@ -56,7 +56,6 @@ from opacus_lastiterate.analysis.sampling import (
 from opacus_lastiterate.exceptions import SamplingWarning, ZeroNoiseWarning
 
 __all__ = [
-    "History",
     "RunAccountant",
 ]
 

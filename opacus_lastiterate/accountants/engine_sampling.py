@@ -54,9 +54,7 @@ from opacus_lastiterate.exceptions import SamplingWarning
 if TYPE_CHECKING:
     from opacus_lastiterate.accountants.adaptive_plan import AdaptivePlan
 
-__all__ = [
-    "install",
-]
+__all__ = []
 
 _MARK = "__opacus_lastiterate_sampling__"
 

@@ -45,8 +45,8 @@ from opacus_lastiterate.analysis._validation import (
     check_epsilon,
     check_positive,
 )
-from opacus_lastiterate.analysis.normalisation import ASGM_MODEL, DivisorVerdict
-from opacus_lastiterate.analysis.normalisation.asgm import ASGM
+from opacus_lastiterate.analysis.normalisation import DivisorVerdict
+from opacus_lastiterate.analysis.normalisation.asgm import ASGM, ASGM_MODEL
 from opacus_lastiterate.analysis.normalisation.discretisation import DEFAULT_INTERVAL
 from opacus_lastiterate.analysis.normalisation.divisor_leak import FEASGM, FEASGM_MODEL
 from opacus_lastiterate.analysis.normalisation.divisor_verdict import feasgm_verdict

@@ -10,9 +10,7 @@ import math
 
 from opacus_lastiterate.accountants.base import History
 
-__all__ = [
-    "opacus_rdp_delta",
-]
+__all__ = []
 
 
 def opacus_sgm_epsilon(history: History, delta: float, standard: str) -> float:

@@ -14,9 +14,7 @@ from typing import Any
 from opacus_lastiterate.analysis._validation import check_delta
 from opacus_lastiterate.analysis.last_iterate.adaptive_weights import ADAPTIVE_HEURISTIC_LABEL
 
-__all__ = [
-    "summary",
-]
+__all__ = []
 
 CAVEAT = (
     "last-iterate heuristic (Steinke et al., ICLR 2025) for the final model only; "

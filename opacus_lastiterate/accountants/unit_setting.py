@@ -29,7 +29,6 @@ from opacus_lastiterate.accountants.base import synchronized
 from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
 
 __all__ = [
-    "UnitOwner",
     "unit_of_new_accountants",
 ]
 

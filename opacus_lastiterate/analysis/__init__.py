@@ -83,7 +83,6 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
     )
     from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
         WeightedHeuristicResult,
-        weighted_heuristic_epsilon_result,
     )
     from opacus_lastiterate.analysis.normalisation import (
         DivisorVerdict,
@@ -104,7 +103,6 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         PRIVACY_MODELS,
     )
     from opacus_lastiterate.analysis.run import (
-        DivisorRule,
         DPSGDRun,
         Normalisation,
         TrainingSegment,
@@ -113,16 +111,12 @@ if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers
         BallsInBins,
         DeterministicBatches,
         PoissonSampling,
-        SamplingScheme,
         ShuffledBatches,
         UnknownSampling,
     )
     from opacus_lastiterate.analysis.sampling_allocation import (
         BallsInBinsBound,
         random_allocation_pld,
-    )
-    from opacus_lastiterate.analysis.sampling_heuristic import (
-        SamplingHeuristic,
     )
     from opacus_lastiterate.analysis.sampling_standard import (
         NoAmplificationBound,
@@ -145,10 +139,8 @@ _LAZY: dict[str, str] = {
     "BallsInBins": "sampling",
     "DeterministicBatches": "sampling",
     "PoissonSampling": "sampling",
-    "SamplingScheme": "sampling",
     "ShuffledBatches": "sampling",
     "UnknownSampling": "sampling",
-    "SamplingHeuristic": "sampling_heuristic",
     "NoAmplificationBound": "sampling_standard",
     "BallsInBinsBound": "sampling_allocation",
     "random_allocation_pld": "sampling_allocation",
@@ -157,13 +149,11 @@ _LAZY: dict[str, str] = {
     "FEASGM": "normalisation.divisor_leak",
     "PrivacyModel": "privacy_model",
     "PRIVACY_MODELS": "privacy_models",
-    "DivisorRule": "run",
     "RDPComposition": "baselines.composition",
     "full_batch_delta": "baselines.composition",
     "standard_delta": "baselines.composition",
     "standard_rdp_delta": "baselines.composition",
     "standard_rdp_epsilon": "baselines.composition",
-    "weighted_heuristic_epsilon_result": "last_iterate.weighted_heuristic",
     "Normalisation": "run",
     "LastIterateHeuristic": "last_iterate.heuristic",
     "RobustLastIterateHeuristic": "last_iterate.heuristic",
@@ -202,7 +192,6 @@ __all__ = [
     "BatchSizePlan",
     "DPSGDRun",
     "DeterministicBatches",
-    "DivisorRule",
     "DivisorVerdict",
     "EpsilonComparison",
     "FullBatchGaussian",
@@ -219,8 +208,6 @@ __all__ = [
     "QuadraticResult",
     "RDPComposition",
     "RobustLastIterateHeuristic",
-    "SamplingHeuristic",
-    "SamplingScheme",
     "ShiftedGaussianMixture",
     "ShuffleLowerBound",
     "ShuffledBatches",
@@ -251,7 +238,6 @@ __all__ = [
     "standard_epsilon",
     "standard_rdp_delta",
     "standard_rdp_epsilon",
-    "weighted_heuristic_epsilon_result",
 ]
 
 

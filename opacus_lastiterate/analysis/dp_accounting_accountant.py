@@ -68,7 +68,9 @@ from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.privacy_models import PRIVACY_MODELS, privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
 
-__all__ = ["LastIterateHeuristicAccountant", "WeightsLike"]
+__all__ = [
+    "LastIterateHeuristicAccountant",
+]
 
 WeightsLike = Sequence[float] | np.ndarray | Callable[[int], Sequence[float] | np.ndarray]
 """The ``weights`` keyword: per-step weights, or a function of the number of steps T that

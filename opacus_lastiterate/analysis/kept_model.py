@@ -60,7 +60,9 @@ from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
 from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.analysis.sampling import SamplingScheme, check_sampling
 
-__all__ = ["OPTIMIZER_WEIGHTS", "KeptModel"]
+__all__ = [
+    "KeptModel",
+]
 
 SettingsRuns = Sequence[tuple[Any, int]]
 """Run-length encoded optimizer settings: (settings, steps), oldest first."""

@@ -21,7 +21,10 @@ from opacus_lastiterate.analysis.opacus_versions import (
     reported_epsilon,
 )
 
-__all__ = ["AdaClipAccounting", "adaclip_accounting", "distributed_divisors"]
+__all__ = [
+    "adaclip_accounting",
+    "distributed_divisors",
+]
 
 
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from opacus_lastiterate.analysis._validation import check_delta, check_positive
 
-__all__ = ["PRV_VARIANTS", "PRVVariant", "opacus_prv_epsilon"]
+__all__ = []
 
 PRVVariant = Literal["1.3", "1.4.1"]
 PRV_VARIANTS: dict[str, str] = {

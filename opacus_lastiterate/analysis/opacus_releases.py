@@ -14,12 +14,9 @@ from typing import Literal
 
 __all__ = [
     "OPACUS_RELEASES",
-    "Accounting",
-    "Family",
     "OpacusRelease",
     "installed_release",
     "release",
-    "releases_between",
 ]
 
 Family = Literal["0.9-0.11", "0.12-0.13", "0.14-0.15", "1.x"]

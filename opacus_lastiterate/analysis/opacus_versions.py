@@ -51,7 +51,6 @@ from opacus_lastiterate.analysis.opacus_releases import (
 
 __all__ = [
     "OPACUS_RELEASES",
-    "ExampleWeighting",
     "OpacusRelease",
     "VersionComparison",
     "VersionConfig",
@@ -61,7 +60,6 @@ __all__ = [
     "example_weighting",
     "installed_release",
     "release",
-    "releases_between",
     "reported_epsilon",
 ]
 

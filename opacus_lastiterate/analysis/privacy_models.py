@@ -97,7 +97,6 @@ from opacus_lastiterate.analysis.sampling import (
 __all__ = [
     "PRIVACY_MODELS",
     "Choice",
-    "ModelName",
     "choose",
     "privacy_model",
 ]

@@ -36,7 +36,6 @@ from opacus_lastiterate.analysis._validation import check_int
 
 __all__ = [
     "PrivacyUnit",
-    "UnitKind",
 ]
 
 UnitKind = Literal["record", "user", "group", "sampled_user"]

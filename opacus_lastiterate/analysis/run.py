@@ -47,14 +47,8 @@ from opacus_lastiterate.analysis.sampling import (
 
 __all__ = [
     "DPSGDRun",
-    "DivisorRule",
-    "HistoryLike",
     "Normalisation",
-    "RunLike",
     "TrainingSegment",
-    "as_run",
-    "suffix",
-    "total_steps",
 ]
 
 DivisorRule = Literal["sum", "public", "floored_expected", "realised"]

@@ -41,9 +41,7 @@ from opacus_lastiterate.analysis._validation import check_int, check_sample_rate
 __all__ = [
     "BallsInBins",
     "DeterministicBatches",
-    "EpochScheme",
     "PoissonSampling",
-    "SamplingScheme",
     "ShuffledBatches",
     "UnknownSampling",
 ]

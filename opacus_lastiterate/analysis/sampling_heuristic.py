@@ -71,11 +71,7 @@ from opacus_lastiterate.analysis.sampling import (
 )
 from opacus_lastiterate.exceptions import WeightedAccuracyWarning
 
-__all__ = [
-    "EXACT_SUPPORT_LIMIT",
-    "EpochLayout",
-    "SamplingHeuristic",
-]
+__all__ = []
 
 EXACT_SUPPORT_LIMIT = 20_000
 """Largest support of sum_e X_e computed exactly; beyond it the certified grid is used."""

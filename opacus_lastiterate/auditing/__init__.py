@@ -40,11 +40,10 @@ if TYPE_CHECKING:
         AdversarialDataset,
         MaliciousDataset,
     )
-    from opacus_lastiterate.auditing.gradient_space.arithmetic import DPSGDArithmetic, StepDivisor
+    from opacus_lastiterate.auditing.gradient_space.arithmetic import DPSGDArithmetic
     from opacus_lastiterate.auditing.gradient_space.canaries import (
         DiracCanary,
         DiracCanaryAdversary,
-        GradientCanary,
         SimulatedCoordinateAdversary,
     )
     from opacus_lastiterate.auditing.gradient_space.insertion import (
@@ -60,46 +59,32 @@ if TYPE_CHECKING:
     from opacus_lastiterate.auditing.input_space.adversarial_samples import (
         CRAFTING_OBJECTIVES,  # the names resolved lazily by __getattr__, for type checkers and IDEs
         CraftedSample,
-        CraftingObjective,
-        ModelPopulation,
-        adaptive_expansion_objective,
         craft_adversarial_sample,
-        uniform_expansion_objective,
     )
     from opacus_lastiterate.auditing.input_space.audit import (
-        CraftingMode,
         InputAuditReport,
         SampleAudit,
-        check_disjoint_runs,
         run_input_audit,
     )
     from opacus_lastiterate.auditing.input_space.canaries import (
-        CanaryType,
         InputCanary,
         InputScore,
-        ScoreStatistic,
         blank_canary,
         clip_backdoor_canary,
         in_distribution_canary,
         least_likely_label,
         mislabelled_canary,
     )
-    from opacus_lastiterate.auditing.input_space.model_cache import CachedTrain
     from opacus_lastiterate.auditing.input_space.training import (
-        Architecture,
-        Initialisation,
         OpacusInputTrainer,
         digits_data,
-    )
-    from opacus_lastiterate.auditing.input_space.worst_case_init import (
-        worst_case_initialisation,
     )
     from opacus_lastiterate.auditing.opacus_releases.agreement import ProbeReport, check_probe
     from opacus_lastiterate.auditing.opacus_releases.real_code_audit import (
         RealOpacusAudit,
         audit_installed_opacus,
     )
-    from opacus_lastiterate.auditing.opacus_training import CanaryKind, OpacusDigitsTrainer
+    from opacus_lastiterate.auditing.opacus_training import OpacusDigitsTrainer
     from opacus_lastiterate.auditing.runner import (
         RECORD_FORMAT,
         AuditRunner,
@@ -119,26 +104,16 @@ if TYPE_CHECKING:
 _LAZY: dict[str, str] = {
     "CRAFTING_OBJECTIVES": "input_space.adversarial_samples",
     "AdversarialDataset": "gradient_space.adversaries",
-    "Architecture": "input_space.training",
     "AuditRunner": "runner",
-    "CachedTrain": "input_space.model_cache",
-    "CanaryKind": "opacus_training",
-    "CanaryType": "input_space.canaries",
     "CraftedSample": "input_space.adversarial_samples",
-    "CraftingMode": "input_space.audit",
-    "CraftingObjective": "input_space.adversarial_samples",
     "DPSGDArithmetic": "gradient_space.arithmetic",
     "DiracCanary": "gradient_space.canaries",
     "DiracCanaryAdversary": "gradient_space.canaries",
-    "GradientCanary": "gradient_space.canaries",
-    "Initialisation": "input_space.training",
     "InputAuditReport": "input_space.audit",
     "InputCanary": "input_space.canaries",
     "InputScore": "input_space.canaries",
     "Insertion": "gradient_space.insertion",
     "MaliciousDataset": "gradient_space.adversaries",
-    "ModelPopulation": "input_space.adversarial_samples",
-    "StepDivisor": "gradient_space.arithmetic",
     "OpacusDigitsTrainer": "opacus_training",
     "OpacusInputTrainer": "input_space.training",
     "PoissonInsertion": "gradient_space.insertion",
@@ -149,17 +124,14 @@ _LAZY: dict[str, str] = {
     "RunRecords": "runner",
     "SampleAudit": "input_space.audit",
     "ScoreFunction": "runner",
-    "ScoreStatistic": "input_space.canaries",
     "SimulatedAudit": "gradient_space.simulator",
     "SimulatedCoordinateAdversary": "gradient_space.canaries",
     "TrainFunction": "runner",
     "WiringCheck": "wiring",
-    "adaptive_expansion_objective": "input_space.adversarial_samples",
     "audit_installed_opacus": "opacus_releases.real_code_audit",
     "audit_records": "runner",
     "audit_scores": "gradient_space.simulator",
     "blank_canary": "input_space.canaries",
-    "check_disjoint_runs": "input_space.audit",
     "check_private_training": "wiring",
     "check_probe": "opacus_releases.agreement",
     "clip_backdoor_canary": "input_space.canaries",
@@ -173,8 +145,6 @@ _LAZY: dict[str, str] = {
     "run_input_audit": "input_space.audit",
     "simulate_adversarial_dataset": "gradient_space.simulator",
     "simulate_malicious_dataset": "gradient_space.simulator",
-    "uniform_expansion_objective": "input_space.adversarial_samples",
-    "worst_case_initialisation": "input_space.worst_case_init",
 }
 """Public name -> defining submodule; resolved on first access (torch loads then)."""
 
@@ -182,25 +152,16 @@ __all__ = [
     "CRAFTING_OBJECTIVES",
     "RECORD_FORMAT",
     "AdversarialDataset",
-    "Architecture",
     "AuditRunner",
-    "CachedTrain",
-    "CanaryKind",
-    "CanaryType",
     "CraftedSample",
-    "CraftingMode",
-    "CraftingObjective",
     "DPSGDArithmetic",
     "DiracCanary",
     "DiracCanaryAdversary",
-    "GradientCanary",
-    "Initialisation",
     "InputAuditReport",
     "InputCanary",
     "InputScore",
     "Insertion",
     "MaliciousDataset",
-    "ModelPopulation",
     "OpacusDigitsTrainer",
     "OpacusInputTrainer",
     "PoissonInsertion",
@@ -210,18 +171,14 @@ __all__ = [
     "RunRecords",
     "SampleAudit",
     "ScoreFunction",
-    "ScoreStatistic",
     "SimulatedAudit",
     "SimulatedCoordinateAdversary",
-    "StepDivisor",
     "TrainFunction",
     "WiringCheck",
-    "adaptive_expansion_objective",
     "audit_installed_opacus",
     "audit_records",
     "audit_scores",
     "blank_canary",
-    "check_disjoint_runs",
     "check_private_training",
     "check_probe",
     "clip_backdoor_canary",
@@ -235,8 +192,6 @@ __all__ = [
     "run_input_audit",
     "simulate_adversarial_dataset",
     "simulate_malicious_dataset",
-    "uniform_expansion_objective",
-    "worst_case_initialisation",
 ]
 
 

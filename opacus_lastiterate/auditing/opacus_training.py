@@ -56,11 +56,7 @@ from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
 
 __all__ = [
-    "CanaryKind",
-    "ConstantRunEpsilons",
-    "LearningRateSchedule",
     "OpacusDigitsTrainer",
-    "TrainerOptimizer",
 ]
 
 CanaryKind = Literal["gradient", "input"]

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 from opacus_lastiterate._requires import requires
 
 with requires("opacus_lastiterate.callbacks", "torch", "opacus"):  # clear error without torch
-    from opacus_lastiterate.callbacks.cadence import Cadence
     from opacus_lastiterate.callbacks.canary_audit import (
         CanaryAuditResult,
         InTrainingAuditReport,
@@ -57,7 +56,6 @@ _LAZY = {
 
 __all__ = [
     "LABELS",
-    "Cadence",
     "CanaryAuditResult",
     "CsvSink",
     "EpsilonRecord",

@@ -25,7 +25,6 @@ from opacus_lastiterate.callbacks.records import EpsilonRecord
 from opacus_lastiterate.exceptions import PrivacyBudgetExceededError
 
 __all__ = [
-    "BudgetMetric",
     "PrivacyBudget",
 ]
 

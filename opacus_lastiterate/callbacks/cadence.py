@@ -15,10 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-__all__ = [
-    "Cadence",
-    "due",
-]
+__all__ = []
 
 Cadence = int | Literal["doubling", "auto"] | None
 """How often a value is computed: every k steps, ``"doubling"`` (at steps 100, 200, 400, 800,

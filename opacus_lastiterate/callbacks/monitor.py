@@ -72,7 +72,7 @@ from opacus_lastiterate.callbacks._checkpoint import monitor_state, restore
 from opacus_lastiterate.callbacks._following import AccountantWatch
 from opacus_lastiterate.callbacks._optimizer_hooks import OptimizerHooks
 from opacus_lastiterate.callbacks._optimizer_hooks import host_float as _host_float
-from opacus_lastiterate.callbacks.budget import BudgetGuard, BudgetMetric, PrivacyBudget
+from opacus_lastiterate.callbacks.budget import BudgetGuard, PrivacyBudget
 from opacus_lastiterate.callbacks.cadence import (
     Cadence,
     Cadences,
@@ -97,7 +97,6 @@ from opacus_lastiterate.exceptions import MonitorWarning
 
 __all__ = [
     "LABELS",
-    "BudgetMetric",
     "EpsilonRecord",
     "MonitorAudit",
     "PrivacyBudget",

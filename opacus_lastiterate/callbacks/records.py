@@ -40,7 +40,6 @@ __all__ = [
     "LABELS",
     "EpsilonRecord",
     "MonitorAudit",
-    "Sink",
 ]
 
 SAMPLING_LABELS: dict[str, str] = {

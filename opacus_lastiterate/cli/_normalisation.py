@@ -32,7 +32,8 @@ def normalisation_report(
 ) -> dict[str, Any]:
     """All numbers of the ``normalisation`` command, each with its model label."""
     from opacus_lastiterate.analysis.baselines.composition import standard_epsilon
-    from opacus_lastiterate.analysis.normalisation import ASGM_MODEL, asgm_epsilon
+    from opacus_lastiterate.analysis.normalisation import asgm_epsilon
+    from opacus_lastiterate.analysis.normalisation.asgm import ASGM_MODEL
     from opacus_lastiterate.analysis.normalisation.divisor_leak import FEASGM_MODEL, feasgm_epsilon
     from opacus_lastiterate.analysis.normalisation.divisor_verdict import feasgm_verdict
     from opacus_lastiterate.analysis.normalisation.opacus_arithmetic import (

@@ -31,11 +31,7 @@ from opacus_lastiterate.figures._base import Column, FigureResult
 from opacus_lastiterate.figures._plotting import OKABE_ITO, legend_below, panel_axes, pyplot, save
 
 __all__ = [
-    "DELTA",
-    "NAME",
-    "STEPS",
     "compute",
-    "curve",
     "plot",
 ]
 

@@ -43,9 +43,6 @@ from opacus_lastiterate.figures._plotting import (
 )
 
 __all__ = [
-    "DELTA",
-    "NAME",
-    "STEPS",
     "compute",
     "plot",
 ]

@@ -27,11 +27,6 @@ from opacus_lastiterate.figures._base import Column, FigureResult
 from opacus_lastiterate.figures._plotting import legend_below, panel_axes, save, series_style
 
 __all__ = [
-    "DELTA",
-    "NAME",
-    "ONE_STEP_EPSILONS",
-    "RATES",
-    "STEPS",
     "compute",
     "plot",
 ]

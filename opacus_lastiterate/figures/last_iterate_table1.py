@@ -25,9 +25,6 @@ from opacus_lastiterate.figures._base import Column, FigureResult
 from opacus_lastiterate.figures._plotting import OKABE_ITO, legend_below, pyplot, save
 
 __all__ = [
-    "DELTA",
-    "EPOCHS",
-    "NAME",
     "compute",
     "plot",
 ]

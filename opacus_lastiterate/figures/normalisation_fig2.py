@@ -37,7 +37,6 @@ from opacus_lastiterate.figures._plotting import (
 )
 
 __all__ = [
-    "NAME",
     "compute",
     "plot",
 ]

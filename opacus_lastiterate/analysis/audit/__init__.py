@@ -46,7 +46,6 @@ from opacus_lastiterate.analysis.audit.one_run import (
     one_run_epsilon_bound,
 )
 from opacus_lastiterate.analysis.audit.one_run_fdp import (
-    TradeOffFamily,
     one_run_fdp_bound,
 )
 from opacus_lastiterate.analysis.audit.planning import (
@@ -62,14 +61,7 @@ from opacus_lastiterate.analysis.audit.pure_dp import (
     epsilon_bound_from_counts,
     epsilon_from_error_rates,
 )
-from opacus_lastiterate.analysis.audit.result import (
-    AuditCounts,
-    AuditKind,
-    AuditResult,
-    DescribedStrategy,
-    MultiRunCounts,
-    OneRunCounts,
-)
+from opacus_lastiterate.analysis.audit.result import AuditResult
 from opacus_lastiterate.analysis.audit.score_audit import ScoreAudit
 from opacus_lastiterate.analysis.audit.score_audits import (
     audit_clopper_pearson,
@@ -91,25 +83,19 @@ from opacus_lastiterate.exceptions import (
 )
 
 __all__ = [
-    "AuditCounts",
-    "AuditKind",
     "AuditPlan",
     "AuditResult",
     "AuditWarning",
     "Bonferroni",
-    "DescribedStrategy",
     "ErrorCurve",
     "ExplicitThreshold",
     "HeldOutSplit",
-    "MultiRunCounts",
     "MultiSplit",
     "NaiveMax",
-    "OneRunCounts",
     "OneRunDeltaWarning",
     "RankGridBonferroni",
     "ScoreAudit",
     "ThresholdStrategy",
-    "TradeOffFamily",
     "audit_clopper_pearson",
     "audit_gaussian_dp",
     "audit_one_run",

@@ -36,14 +36,7 @@ from opacus_lastiterate.analysis.audit.threshold_strategies import (
     RankGridBonferroni,
 )
 
-__all__ = [
-    "COVERAGE_STATISTICS",
-    "Exceedance",
-    "audit_statistics",
-    "exceedance_exact_binary",
-    "exceedance_simulated",
-    "rr_true_epsilon",
-]
+__all__ = []
 
 Statistic = Callable[[np.ndarray, np.ndarray, np.random.Generator], float]
 

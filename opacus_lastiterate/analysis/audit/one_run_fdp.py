@@ -45,7 +45,6 @@ from opacus_lastiterate.analysis.audit.result import AuditResult, result_kind
 from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
 
 __all__ = [
-    "TradeOffFamily",
     "one_run_fdp_bound",
 ]
 

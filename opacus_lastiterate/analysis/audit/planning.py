@@ -25,6 +25,7 @@ from opacus_lastiterate.analysis._validation import (
     check_in_interval,
     check_int,
 )
+from opacus_lastiterate.analysis.audit._selection import rank_grid
 from opacus_lastiterate.analysis.audit.clopper_pearson import upper_at_significance
 from opacus_lastiterate.analysis.audit.one_run import epsilon_search, warn_one_run
 from opacus_lastiterate.analysis.audit.pure_dp import pure_epsilon
@@ -37,7 +38,6 @@ from opacus_lastiterate.analysis.audit.threshold_strategies import (
     NaiveMax,
     RankGridBonferroni,
     ThresholdStrategy,
-    rank_grid,
 )
 
 __all__ = [

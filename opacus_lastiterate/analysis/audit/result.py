@@ -10,12 +10,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from opacus_lastiterate.analysis._validation import check_in_interval, check_int
 
 __all__ = [
-    "AuditCounts",
-    "AuditKind",
     "AuditResult",
-    "DescribedStrategy",
-    "MultiRunCounts",
-    "OneRunCounts",
 ]
 
 #: ``"bound"``: valid lower bound at the stated confidence, no assumption on the mechanism;

@@ -53,7 +53,6 @@ from opacus_lastiterate.analysis.audit._selection import (
     best,
     choose_on_split,
     observed,
-    rank_grid,
 )
 
 __all__ = [
@@ -64,7 +63,6 @@ __all__ = [
     "NaiveMax",
     "RankGridBonferroni",
     "ThresholdStrategy",
-    "rank_grid",
 ]
 
 

@@ -22,7 +22,6 @@ from opacus_lastiterate.analysis._validation import check_in_interval, check_int
 from opacus_lastiterate.analysis.last_iterate.adaptive_weights import canonical_adaptive_name
 
 __all__ = [
-    "STUDIED_RANGES",
     "adaptive_heuristic_caveats",
 ]
 

@@ -44,7 +44,6 @@ from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettin
 
 __all__ = [
     "AdaptiveStep",
-    "SGDEquivalent",
 ]
 
 _SGD_EQUIVALENT = ("adam", "adamw")

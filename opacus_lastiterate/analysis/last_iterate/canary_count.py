@@ -19,10 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-__all__ = [
-    "CountDistribution",
-    "binomial_count",
-]
+__all__ = []
 
 _TAIL_NATS = 75.0  # truncation level of each binomial factor (Bernstein bound e^-75)
 

@@ -56,7 +56,6 @@ __all__ = [
     "MonotonicityCheck",
     "QuadraticResult",
     "heuristic_monotonicity",
-    "one_step_noise_multiplier",
     "quadratic_regulariser_epsilon",
     "zeroing_regulariser_epsilon",
 ]

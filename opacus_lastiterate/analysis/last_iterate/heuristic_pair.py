@@ -28,7 +28,6 @@ from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGau
 from opacus_lastiterate.analysis.run import TrainingSegment
 
 __all__ = [
-    "count_pair",
     "segments_pair",
 ]
 

@@ -45,7 +45,9 @@ from opacus_lastiterate.analysis.last_iterate.gaussian_mixture_stack import Mixt
 from opacus_lastiterate.analysis.last_iterate.heuristic_pair import count_pair
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment
 
-__all__ = ["STACK_MAX_POINTS", "IncrementalHeuristic", "SuffixPeak"]
+__all__ = [
+    "IncrementalHeuristic",
+]
 
 STACK_MAX_POINTS = 500
 """Largest count window (points of Binomial(T, q) kept) at which :meth:`IncrementalHeuristic.advance`

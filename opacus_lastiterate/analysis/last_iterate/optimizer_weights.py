@@ -59,7 +59,6 @@ from opacus_lastiterate.exceptions import UnsupportedOptimizerError
 __all__ = [
     "SGDSettings",
     "builtin_schedule",
-    "cosine_schedule",
     "sgd_weights",
 ]
 

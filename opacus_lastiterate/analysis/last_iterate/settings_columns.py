@@ -15,7 +15,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["SettingsKey", "SettingsTrace", "TraceColumns", "TraceEntry"]
+__all__ = [
+    "SettingsTrace",
+]
 
 SettingsKey = tuple[float, float, float, bool, float]
 """(lr, momentum, dampening, nesterov, weight_decay) of one step."""

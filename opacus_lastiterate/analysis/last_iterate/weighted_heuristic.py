@@ -73,7 +73,6 @@ from opacus_lastiterate.exceptions import WeightedAccuracyWarning
 
 __all__ = [
     "WeightedHeuristicResult",
-    "weighted_heuristic_epsilon_result",
 ]
 
 ArrayLike = Sequence[float] | np.ndarray

@@ -14,13 +14,9 @@ numpy / scipy / dp_accounting only. Each number names its model:
 """
 
 from opacus_lastiterate.analysis.normalisation.asgm import (
-    ASGM_MODEL,
     asgm_delta,
     asgm_epsilon,
     asgm_pld,
-)
-from opacus_lastiterate.analysis.normalisation.discretisation import (
-    DiscretizationMethod,
 )
 from opacus_lastiterate.analysis.normalisation.divisor_leak import (
     divisor_leak_pld,
@@ -38,8 +34,6 @@ from opacus_lastiterate.analysis.normalisation.simulation import (
 )
 
 __all__ = [
-    "ASGM_MODEL",
-    "DiscretizationMethod",
     "DivisorVerdict",
     "asgm_delta",
     "asgm_epsilon",

@@ -72,7 +72,6 @@ from opacus_lastiterate.analysis.run import RunLike, as_run
 
 __all__ = [
     "ASGM",
-    "ASGM_MODEL",
     "asgm_delta",
     "asgm_epsilon",
     "asgm_pld",

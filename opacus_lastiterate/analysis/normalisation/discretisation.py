@@ -44,10 +44,7 @@ from numpy.typing import NDArray
 from opacus_lastiterate.analysis._validation import check_in_interval
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 
-__all__ = [
-    "DiscretizationMethod",
-    "WorstOfPLDs",
-]
+__all__ = []
 
 DiscretizationMethod = Literal["connect_dots", "round_up"]
 """How a continuous one-step PLD is put on the grid (both pessimistic): the

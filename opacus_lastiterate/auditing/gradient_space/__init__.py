@@ -27,12 +27,10 @@ if TYPE_CHECKING:
     )
     from opacus_lastiterate.auditing.gradient_space.arithmetic import (
         DPSGDArithmetic,
-        StepDivisor,
     )
     from opacus_lastiterate.auditing.gradient_space.canaries import (
         DiracCanary,
         DiracCanaryAdversary,
-        GradientCanary,
         SimulatedCoordinateAdversary,
     )
     from opacus_lastiterate.auditing.gradient_space.exact import (
@@ -58,10 +56,8 @@ _LAZY: dict[str, str] = {
     "DiracCanary": "canaries",
     "DiracCanaryAdversary": "canaries",
     "ExactEpsilon": "exact",
-    "GradientCanary": "canaries",
     "Insertion": "insertion",
     "MaliciousDataset": "adversaries",
-    "StepDivisor": "arithmetic",
     "PoissonInsertion": "insertion",
     "SimulatedAudit": "simulator",
     "SimulatedCoordinateAdversary": "canaries",
@@ -78,13 +74,11 @@ __all__ = [
     "DiracCanary",
     "DiracCanaryAdversary",
     "ExactEpsilon",
-    "GradientCanary",
     "Insertion",
     "MaliciousDataset",
     "PoissonInsertion",
     "SimulatedAudit",
     "SimulatedCoordinateAdversary",
-    "StepDivisor",
     "audit_scores",
     "malicious_dataset_epsilon",
     "malicious_dataset_test_rates",

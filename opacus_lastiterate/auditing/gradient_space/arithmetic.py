@@ -25,7 +25,9 @@ from numpy.typing import NDArray
 
 from opacus_lastiterate.analysis._validation import check_noise_multiplier, check_positive
 
-__all__ = ["DPSGDArithmetic", "StepDivisor"]
+__all__ = [
+    "DPSGDArithmetic",
+]
 
 StepDivisor = Literal["sum", "expected", "realised"]
 """What a simulated step divides the noisy sum by: nothing (``"sum"``), the constant

@@ -32,7 +32,6 @@ from opacus_lastiterate.auditing.gradient_space.insertion import check_rng
 __all__ = [
     "DiracCanary",
     "DiracCanaryAdversary",
-    "GradientCanary",
     "SimulatedCoordinateAdversary",
 ]
 

@@ -33,29 +33,19 @@ if TYPE_CHECKING:
     from opacus_lastiterate.auditing.input_space.adversarial_samples import (
         CRAFTING_OBJECTIVES,  # the names resolved lazily by __getattr__, for type checkers and IDEs
         CraftedSample,
-        CraftingObjective,
-        ModelPopulation,
-        adaptive_expansion_objective,
         craft_adversarial_sample,
-        published_objective,
-        uniform_expansion_objective,
     )
     from opacus_lastiterate.auditing.input_space.audit import (
-        CraftingMode,
         InputAuditReport,
         SampleAudit,
-        check_disjoint_runs,
         run_input_audit,
     )
     from opacus_lastiterate.auditing.input_space.batched_training import (
         BatchedDPGD,
-        BatchedModels,
     )
     from opacus_lastiterate.auditing.input_space.canaries import (
-        CanaryType,
         InputCanary,
         InputScore,
-        ScoreStatistic,
         blank_canary,
         clip_backdoor_canary,
         in_distribution_canary,
@@ -70,9 +60,6 @@ if TYPE_CHECKING:
     from opacus_lastiterate.auditing.input_space.canary_users import (
         make_canary_users,
     )
-    from opacus_lastiterate.auditing.input_space.model_cache import (
-        CachedTrain,
-    )
     from opacus_lastiterate.auditing.input_space.protocols import (
         AuditProtocol,
         annamalai_protocol,
@@ -81,47 +68,29 @@ if TYPE_CHECKING:
     )
     from opacus_lastiterate.auditing.input_space.text_canaries import (
         TextCanaries,
-        TextReduction,
         make_text_canaries,
     )
     from opacus_lastiterate.auditing.input_space.training import (
-        Architecture,
-        Initialisation,
         OpacusInputTrainer,
         digits_data,
-    )
-    from opacus_lastiterate.auditing.input_space.worst_case_init import (
-        worst_case_initialisation,
     )
 
 _LAZY: dict[str, str] = {
     "CRAFTING_OBJECTIVES": "adversarial_samples",
     "AuditProtocol": "protocols",
     "BatchedDPGD": "batched_training",
-    "BatchedModels": "batched_training",
     "annamalai_protocol": "protocols",
-    "published_objective": "adversarial_samples",
     "run_protocol": "protocols",
     "yoon_protocol": "protocols",
-    "Architecture": "training",
-    "CachedTrain": "model_cache",
-    "CanaryType": "canaries",
     "CraftedSample": "adversarial_samples",
-    "CraftingMode": "audit",
-    "CraftingObjective": "adversarial_samples",
-    "Initialisation": "training",
     "InputAuditReport": "audit",
     "InputCanaries": "canary_set",
     "fair_coins": "canary_set",
     "InputCanary": "canaries",
     "InputScore": "canaries",
-    "ModelPopulation": "adversarial_samples",
     "OpacusInputTrainer": "training",
     "SampleAudit": "audit",
-    "ScoreStatistic": "canaries",
-    "adaptive_expansion_objective": "adversarial_samples",
     "blank_canary": "canaries",
-    "check_disjoint_runs": "audit",
     "clip_backdoor_canary": "canaries",
     "craft_adversarial_sample": "adversarial_samples",
     "digits_data": "training",
@@ -131,40 +100,25 @@ _LAZY: dict[str, str] = {
     "make_canary_users": "canary_users",
     "mislabelled_canary": "canaries",
     "run_input_audit": "audit",
-    "uniform_expansion_objective": "adversarial_samples",
-    "worst_case_initialisation": "worst_case_init",
     "TextCanaries": "text_canaries",
-    "TextReduction": "text_canaries",
     "make_text_canaries": "text_canaries",
 }
 """Public name -> defining submodule; resolved on first access."""
 
 __all__ = [
     "CRAFTING_OBJECTIVES",
-    "Architecture",
     "AuditProtocol",
     "BatchedDPGD",
-    "BatchedModels",
-    "CachedTrain",
-    "CanaryType",
     "CraftedSample",
-    "CraftingMode",
-    "CraftingObjective",
-    "Initialisation",
     "InputAuditReport",
     "InputCanaries",
     "InputCanary",
     "InputScore",
-    "ModelPopulation",
     "OpacusInputTrainer",
     "SampleAudit",
-    "ScoreStatistic",
     "TextCanaries",
-    "TextReduction",
-    "adaptive_expansion_objective",
     "annamalai_protocol",
     "blank_canary",
-    "check_disjoint_runs",
     "clip_backdoor_canary",
     "craft_adversarial_sample",
     "digits_data",
@@ -175,11 +129,8 @@ __all__ = [
     "make_input_canaries",
     "make_text_canaries",
     "mislabelled_canary",
-    "published_objective",
     "run_input_audit",
     "run_protocol",
-    "uniform_expansion_objective",
-    "worst_case_initialisation",
     "yoon_protocol",
 ]
 

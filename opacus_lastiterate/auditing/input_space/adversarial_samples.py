@@ -50,12 +50,7 @@ from opacus_lastiterate.auditing.input_space.canaries import (
 __all__ = [
     "CRAFTING_OBJECTIVES",
     "CraftedSample",
-    "CraftingObjective",
-    "ModelPopulation",
-    "adaptive_expansion_objective",
     "craft_adversarial_sample",
-    "published_objective",
-    "uniform_expansion_objective",
 ]
 
 CraftingObjective = Literal["uniform", "adaptive", "subtract", "fisher", "bhattacharyya"]

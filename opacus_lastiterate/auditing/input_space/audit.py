@@ -52,10 +52,8 @@ from opacus_lastiterate.auditing.runner import (
 )
 
 __all__ = [
-    "CraftingMode",
     "InputAuditReport",
     "SampleAudit",
-    "check_disjoint_runs",
     "run_input_audit",
 ]
 

@@ -30,7 +30,9 @@ from opacus_lastiterate.auditing.input_space.training import OpacusInputTrainer
 from opacus_lastiterate.auditing.input_space.worst_case_init import worst_case_initialisation
 from opacus_lastiterate.auditing.opacus_training import digits_arrays
 
-__all__ = ["BatchedDPGD", "BatchedModels"]
+__all__ = [
+    "BatchedDPGD",
+]
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,8 @@ from torch import nn
 from opacus_lastiterate.analysis._validation import check_int, check_positive
 
 __all__ = [
-    "CanaryType",
     "InputCanary",
     "InputScore",
-    "ScoreStatistic",
     "blank_canary",
     "clip_backdoor_canary",
     "in_distribution_canary",

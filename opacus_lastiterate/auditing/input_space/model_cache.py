@@ -25,7 +25,7 @@ from opacus_lastiterate.analysis._validation import check_int
 from opacus_lastiterate.auditing.runner import RunRecords
 from opacus_lastiterate.auditing.runner.identity import callable_identity, canonical_json
 
-__all__ = ["CachedTrain"]
+__all__ = []
 
 
 @dataclass(frozen=True)

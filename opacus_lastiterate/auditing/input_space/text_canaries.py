@@ -40,7 +40,6 @@ from opacus_lastiterate.auditing.input_space.canary_set import fair_coins
 
 __all__ = [
     "TextCanaries",
-    "TextReduction",
     "make_text_canaries",
 ]
 

@@ -36,7 +36,10 @@ from opacus_lastiterate.auditing.opacus_training import (
     train_dp_sgd,
 )
 
-__all__ = ["Architecture", "Initialisation", "OpacusInputTrainer", "digits_data"]
+__all__ = [
+    "OpacusInputTrainer",
+    "digits_data",
+]
 
 Architecture = Literal["mlp", "cnn"]
 Initialisation = Literal["random", "worst-case", "pretrained"]

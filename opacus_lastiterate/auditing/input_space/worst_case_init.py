@@ -25,9 +25,7 @@ from torch import nn
 from opacus_lastiterate.analysis._validation import check_in_interval, check_int, check_positive
 from opacus_lastiterate.auditing.input_space.canaries import InputCanary
 
-__all__ = [
-    "worst_case_initialisation",
-]
+__all__ = []
 
 
 def canary_gradient_norm(

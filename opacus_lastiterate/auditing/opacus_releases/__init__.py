@@ -22,33 +22,27 @@ from opacus_lastiterate._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # the names resolved lazily by __getattr__, for type checkers and IDEs
     from opacus_lastiterate.auditing.opacus_releases.agreement import (
-        ProbeCheck,
         ProbeReport,
         check_probe,
     )
     from opacus_lastiterate.auditing.opacus_releases.real_code_audit import (
         RealOpacusAudit,
         audit_installed_opacus,
-        summarise_audit,
     )
 
 _LAZY: dict[str, str] = {
-    "ProbeCheck": "agreement",
     "ProbeReport": "agreement",
     "RealOpacusAudit": "real_code_audit",
     "audit_installed_opacus": "real_code_audit",
     "check_probe": "agreement",
-    "summarise_audit": "real_code_audit",
 }
 """Public name -> defining submodule; resolved on first access."""
 
 __all__ = [
-    "ProbeCheck",
     "ProbeReport",
     "RealOpacusAudit",
     "audit_installed_opacus",
     "check_probe",
-    "summarise_audit",
 ]
 
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())

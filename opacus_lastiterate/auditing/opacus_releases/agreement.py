@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "ProbeCheck",
     "ProbeReport",
     "check_probe",
 ]

@@ -34,11 +34,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "MODES",
-    "ModeObservation",
-    "MonitorFactory",
     "probe_mode",
-    "summary",
 ]
 
 MonitorFactory = Callable[[Any, Any, dict[str, Any]], tuple[Any, list[Any]]]

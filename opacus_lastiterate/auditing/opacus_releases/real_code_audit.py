@@ -42,7 +42,6 @@ from opacus_lastiterate.analysis.audit import AuditResult, ScoreAudit
 __all__ = [
     "RealOpacusAudit",
     "audit_installed_opacus",
-    "summarise_audit",
 ]
 
 Mechanism = Literal["FEASGM", "ASGM"]
@@ -228,8 +227,8 @@ def summarise_audit(
         eps_config = float(pld.get_epsilon_for_delta(delta))
         config_model = FEASGM_MODEL.format(dimension=d)
     else:
-        from opacus_lastiterate.analysis.normalisation import ASGM_MODEL, asgm_epsilon
-        from opacus_lastiterate.analysis.normalisation.asgm import asgm_pld
+        from opacus_lastiterate.analysis.normalisation import asgm_epsilon
+        from opacus_lastiterate.analysis.normalisation.asgm import ASGM_MODEL, asgm_pld
 
         if sample_rate is None:
             raise ValueError("ASGM: give `sample_rate`.")

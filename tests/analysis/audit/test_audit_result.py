@@ -9,14 +9,16 @@ import pytest
 
 from opacus_lastiterate.analysis.audit import (
     AuditResult,
-    MultiRunCounts,
     NaiveMax,
-    OneRunCounts,
     RankGridBonferroni,
     audit_clopper_pearson,
     audit_gaussian_dp,
 )
-from opacus_lastiterate.analysis.audit.result import AUDIT_RESULT_FIELDS
+from opacus_lastiterate.analysis.audit.result import (
+    AUDIT_RESULT_FIELDS,
+    MultiRunCounts,
+    OneRunCounts,
+)
 
 
 def test_result_is_frozen_and_carries_everything() -> None:

@@ -8,12 +8,10 @@ import torch
 from torch import nn
 
 from opacus_lastiterate.analysis.audit import ScoreAudit
-from opacus_lastiterate.auditing import (
-    InputCanary,
-    InputScore,
+from opacus_lastiterate.auditing import InputCanary, InputScore, craft_adversarial_sample
+from opacus_lastiterate.auditing.input_space.adversarial_samples import (
     ModelPopulation,
     adaptive_expansion_objective,
-    craft_adversarial_sample,
     uniform_expansion_objective,
 )
 

@@ -12,14 +12,9 @@ import torch
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
-from opacus_lastiterate.auditing import (
-    AuditRunner,
-    CachedTrain,
-    InputCanary,
-    InputScore,
-    check_disjoint_runs,
-    run_input_audit,
-)
+from opacus_lastiterate.auditing import AuditRunner, InputCanary, InputScore, run_input_audit
+from opacus_lastiterate.auditing.input_space.audit import check_disjoint_runs
+from opacus_lastiterate.auditing.input_space.model_cache import CachedTrain
 
 CANARY = InputCanary(torch.tensor([0.0, 1.0, 0.0]), 1)
 

@@ -15,9 +15,11 @@ from opacus_lastiterate.auditing import (
     digits_data,
     in_distribution_canary,
     mislabelled_canary,
+)
+from opacus_lastiterate.auditing.input_space.worst_case_init import (
+    canary_gradient_norm,
     worst_case_initialisation,
 )
-from opacus_lastiterate.auditing.input_space.worst_case_init import canary_gradient_norm
 
 X, Y = digits_data()
 
