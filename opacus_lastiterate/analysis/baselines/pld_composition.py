@@ -50,13 +50,7 @@ from opacus_lastiterate.analysis.baselines.subsampled_gaussian_pld import (
     subsampled_gaussian_pmfs,
 )
 
-__all__ = [
-    "CompositionCache",
-    "PLDComposer",
-    "clear_kept_compositions",
-    "group_noise",
-    "incremental_pld",
-]
+__all__ = []
 
 TAIL_MASS_TRUNCATION = 1e-15
 """dp_accounting's default ``tail_mass_truncation`` of ``compose`` and ``self_compose``."""

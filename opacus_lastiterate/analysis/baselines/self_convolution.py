@@ -19,9 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import fft, special
 
-__all__ = [
-    "self_convolve",
-]
+__all__ = []
 
 _KEPT = 16  # PMFs whose transforms are kept
 
