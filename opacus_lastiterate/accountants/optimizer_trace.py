@@ -14,6 +14,11 @@ without a Python object per element; :func:`trace_as_text` gives the same column
 text for JSON (the monitor's checkpoint). :func:`decode_trace` reads the three forms (bytes,
 base64 text, and plain lists of Python floats, ints and bools, as earlier versions stored)
 and validates them column by column in numpy.
+
+The column encoding is shared with the adaptive optimizers' trace
+(:mod:`~opacus_lastiterate.accountants.adaptive_trace`): :func:`encode_column` stores one
+column, :func:`decode_column` reads and checks one back, :func:`real_column` checks a real
+column against its range and :func:`merge_columns` turns the columns' runs into entries.
 """
 
 from __future__ import annotations
