@@ -407,8 +407,8 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
             state["optimizer_trace"] = encode_trace(trim_trace(trace, steps))
         stored = state.get("adaptive_trace")
         if stored is not None:
-            trace = decode_adaptive_trace(stored, "state_dict['adaptive_trace']")
-            state["adaptive_trace"] = encode_adaptive_trace(trace.trimmed(steps))
+            adaptive = decode_adaptive_trace(stored, "state_dict['adaptive_trace']")
+            state["adaptive_trace"] = encode_adaptive_trace(adaptive.trimmed(steps))
         return state
 
     @synchronized

@@ -50,7 +50,7 @@ _REAL, _FLAG, _COUNT = np.dtype("<f8"), np.dtype("u1"), np.dtype("<i8")
 """The stored types: the real settings as little-endian float64, nesterov as one byte (0 or
 1), the run lengths as little-endian int64."""
 
-_KIND_TYPES = {"real": _REAL, "flag": _FLAG, "text": None}
+_KIND_TYPES: dict[str, np.dtype | None] = {"real": _REAL, "flag": _FLAG, "text": None}
 """The stored type of each kind of column (:func:`decode_column`); text is a list."""
 
 _SGD_KINDS = {field: "flag" if field == "nesterov" else "real" for field in TRACE_FIELDS}
@@ -78,6 +78,7 @@ def encode_column(column: np.ndarray, ends: np.ndarray) -> dict[str, Any]:
     -0.0 stay apart; a bool column one byte 0 or 1) or, for a column of strings, a list of
     them; ``steps`` the raw bytes of the runs' lengths (little-endian int64)."""
     n = len(column)
+    kind: np.dtype | None
     if column.dtype == np.float64:
         key, kind = column.view(np.int64), _REAL
     elif column.dtype == np.bool_:
@@ -131,7 +132,10 @@ def trace_as_lists(
         kind = _KIND_TYPES[kinds[field]]
         out[field] = {}
         for key, k in (("values", kind), ("steps", _COUNT)):
-            raw = _raw(part[key], k, f"stored[{field!r}][{key!r}]")
+            where = f"stored[{field!r}][{key!r}]"
+            if k is None and not isinstance(part[key], (list, tuple)):  # text: a list
+                raise TypeError(f"`{where}` must be a list of strings, got {type(part[key]).__name__}.")
+            raw = part[key] if k is None else _raw(part[key], k, where)
             if isinstance(raw, np.ndarray):
                 raw = (raw.astype(bool) if k is _FLAG else raw).tolist()
             out[field][key] = list(raw)
@@ -233,7 +237,9 @@ def decode_column(part: object, kind: str, name: str) -> tuple[Any, np.ndarray]:
         if not isinstance(values, (list, tuple)):
             raise TypeError(f"`{name}['values']` must be a list of strings, got {type(values).__name__}.")
     else:
-        values = _raw(part["values"], _KIND_TYPES[kind], f"{name}['values']")
+        stored_type = _KIND_TYPES[kind]
+        assert stored_type is not None
+        values = _raw(part["values"], stored_type, f"{name}['values']")
     steps = _raw(part["steps"], _COUNT, f"{name}['steps']")
     if len(values) != len(steps):
         raise ValueError(

@@ -68,11 +68,15 @@ def _torch_copy(state):
 
 
 def _json_copy(state):
-    return json.loads(json.dumps(dict(state, adaptive_trace=trace_as_text(state["adaptive_trace"]))))
+    return json.loads(
+        json.dumps(dict(state, adaptive_trace=trace_as_text(state["adaptive_trace"])))
+    )
 
 
 def _lists_copy(state):
-    return json.loads(json.dumps(dict(state, adaptive_trace=adaptive_trace_as_lists(state["adaptive_trace"]))))
+    return json.loads(
+        json.dumps(dict(state, adaptive_trace=adaptive_trace_as_lists(state["adaptive_trace"])))
+    )
 
 
 @pytest.mark.parametrize("copy_of", [_torch_copy, _json_copy, _lists_copy, copy.deepcopy])
@@ -108,7 +112,10 @@ def test_the_monitor_checkpoint_holds_the_trace_as_json_text():
 
 
 def test_the_plain_lists_of_earlier_versions_load():
-    steps = _adamw_steps(20) + [AdaptiveStep(AdaptiveSettings("adamw", 1e-4, weight_decay=0.01), 0.02)] * 5
+    steps = (
+        _adamw_steps(20)
+        + [AdaptiveStep(AdaptiveSettings("adamw", 1e-4, weight_decay=0.01), 0.02)] * 5
+    )
     runs = [(s, 1) for s in steps[:20]] + [(steps[-1], 5)]
     legacy = {  # each field its own runs of Python values, as earlier versions stored it
         field: {"values": [], "steps": []} for field in ADAPTIVE_STEP_FIELDS
@@ -145,6 +152,7 @@ def _put(raw, i, kind, value):
 def _real(field, value, at=0):
     def edit(trace):
         trace[field]["values"] = _put(trace[field]["values"], at, "<f8", value)
+
     return edit
 
 
@@ -172,24 +180,28 @@ _BAD_REALS = [
 def _flag(field, raw):
     def edit(trace):
         trace[field]["values"] = raw
+
     return edit
 
 
 def _names(values, steps):
     def edit(trace):
         trace["optimizer"] = {"values": values, "steps": np.array(steps, "<i8").tobytes()}
+
     return edit
 
 
 def _steps(field, edit_bytes):
     def edit(trace):
         trace[field]["steps"] = edit_bytes(trace[field]["steps"])
+
     return edit
 
 
 def _drop(field):
     def edit(trace):
         del trace[field]
+
     return edit
 
 
@@ -237,7 +249,9 @@ def test_an_incomplete_trace_is_refused():
     state = acc.state_dict()
     fresh = LastIterateAccountant()
     short = copy.deepcopy(state)
-    short["adaptive_trace"]["beta2"]["steps"] = _put(short["adaptive_trace"]["beta2"]["steps"], 0, "<i8", 99)
+    short["adaptive_trace"]["beta2"]["steps"] = _put(
+        short["adaptive_trace"]["beta2"]["steps"], 0, "<i8", 99
+    )
     with pytest.raises(ValueError, match=r"every setting must cover the same steps"):
         fresh.load_state_dict(short)
     fewer = dict(state, adaptive_trace=_accountant(_adamw_steps(99)).state_dict()["adaptive_trace"])
@@ -281,3 +295,15 @@ def test_take_back_trims_the_stored_trace():
 def test_the_summary_names_the_adaptive_optimizer():
     acc = _accountant(_adamw_steps(30))
     assert "Adaptive optimizer (adamw)" in acc.describe(DELTA)
+
+
+def test_the_lists_form_names_a_column_of_another_form():
+    stored = _accountant(_adamw_steps(10)).state_dict()["adaptive_trace"]
+    assert adaptive_trace_as_lists(stored)["optimizer"] == {"values": ["adamw"], "steps": [10]}
+    stored["optimizer"]["values"] = b"adamw"
+    with pytest.raises(TypeError, match=r"stored\['optimizer'\]\['values'\].*list of strings"):
+        adaptive_trace_as_lists(stored)
+    stored["optimizer"]["values"] = ["adamw"]
+    stored["lr"]["values"] = stored["lr"]["values"][:-3]
+    with pytest.raises(ValueError, match=r"stored\['lr'\]\['values'\].*whole 8-byte"):
+        adaptive_trace_as_lists(stored)
