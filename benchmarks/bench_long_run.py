@@ -7,7 +7,8 @@ then times the first and a second ``get_epsilon``, ``state_dict()``, its
 size pickled (and the bytes of the learning-rate column per entry, that is per step whose
 settings change), through ``torch.save`` and as JSON (the optimizer traces as base64 text,
 as the monitor's checkpoint holds them), ``torch.load``
-with ``weights_only=True``, ``load_state_dict`` into a fresh accountant and its first query,
+with ``weights_only=True``, ``load_state_dict`` into a fresh accountant (and, of it, the
+validation of the stored optimizer traces) and its first query,
 and checks that the loaded accountant continues with the same floats (both take three
 more steps, each queried). Prints the load (``torch.load`` plus ``load_state_dict``) in all, and
 the process's peak resident memory after the imports, after each stage and at the end (the
@@ -62,6 +63,7 @@ def main() -> None:
     import torch
 
     from opacus_lastiterate.accountants import LastIterateAccountant
+    from opacus_lastiterate.accountants.adaptive_trace import decode_traces
     from opacus_lastiterate.accountants.optimizer_trace import trace_as_text
     from opacus_lastiterate.analysis.last_iterate.adaptive_steps import AdaptiveStep
     from opacus_lastiterate.analysis.last_iterate.adaptive_weights import AdaptiveSettings
@@ -129,10 +131,13 @@ def main() -> None:
     probe.load_state_dict(loaded_state)
     after, eps_loaded = _timed(probe.get_epsilon, delta)
     del probe
+    check_cpu = time.process_time()
+    check, _ = _timed(decode_traces, loaded_state)  # of load_state_dict: the stored traces
+    check_cpu = time.process_time() - check_cpu
     print(
         f"torch.load(weights_only=True) {read:.2f} s ({read_cpu:.2f} CPU s); load_state_dict "
-        f"{load:.2f} s ({cpu - read_cpu:.2f} CPU s); load in all {read + load:.2f} s "
-        f"({cpu:.2f} CPU s); first "
+        f"{load:.2f} s ({cpu - read_cpu:.2f} CPU s; validating the stored traces {check:.2f} s, "
+        f"{check_cpu:.2f} CPU s); load in all {read + load:.2f} s ({cpu:.2f} CPU s); first "
         f"get_epsilon after loading {after * 1e3:.1f} ms (epsilon {eps_loaded:.4f}); peak RSS "
         f"after loading {loaded_rss:.0f} MB"
     )
