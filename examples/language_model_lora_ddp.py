@@ -53,6 +53,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from language_model_lora import ToyLanguage, build_model
 
 
+def _adaptive_noise_std(accountant: Any) -> list[float] | None:
+    """The noise std the adaptive heuristic took (sigma C / B), one value per change."""
+    from opacus_lastiterate.accountants.adaptive_trace import adaptive_trace_as_lists
+
+    stored = accountant.state_dict().get("adaptive_trace")
+    return None if stored is None else adaptive_trace_as_lists(stored)["noise_std"]["values"]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(
@@ -226,8 +234,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "mean_realised_global_batch": float(realised.item()) / taken,
         "history": history,
         # what the adaptive heuristic took as the noise on the averaged gradient (sigma C / B)
-        "adaptive_noise_std": (engine.accountant.state_dict().get("adaptive_trace") or {})
-        .get("noise_std", {}).get("values"),
+        "adaptive_noise_std": _adaptive_noise_std(engine.accountant),
         "parameters_identical_across_ranks": bool(same.item() == 1.0),
         "held_out_loss": [before, after],
         "final": None if final is None else final.as_dict(),

@@ -3,15 +3,27 @@ the :class:`~opacus_lastiterate.analysis.last_iterate.adaptive_steps.AdaptiveSte
 recorded step (settings of Adam, AdamW, ... and the noise they saw), run-length encoded, and
 the form its ``state_dict`` stores under ``"adaptive_trace"``.
 
-The stored form run-length encodes each field of
+In memory the trace is numpy columns, one element per run of identical steps
+(:class:`AdaptiveTrace`), not a Python object per run. The stored form
+(:func:`encode_adaptive_trace`) run-length encodes each field of
 :data:`~opacus_lastiterate.analysis.last_iterate.adaptive_steps.ADAPTIVE_STEP_FIELDS` on its
-own, ``{"lr": {"values": [...], "steps": [...]}, "optimizer": {...}, ...}``, with plain Python
-strings, floats, ints and bools (``torch.load(weights_only=True)`` and JSON take it). A
-stored trace is validated whole (:func:`decode_adaptive_trace`) before anything is loaded.
+own with the SGD trace's column encoding
+(:func:`~opacus_lastiterate.accountants.optimizer_trace.encode_column`):
+``{"lr": {"values": b"...", "steps": b"..."}, "optimizer": {"values": ["adamw"],
+"steps": b"..."}, ...}``, the real fields as little-endian float64 bytes, the flags one byte
+each, the optimizer's name a list of strings, the run lengths little-endian int64 bytes. A
+cosine schedule, whose learning rate changes at every step, costs 16 bytes a step; the
+fields that stay put one run each. ``torch.load(weights_only=True)`` reads the bytes without
+a Python object per element; for JSON (the monitor's checkpoint)
+:func:`~opacus_lastiterate.accountants.optimizer_trace.trace_as_text` gives the bytes as
+base64 text. The lists of Python values that earlier versions stored are read too. A stored
+trace is validated whole, in numpy, by :func:`decode_adaptive_trace` before anything is
+loaded.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,29 +32,72 @@ import numpy as np
 from opacus_lastiterate.accountants.optimizer_trace import (
     check_column_mapping,
     check_trace_covers,
+    decode_column,
     decode_trace,
+    encode_column,
+    merge_columns,
+    real_column,
+    trace_as_lists,
 )
-from opacus_lastiterate.analysis._validation import check_steps
 from opacus_lastiterate.analysis.last_iterate.adaptive_steps import (
     ADAPTIVE_STEP_FIELDS,
     AdaptiveStep,
 )
+from opacus_lastiterate.analysis.last_iterate.adaptive_weights import canonical_adaptive_name
 from opacus_lastiterate.analysis.last_iterate.settings_columns import TraceColumns
 
-__all__ = []
+__all__ = ["adaptive_trace_as_lists"]
 
 AdaptiveRuns = list[tuple[AdaptiveStep, int]]
 
+_FLAGS = ("decoupled_weight_decay", "amsgrad", "centered")
+_KINDS: dict[str, str] = {
+    f: "text" if f == "optimizer" else "flag" if f in _FLAGS else "real"
+    for f in ADAPTIVE_STEP_FIELDS
+}
+"""The kind of each stored column (:func:`~.optimizer_trace.decode_column`)."""
+
+_BELOW_ONE = ("beta1", "beta2")
+"""The real fields in [0, 1) (RMSprop's beta1, its momentum, is any number >= 0); noise_std
+lies in (0, inf), the others in [0, inf)."""
+
+_ONE_RUN = ("optimizer", *_FLAGS)
+"""The fields that stay the same through a run (one optimizer with the same options)."""
+
+_DTYPES = tuple(
+    object if k == "text" else bool if k == "flag" else np.float64 for k in _KINDS.values()
+)
+
 
 class AdaptiveTrace:
-    """Run-length encoded :class:`AdaptiveStep` records, with the steps they cover."""
+    """Run-length encoded :class:`AdaptiveStep` records in growable numpy columns, one per
+    field of :data:`ADAPTIVE_STEP_FIELDS` and one of run lengths (a run added in amortised
+    O(1)), with the steps they cover.
+
+    Args:
+        runs: (step, number of steps) pairs to start from, oldest first, or None.
+    """
 
     def __init__(self, runs: AdaptiveRuns | None = None) -> None:
-        self._runs: list[list[Any]] = [[s, int(n)] for s, n in (runs or [])]
-        self._covered = sum(n for _, n in self._runs)
+        self._cols = [np.empty(16, dtype=d) for d in _DTYPES]
+        self._steps = np.empty(16, dtype=np.int64)
+        self._n = self._covered = 0
+        self._last: AdaptiveStep | None = None
+        for step, n in runs or []:
+            self.append(step, int(n))
+
+    @classmethod
+    def _of_columns(cls, columns: list[np.ndarray], steps: np.ndarray) -> AdaptiveTrace:
+        """A trace of validated columns (taken over, not copied), one element per run."""
+        trace = cls()
+        trace._cols, trace._steps, trace._n = columns, steps.astype(np.int64), len(steps)
+        trace._covered = int(steps.sum())
+        if trace._n:
+            trace._last = trace._step_at(trace._n - 1)
+        return trace
 
     def __len__(self) -> int:
-        return len(self._runs)
+        return self._n
 
     @property
     def covered(self) -> int:
@@ -51,114 +106,153 @@ class AdaptiveTrace:
 
     @property
     def last(self) -> AdaptiveStep | None:
-        """The step of the last entry."""
-        return self._runs[-1][0] if self._runs else None
+        """The step of the last run."""
+        return self._last
+
+    @property
+    def steps(self) -> np.ndarray:
+        """The number of steps of each run (a view: read it, do not write it)."""
+        return self._steps[: self._n]
 
     def append(self, step: AdaptiveStep, steps: int = 1) -> None:
         """Add ``steps`` steps recorded as ``step``."""
         self._covered += steps
-        if self._runs and self._runs[-1][0] == step:
-            self._runs[-1][1] += steps
-        else:
-            self._runs.append([step, steps])
+        n = self._n
+        if self._last == step:
+            self._steps[n - 1] += steps
+            return
+        if n == len(self._steps):  # doubled
+            more = max(16, n)
+            self._cols = [np.concatenate((c, np.empty(more, c.dtype))) for c in self._cols]
+            self._steps = np.concatenate((self._steps, np.empty(more, np.int64)))
+        for column, value in zip(self._cols, step.as_tuple(), strict=True):
+            column[n] = value
+        self._steps[n] = steps
+        self._n, self._last = n + 1, step
+
+    def _step_at(self, i: int) -> AdaptiveStep:
+        return AdaptiveStep.from_tuple([c[i : i + 1].tolist()[0] for c in self._cols])
 
     def runs(self) -> AdaptiveRuns:
-        """(step, number of steps) pairs, oldest first."""
-        return [(s, n) for s, n in self._runs]
+        """(step, number of steps) pairs, oldest first (one new :class:`AdaptiveStep` per
+        run)."""
+        n = self._n
+        rows = zip(*(c[:n].tolist() for c in self._cols), strict=True)
+        return [
+            (AdaptiveStep.from_tuple(row), k)
+            for row, k in zip(rows, self._steps[:n].tolist(), strict=True)
+        ]
 
     def trimmed(self, steps: int) -> AdaptiveTrace:
         """A copy without the last ``steps`` steps."""
-        runs = self.runs()
-        while steps and runs:
-            step, n = runs[-1]
-            cut = min(steps, n)
-            runs[-1:] = [(step, n - cut)] if n > cut else []
-            steps -= cut
-        return AdaptiveTrace(runs)
+        n = self._n
+        keep = max(self._covered - steps, 0)
+        ends = np.cumsum(self._steps[:n])
+        m = int(np.searchsorted(ends, keep, side="left")) + 1 if keep else 0  # runs kept
+        counts = self._steps[:m].copy()
+        if m:
+            counts[-1] -= int(ends[m - 1]) - keep
+        return AdaptiveTrace._of_columns([c[:m].copy() for c in self._cols], counts)
+
+    def encoded(self) -> dict[str, dict[str, Any]]:
+        """The stored form of the trace (:func:`encode_adaptive_trace`)."""
+        n = self._n
+        if not n:  # empty lists: torch's protocol 2 pickles b"" as a call weights_only refuses
+            return {field: {"values": [], "steps": []} for field in ADAPTIVE_STEP_FIELDS}
+        ends = np.cumsum(self._steps[:n])
+        return {
+            field: encode_column(column[:n], ends)
+            for field, column in zip(ADAPTIVE_STEP_FIELDS, self._cols, strict=True)
+        }
 
 
-def encode_adaptive_trace(runs: AdaptiveRuns) -> dict[str, dict[str, list[Any]]]:
-    """The stored form of ``runs``: each field run-length encoded over the steps on its own."""
-    rows = [step.as_tuple() for step, _ in runs]
-    counts = [int(n) for _, n in runs]
-    out: dict[str, dict[str, list[Any]]] = {}
-    for k, field in enumerate(ADAPTIVE_STEP_FIELDS):
-        values: list[Any] = []
-        steps: list[int] = []
-        for row, n in zip(rows, counts, strict=True):
-            value = row[k]
-            if values and type(values[-1]) is type(value) and values[-1] == value:
-                steps[-1] += n
-            else:
-                values.append(value)
-                steps.append(n)
-        out[field] = {"values": values, "steps": steps}
-    return out
+def encode_adaptive_trace(trace: AdaptiveTrace | AdaptiveRuns) -> dict[str, dict[str, Any]]:
+    """The stored form of a trace (or of its runs): each field run-length encoded over the
+    steps on its own (module docstring); :func:`decode_adaptive_trace` gives back the same
+    floats, bit for bit."""
+    if not isinstance(trace, AdaptiveTrace):
+        trace = AdaptiveTrace(trace)
+    return trace.encoded()
 
 
-def decode_adaptive_trace(stored: object, name: str) -> AdaptiveRuns:
-    """Validate a stored adaptive trace (:func:`encode_adaptive_trace`) whole and return its
-    runs (one per run of identical steps).
+def adaptive_trace_as_lists(stored: Mapping[str, Any]) -> dict[str, dict[str, list[Any]]]:
+    """A stored adaptive trace (bytes, base64 text or lists) as plain lists of Python
+    strings, floats, bools and ints, to read or edit (:func:`decode_adaptive_trace` reads
+    this form too).
 
     Raises:
-        TypeError, ValueError: naming the first bad part (``name['lr']['values'][3]``, or
-            ``name`` at run i for a step whose values do not make valid settings), or fields
-            that cover different numbers of steps.
+        TypeError, ValueError: a column that is not bytes, base64 text or a list, or bytes
+            that are not whole elements (named).
+    """
+    return trace_as_lists(stored, _KINDS)
+
+
+def decode_adaptive_trace(stored: object, name: str) -> AdaptiveTrace:
+    """Validate a stored adaptive trace (:func:`encode_adaptive_trace`, or its lists) whole,
+    column by column in numpy, and return it, one run per run of identical steps.
+
+    Raises:
+        TypeError, ValueError: naming the first bad part (``name['lr']['values'][3]``, an
+            optimizer without adaptive weights, the options of one that it does not have),
+            fields that cover different numbers of steps, or an optimizer or option that
+            changes during the run.
     """
     stored = check_column_mapping(stored, name, ADAPTIVE_STEP_FIELDS)
-    columns: list[tuple[list[Any], np.ndarray]] = []
-    for field in ADAPTIVE_STEP_FIELDS:
-        part, where = stored[field], f"{name}[{field!r}]"
-        if not isinstance(part, Mapping) or set(part) != {"values", "steps"}:
-            raise TypeError(f"`{where}` must be a mapping with exactly the keys 'values' and 'steps'.")
-        values, steps = part["values"], part["steps"]
-        for key, seq in (("values", values), ("steps", steps)):
-            if not isinstance(seq, (list, tuple)):
-                raise TypeError(f"`{where}[{key!r}]` must be a list, got {type(seq).__name__}.")
-        if len(values) != len(steps):
+    columns: list[tuple[np.ndarray, np.ndarray]] = []
+    rmsprop = False
+    for field in ADAPTIVE_STEP_FIELDS:  # the optimizer first: RMSprop's beta1 is unbounded
+        where = f"{name}[{field!r}]"
+        values, counts = decode_column(stored[field], _KINDS[field], where)
+        if field == "optimizer":
+            names = []
+            for i, v in enumerate(values):
+                try:
+                    names.append(canonical_adaptive_name(v))
+                except ValueError as err:
+                    raise ValueError(f"`{where}['values'][{i}]`: {err}") from None
+            rmsprop = "rmsprop" in names
+            values = np.array(names, dtype=object)
+        elif _KINDS[field] == "real":
+            below_one = field in _BELOW_ONE and not (field == "beta1" and rmsprop)
+            values = real_column(
+                values, f"{where}['values']", 0.0, 1.0 if below_one else math.inf,
+                low_open=field == "noise_std",
+            )  # fmt: skip
+        columns.append((values, counts))
+    picked, steps = merge_columns(columns, ADAPTIVE_STEP_FIELDS, name)
+    if not len(steps):
+        return AdaptiveTrace()
+    for field in _ONE_RUN:
+        column = picked[ADAPTIVE_STEP_FIELDS.index(field)]
+        changed = np.flatnonzero(column != column[0])
+        if changed.size:
             raise ValueError(
-                f"`{where}`: 'values' and 'steps' must have the same length, got "
-                f"{len(values)} and {len(steps)}."
+                f"`{name}[{field!r}]` changes at run {int(changed[0])}: one run uses one "
+                "optimizer with the same options throughout."
             )
-        counts = np.array(
-            [check_steps(s, f"{where}['steps'][{i}]", minimum=1) for i, s in enumerate(steps)],
-            dtype=np.int64,
-        )
-        columns.append((list(values), counts))
-    totals = {f: int(c.sum()) for f, (_, c) in zip(ADAPTIVE_STEP_FIELDS, columns, strict=True)}
-    if len(set(totals.values())) > 1:
-        raise ValueError(f"`{name}`: every field must cover the same steps, got {totals}.")
-    cums = [np.cumsum(c) for _, c in columns]
-    ends = np.unique(np.concatenate(cums)) if cums else np.zeros(0, dtype=np.int64)
-    picks = [np.searchsorted(cum, ends - 1, side="right") for cum in cums]
-    runs: AdaptiveRuns = []
-    lengths = np.diff(ends, prepend=0)
-    for i, n in enumerate(lengths.tolist()):
-        row = [values[int(p[i])] for (values, _), p in zip(columns, picks, strict=True)]
-        try:
-            step = AdaptiveStep.from_tuple(row)
-        except (TypeError, ValueError) as err:
-            raise type(err)(f"`{name}` at run {i} (steps up to {int(ends[i])}): {err}") from None
-        first = runs[0][0].settings if runs else step.settings
-        for flag in ("optimizer", "decoupled_weight_decay", "amsgrad", "centered"):
-            if getattr(step.settings, flag) != getattr(first, flag):
-                raise ValueError(
-                    f"`{name}[{flag!r}]` changes at run {i}: one run uses one optimizer with "
-                    "the same options throughout."
-                )
-        if runs and runs[-1][0] == step:
-            runs[-1] = (step, runs[-1][1] + n)
-        else:
-            runs.append((step, n))
-    return runs
+    try:  # the options the optimizer has (they stay the same: checked once)
+        first = AdaptiveStep.from_tuple([c[:1].tolist()[0] for c in picked])
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"`{name}` at run 0 (steps up to {int(steps[0])}): {err}") from None
+    for field in ("optimizer", "decoupled_weight_decay"):  # as the settings store them
+        picked[ADAPTIVE_STEP_FIELDS.index(field)][:] = getattr(first.settings, field)
+    # runs the columns split but that are the same steps (as AdaptiveStep compares) merge
+    same = np.ones(len(steps) - 1, dtype=bool)
+    for column in picked:
+        same &= column[1:] == column[:-1]
+    if same.any():
+        starts = np.flatnonzero(np.append(True, ~same))
+        picked = [column[starts] for column in picked]
+        steps = np.add.reduceat(steps, starts)
+    return AdaptiveTrace._of_columns(picked, steps)
 
 
 def decode_traces(
     state_dict: Mapping[str, Any],
-) -> tuple[TraceColumns | None, bool, AdaptiveRuns]:
+) -> tuple[TraceColumns | None, bool, AdaptiveTrace]:
     """The optimizer traces of an accountant's ``state_dict``, validated whole against its
     history: the SGD trace (None when absent), whether the trace is off, and the adaptive
-    trace's runs (empty when absent).
+    trace (empty when absent).
 
     Raises:
         TypeError, ValueError: a malformed trace (named by its key), a trace that does not
@@ -177,15 +271,16 @@ def decode_traces(
     )  # fmt: skip
     stored = state_dict.get("adaptive_trace")
     adaptive = (
-        [] if stored is None else decode_adaptive_trace(stored, "state_dict['adaptive_trace']")
+        AdaptiveTrace()
+        if stored is None
+        else decode_adaptive_trace(stored, "state_dict['adaptive_trace']")
     )
-    if adaptive and trace is not None and len(trace.steps):
+    if len(adaptive) and trace is not None and len(trace.steps):
         raise ValueError(
             "`state_dict['adaptive_trace']` and `state_dict['optimizer_trace']` must not "
             "both hold steps: one run uses one optimizer."
         )
     check_trace_covers(
-        [n for _, n in adaptive], state_dict["history"], disabled,
-        "state_dict['adaptive_trace']",
-    )  # fmt: skip
+        adaptive.steps, state_dict["history"], disabled, "state_dict['adaptive_trace']"
+    )
     return trace, disabled, adaptive

@@ -407,8 +407,8 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
             state["optimizer_trace"] = encode_trace(trim_trace(trace, steps))
         stored = state.get("adaptive_trace")
         if stored is not None:
-            runs = AdaptiveTrace(decode_adaptive_trace(stored, "state_dict['adaptive_trace']"))
-            state["adaptive_trace"] = encode_adaptive_trace(runs.trimmed(steps).runs())
+            adaptive = decode_adaptive_trace(stored, "state_dict['adaptive_trace']")
+            state["adaptive_trace"] = encode_adaptive_trace(adaptive.trimmed(steps))
         return state
 
     @synchronized
@@ -441,7 +441,7 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
             **unit_state(self._unit),  # absent for one record
         }
         if len(self._adaptive) and not partial:  # absent for SGD runs
-            out["adaptive_trace"] = encode_adaptive_trace(self._adaptive.runs())
+            out["adaptive_trace"] = encode_adaptive_trace(self._adaptive)
         saved = self._kept.characteristic_state()
         if saved is not None:  # a cache: restored only onto the same run (its fingerprint)
             out["weighted_characteristic"] = saved
@@ -461,7 +461,7 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
     def _load_extra_state(self, checked: Any) -> None:
         columns, self._trace_disabled, saved, adaptive = checked
         self._trace = SettingsTrace(columns)
-        self._adaptive = AdaptiveTrace(adaptive)
+        self._adaptive = adaptive  # validated and new: taken over
         self._last_settings = None
         self._calibration_warned = self._caveats_warned = False
         covers = not self._trace_disabled and len(self._trace) and (
@@ -470,7 +470,7 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
         settings: TraceColumns | list[tuple[Any, int]] | None = (
             self._trace.columns() if covers else None
         )  # columns: the kept model takes them in at once
-        if adaptive and not self._trace_disabled:
+        if len(adaptive) and not self._trace_disabled:
             settings = self._adaptive.runs()
         self._kept = KeptModel.from_run(self.run, settings, accuracy=self.weight_accuracy)
         # the saved accountant was answering weighted queries: restore its engine now (O(T)
@@ -564,7 +564,8 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
         eps = kept.epsilon(d, name)
         if not robust and not self._caveats_warned and self._adaptive_in_use():
             self._caveats_warned = True  # once per run
-            warn_adaptive_caveats(self._adaptive.runs(), self._segments, self._num_steps)
+            # the kept model's runs: the same steps, no new object per run
+            warn_adaptive_caveats(kept.settings or [], self._segments, self._num_steps)
         if (
             check_monotone
             and not self._externally_assigned

@@ -14,6 +14,11 @@ without a Python object per element; :func:`trace_as_text` gives the same column
 text for JSON (the monitor's checkpoint). :func:`decode_trace` reads the three forms (bytes,
 base64 text, and plain lists of Python floats, ints and bools, as earlier versions stored)
 and validates them column by column in numpy.
+
+The column encoding is shared with the adaptive optimizers' trace
+(:mod:`~opacus_lastiterate.accountants.adaptive_trace`): :func:`encode_column` stores one
+column, :func:`decode_column` reads and checks one back, :func:`real_column` checks a real
+column against its range and :func:`merge_columns` turns the columns' runs into entries.
 """
 
 from __future__ import annotations
@@ -45,6 +50,12 @@ _REAL, _FLAG, _COUNT = np.dtype("<f8"), np.dtype("u1"), np.dtype("<i8")
 """The stored types: the real settings as little-endian float64, nesterov as one byte (0 or
 1), the run lengths as little-endian int64."""
 
+_KIND_TYPES: dict[str, np.dtype | None] = {"real": _REAL, "flag": _FLAG, "text": None}
+"""The stored type of each kind of column (:func:`decode_column`); text is a list."""
+
+_SGD_KINDS = {field: "flag" if field == "nesterov" else "real" for field in TRACE_FIELDS}
+"""The kind of each column of the SGD trace."""
+
 
 def encode_trace(trace: list[TraceEntry] | TraceColumns) -> dict[str, dict[str, Any]]:
     """The stored form of a trace (entries or columns): each setting run-length encoded over
@@ -53,21 +64,33 @@ def encode_trace(trace: list[TraceEntry] | TraceColumns) -> dict[str, dict[str, 
     same floats, bit for bit."""
     if not isinstance(trace, TraceColumns):
         trace = _columns_of(trace)
-    n = len(trace.steps)
-    ends = np.cumsum(trace.steps)
-    out: dict[str, dict[str, Any]] = {}
-    if not n:  # empty lists: torch's protocol 2 pickles b"" as a call weights_only refuses
+    if not len(trace.steps):  # empty lists: torch's protocol 2 pickles b"" as a call weights_only refuses
         return {field: {"values": [], "steps": []} for field in TRACE_FIELDS}
-    for k, field in enumerate(TRACE_FIELDS):
-        column = trace[k]
-        key = column if field == "nesterov" else column.view(np.int64)  # 0.0 and -0.0 apart
-        last = np.append(np.flatnonzero(key[1:] != key[:-1]), n - 1) if n else ends
-        kind = _FLAG if field == "nesterov" else _REAL
-        out[field] = {
-            "values": column[last].astype(kind).tobytes(),  # the last entry of each run
-            "steps": np.diff(ends[last], prepend=0).astype(_COUNT).tobytes(),
-        }
-    return out
+    ends = np.cumsum(trace.steps)
+    return {field: encode_column(trace[k], ends) for k, field in enumerate(TRACE_FIELDS)}
+
+
+def encode_column(column: np.ndarray, ends: np.ndarray) -> dict[str, Any]:
+    """One setting of a run-length trace, run-length encoded on its own: ``column`` holds the
+    setting of each entry, ``ends`` the step at which each entry ends (the cumulative sum of
+    the entries' steps; at least one entry). ``values`` are the raw bytes of the setting's
+    runs (a float column as little-endian float64, compared bit for bit, so that 0.0 and
+    -0.0 stay apart; a bool column one byte 0 or 1) or, for a column of strings, a list of
+    them; ``steps`` the raw bytes of the runs' lengths (little-endian int64)."""
+    n = len(column)
+    kind: np.dtype | None
+    if column.dtype == np.float64:
+        key, kind = column.view(np.int64), _REAL
+    elif column.dtype == np.bool_:
+        key, kind = column, _FLAG
+    else:
+        key, kind = column, None
+    last = np.append(np.flatnonzero(key[1:] != key[:-1]), n - 1)  # each run's last entry
+    values = column[last]
+    return {
+        "values": values.tolist() if kind is None else values.astype(kind).tobytes(),
+        "steps": np.diff(ends[last], prepend=0).astype(_COUNT).tobytes(),
+    }
 
 
 def trace_as_text(stored: Mapping[str, Any]) -> dict[str, Any]:
@@ -89,23 +112,30 @@ def trace_as_text(stored: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def trace_as_lists(stored: Mapping[str, Any]) -> dict[str, dict[str, list[Any]]]:
+def trace_as_lists(
+    stored: Mapping[str, Any], kinds: Mapping[str, str] | None = None
+) -> dict[str, dict[str, list[Any]]]:
     """A stored trace (bytes, base64 text or lists) as plain lists of Python floats, bools
     and ints, to read or edit (:func:`decode_trace` reads this form too; it takes one Python
-    object per element, the bytes do not).
+    object per element, the bytes do not). ``kinds`` maps each column to ``"real"``,
+    ``"flag"`` or ``"text"`` (:func:`decode_column`); None: the SGD trace's.
 
     Raises:
         TypeError, ValueError: a column that is not bytes, base64 text or a list, or bytes
             that are not whole elements (named).
     """
+    kinds = _SGD_KINDS if kinds is None else kinds
     out: dict[str, dict[str, list[Any]]] = {}
-    for field, part in check_column_mapping(stored, "stored", TRACE_FIELDS).items():
+    for field, part in check_column_mapping(stored, "stored", tuple(kinds)).items():
         if not isinstance(part, Mapping) or set(part) != {"values", "steps"}:
             raise TypeError(f"`stored[{field!r}]` must be a mapping with the keys 'values' and 'steps'.")
-        kind = _FLAG if field == "nesterov" else _REAL
+        kind = _KIND_TYPES[kinds[field]]
         out[field] = {}
         for key, k in (("values", kind), ("steps", _COUNT)):
-            raw = _raw(part[key], k, f"stored[{field!r}][{key!r}]")
+            where = f"stored[{field!r}][{key!r}]"
+            if k is None and not isinstance(part[key], (list, tuple)):  # text: a list
+                raise TypeError(f"`{where}` must be a list of strings, got {type(part[key]).__name__}.")
+            raw = part[key] if k is None else _raw(part[key], k, where)
             if isinstance(raw, np.ndarray):
                 raw = (raw.astype(bool) if k is _FLAG else raw).tolist()
             out[field][key] = list(raw)
@@ -151,31 +181,65 @@ def decode_trace(stored: object, name: str) -> TraceColumns:
             or columns that cover different numbers of steps.
     """
     stored = check_column_mapping(stored, name, TRACE_FIELDS)
-    columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    columns: list[tuple[np.ndarray, np.ndarray]] = []
     for field in TRACE_FIELDS:
-        columns[field] = _column(stored[field], field, f"{name}[{field!r}]")
-    totals = {field: int(steps.sum()) for field, (_, steps) in columns.items()}
+        where = f"{name}[{field!r}]"
+        values, counts = decode_column(stored[field], _SGD_KINDS[field], where)
+        if field != "nesterov":
+            high, high_open = _REAL_RANGES[field]
+            values = real_column(values, f"{where}['values']", 0.0, high, high_open=high_open)
+        columns.append((values, counts))
+    picked, steps = merge_columns(columns, TRACE_FIELDS, name)
+    return TraceColumns._make([*picked, steps])
+
+
+def merge_columns(
+    columns: Sequence[tuple[np.ndarray, np.ndarray]], fields: Sequence[str], name: str
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """The entries of validated run-length columns ((values, steps) each, named by
+    ``fields``): an entry ends wherever any column's run ends. Returns each column's value
+    at every entry and the entries' steps.
+
+    Raises:
+        ValueError: columns that cover different numbers of steps (naming ``name``).
+    """
+    totals = {f: int(steps.sum()) for f, (_, steps) in zip(fields, columns, strict=True)}
     if len(set(totals.values())) > 1:
         raise ValueError(f"`{name}`: every setting must cover the same steps, got {totals}.")
-    cums = [np.cumsum(steps) for _, steps in columns.values()]
+    cums = [np.cumsum(steps) for _, steps in columns]
     ends = np.sort(np.concatenate(cums))  # the ends of the entries: every column's run ends
     ends = ends[np.append(True, ends[1:] != ends[:-1])] if ends.size else ends
-    picked = tuple(
+    picked = [
         values[np.searchsorted(cum, ends - 1, side="right")]
-        for (values, _), cum in zip(columns.values(), cums, strict=True)
-    )
-    return TraceColumns._make([*picked, np.diff(ends, prepend=0)])
+        for (values, _), cum in zip(columns, cums, strict=True)
+    ]
+    return picked, np.diff(ends, prepend=0)
 
 
-def _column(part: object, field: str, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(values, steps) of one stored setting, validated."""
+def decode_column(part: object, kind: str, name: str) -> tuple[Any, np.ndarray]:
+    """(values, steps) of one stored column ``{'values': ..., 'steps': ...}``
+    (:func:`encode_column`, base64 text of its bytes, or lists), the run lengths validated
+    (int64, each >= 1) and as many as the values. ``kind`` ``"flag"``: the values validated
+    as a bool array; ``"text"``: as a list of strings (stored as a list); ``"real"``: the
+    values as stored, a float64 array or a list, for :func:`real_column` to check against
+    the setting's range.
+
+    Raises:
+        TypeError, ValueError: naming the bad part (``name['steps'][3]``).
+    """
     if not isinstance(part, Mapping) or set(part) != {"values", "steps"}:
         raise TypeError(
             f"`{name}` must be a mapping with exactly the keys 'values' and 'steps', got "
             f"{sorted(map(str, part)) if isinstance(part, Mapping) else type(part).__name__}."
         )
-    kind = _FLAG if field == "nesterov" else _REAL
-    values = _raw(part["values"], kind, f"{name}['values']")
+    if kind == "text":
+        values = part["values"]
+        if not isinstance(values, (list, tuple)):
+            raise TypeError(f"`{name}['values']` must be a list of strings, got {type(values).__name__}.")
+    else:
+        stored_type = _KIND_TYPES[kind]
+        assert stored_type is not None
+        values = _raw(part["values"], stored_type, f"{name}['values']")
     steps = _raw(part["steps"], _COUNT, f"{name}['steps']")
     if len(values) != len(steps):
         raise ValueError(
@@ -183,7 +247,12 @@ def _column(part: object, field: str, name: str) -> tuple[np.ndarray, np.ndarray
             f"{len(values)} and {len(steps)}."
         )
     counts = _steps_column(steps, f"{name}['steps']")
-    if field == "nesterov":
+    if kind == "text":
+        for i, v in enumerate(values):
+            if not isinstance(v, str):
+                raise TypeError(f"`{name}['values'][{i}]` must be a string, got {v!r}.")
+        return list(values), counts
+    if kind == "flag":
         if isinstance(values, np.ndarray):
             bad = np.flatnonzero(values > 1)
             if bad.size:
@@ -195,8 +264,7 @@ def _column(part: object, field: str, name: str) -> tuple[np.ndarray, np.ndarray
             if type(v) is not bool:
                 raise TypeError(f"`{name}['values'][{i}]` must be a bool, got {v!r}.")
         return np.array(values, dtype=bool), counts
-    high, high_open = _REAL_RANGES[field]
-    return _real_column(values, f"{name}['values']", high, high_open), counts
+    return values, counts
 
 
 def _raw(seq: object, kind: np.dtype, name: str) -> np.ndarray | list[Any] | tuple[Any, ...]:
@@ -218,15 +286,26 @@ def _raw(seq: object, kind: np.dtype, name: str) -> np.ndarray | list[Any] | tup
     return np.frombuffer(seq, dtype=kind)
 
 
-def _real_column(values: np.ndarray | list[Any] | tuple[Any, ...], name: str, high: float,
-                 high_open: bool) -> np.ndarray:  # fmt: skip
-    """The values as floats, each checked to lie in [0, high) (closed at ``high`` unless
-    ``high_open``); in numpy for an array and for Python floats and ints (a bool is neither
-    here), one by one otherwise and to name the first bad one."""
+def real_column(values: np.ndarray | list[Any] | tuple[Any, ...], name: str, low: float,
+                high: float, *, low_open: bool = False, high_open: bool = True) -> np.ndarray:  # fmt: skip
+    """The values of a real column (:func:`decode_column`) as a float64 array, each checked
+    to lie between ``low`` and ``high`` (closed at ``low`` unless ``low_open``, open at
+    ``high`` unless not ``high_open``); in numpy for an array and for Python floats and ints
+    (a bool is neither here), one by one otherwise and to name the first bad one
+    (``name[i]``).
+
+    Raises:
+        TypeError, ValueError: the first value that is not a real number in the interval.
+    """
+
+    def fine(arr: np.ndarray) -> bool:  # NaN fails
+        above = arr > low if low_open else arr >= low
+        below = arr < high if high_open else arr <= high
+        return bool((above & below).all())
+
     if isinstance(values, np.ndarray):
         as_floats = values.astype(float)
-        fine = (as_floats >= 0.0) & ((as_floats < high) if high_open else (as_floats <= high))
-        if fine.all():  # NaN fails
+        if fine(as_floats):
             return as_floats
         values = as_floats.tolist()  # named one by one below
     if set(map(type, values)) <= {float, int}:
@@ -234,12 +313,10 @@ def _real_column(values: np.ndarray | list[Any] | tuple[Any, ...], name: str, hi
             arr = np.array(values, dtype=float)
         except OverflowError:
             arr = None
-        if arr is not None:
-            ok = (arr >= 0.0) & ((arr < high) if high_open else (arr <= high))  # NaN fails
-            if ok.all():
-                return arr
+        if arr is not None and fine(arr):
+            return arr
     out = [
-        check_in_interval(f"{name}[{i}]", v, 0.0, high, low_open=False, high_open=high_open)
+        check_in_interval(f"{name}[{i}]", v, low, high, low_open=low_open, high_open=high_open)
         for i, v in enumerate(values)
     ]
     return np.array(out, dtype=float)

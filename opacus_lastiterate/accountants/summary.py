@@ -35,7 +35,7 @@ def summary(accountant: Any, delta: float | None = None) -> str:
     ]
     accuracy = f"rounded up to within {accountant.weight_accuracy:g} relative"
     if accountant.uses_weights and accountant.heuristic_label == ADAPTIVE_HEURISTIC_LABEL:
-        optimizer = accountant.adaptive_trace[0][0].settings.optimizer
+        optimizer = accountant.adaptive_optimizer
         lines.append(
             f"Adaptive optimizer ({optimizer}) recorded from the optimizer: weighted heuristic "
             f"({ADAPTIVE_HEURISTIC_LABEL}), {accuracy}."

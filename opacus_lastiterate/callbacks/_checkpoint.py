@@ -41,12 +41,12 @@ _TUPLE_KEYS = ("history",)
 
 def _plain(state: Mapping[str, Any]) -> dict[str, Any]:
     """An accountant's state with its lists of tuples as lists of lists and its optimizer
-    trace's columns of bytes as base64 text (JSON; the accountant reads both back)."""
+    traces' columns of bytes as base64 text (JSON; the accountant reads both back)."""
     out: dict[str, Any] = {}
     for k, v in state.items():
         if isinstance(v, list):
             v = [list(e) for e in v]
-        elif k == "optimizer_trace" and isinstance(v, Mapping):
+        elif k in ("optimizer_trace", "adaptive_trace") and isinstance(v, Mapping):
             v = trace_as_text(v)
         out[k] = v
     return out

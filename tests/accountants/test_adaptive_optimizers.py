@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from opacus_lastiterate.accountants import LastIterateAccountant
+from opacus_lastiterate.accountants.adaptive_trace import adaptive_trace_as_lists
 from opacus_lastiterate.analysis.last_iterate.adaptive_weights import ADAPTIVE_HEURISTIC_LABEL
 from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
@@ -163,6 +164,7 @@ def test_adaptive_trace_survives_state_dict():
 
 def _corrupt(state, field, part, index, value):
     bad = copy.deepcopy(state)
+    bad["adaptive_trace"] = adaptive_trace_as_lists(bad["adaptive_trace"])  # to edit
     bad["adaptive_trace"][field][part][index] = value
     return bad
 
@@ -193,6 +195,7 @@ def test_incomplete_adaptive_traces_are_refused():
     with pytest.raises(ValueError, match=r"adaptive_trace"):
         fresh.load_state_dict(missing)
     short = copy.deepcopy(state)
+    short["adaptive_trace"] = adaptive_trace_as_lists(short["adaptive_trace"])
     for part in short["adaptive_trace"].values():
         part["steps"][-1] -= 1 if part["steps"][-1] > 1 else 0
     with pytest.raises(ValueError, match=r"adaptive_trace"):

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from opacus_lastiterate.accountants.adaptive_trace import adaptive_trace_as_lists
 from opacus_lastiterate.analysis.last_iterate.adaptive_weights import ADAPTIVE_HEURISTIC_LABEL
 from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
@@ -152,8 +153,11 @@ def test_adaptive_trace_survives_the_monitor_checkpoint() -> None:
     assert acc2.adaptive_trace == acc.adaptive_trace
     assert acc2.heuristic_label == ADAPTIVE_HEURISTIC_LABEL
     assert acc2.get_epsilon(DELTA) == pytest.approx(acc.get_epsilon(DELTA), rel=1e-12)
+    assert isinstance(state["accountant"]["adaptive_trace"]["lr"]["values"], str)  # base64
     bad = json.loads(json.dumps(state))
-    bad["accountant"]["adaptive_trace"]["beta1"]["values"][0] = 1.5
+    trace = adaptive_trace_as_lists(bad["accountant"]["adaptive_trace"])
+    trace["beta1"]["values"][0] = 1.5
+    bad["accountant"]["adaptive_trace"] = trace
     with pytest.raises(ValueError, match="beta1"):
         restored.load_state_dict(bad)
     assert acc2.adaptive_trace == acc.adaptive_trace  # nothing changed
