@@ -129,14 +129,16 @@ def bounded_groups(
     A run whose :func:`group_noise` at ``noise_grouping`` has at most ``max_groups`` groups,
     and at most :data:`FREE_GROUPS` of them or at most :data:`WORK_POINTS` grid points in
     all (counted at the least private group's span), is returned as it is: the requested
-    interval and grouping. Otherwise,
-    with more than ``max_groups`` groups, the grouping widens to the factor
-    ``spread ** (1 / max_groups)`` of the run's noise multipliers and sample rates
-    (squared again until at most ``max_groups`` groups remain; a monotone schedule needs
-    no second pass) and sample rates merge too (each group at its smallest noise
-    multiplier and largest sample rate); and the interval widens so that the least private
-    group's one-step PLD spans at most :data:`GRID_POINTS` points (connect-the-dots
-    discretisation is pessimistic on any grid, and loses little at this resolution). Each
+    interval and grouping. Otherwise, with more than ``max_groups`` groups, the grouping
+    widens to at least ``spread ** (1 / max_groups) - 1`` (the spread of the run's noise
+    multipliers and sample rates; doubled until at most ``max_groups`` groups remain: a
+    monotone schedule needs no second pass) and sample rates merge too (each group at its
+    smallest noise multiplier and largest sample rate); and the interval widens so that the
+    least private group's one-step PLD spans at most :data:`GRID_POINTS` points
+    (connect-the-dots discretisation is pessimistic on any grid, and loses little at this
+    resolution). Both are rounded up to a rung of a fixed ladder (:func:`_ladder`: factors
+    of sqrt(2) above ``noise_grouping`` and of 2 above the requested interval), so that a
+    run that grows keeps them, and its kept composition, until it needs the next rung. Each
     step is then composed with its noise multiplier lowered and its sample rate raised by
     at most the factor 1 + grouping: an upper bound on the run, whatever its number of
     segments."""
@@ -152,15 +154,28 @@ def bounded_groups(
         sigmas = [sigma for sigma, _, steps in history if steps > 0]
         rates = [q for _, q, steps in history if steps > 0]
         spread = max(max(sigmas) / min(sigmas), max(rates) / min(rates))
-        factor = min(spread, spread ** (1.0 / max_groups))
+        base = noise_grouping if noise_grouping > 0 else 2.0**-10
+        grouping = _ladder(max(noise_grouping, spread ** (1.0 / max_groups) - 1.0), base, 0.5)
         while True:
-            grouping = max(noise_grouping, factor - 1.0)
             groups = _grouped(history, grouping, rates=True)
-            if len(groups) <= max_groups or factor >= spread:
+            if len(groups) <= max_groups or grouping >= spread - 1.0:
                 break
-            factor = min(spread, factor * factor)
+            grouping = _ladder(2.0 * grouping, base, 0.5)
         span = loss_range(min(g[0] for g in groups), max(g[1] for g in groups))
-    return groups, max(value_discretization_interval, float(span) / GRID_POINTS), grouping
+    interval = _ladder(float(span) / GRID_POINTS, value_discretization_interval, 1.0)
+    return groups, interval, grouping
+
+
+def _ladder(value: float, base: float, step: float) -> float:
+    """The smallest ``base * 2 ** (k * step)``, k = 0, 1, ..., at least ``value``: the same
+    float for every value between two rungs, so that a growing run keeps its grouping and
+    interval (and its kept composition) until it needs the next rung."""
+    if value <= base:
+        return base
+    k = math.ceil(math.log2(value / base) / step - 1e-9)
+    while base * 2.0 ** (k * step) < value:
+        k += 1
+    return base * 2.0 ** (k * step)
 
 
 class PLDComposer:

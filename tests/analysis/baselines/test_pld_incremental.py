@@ -200,3 +200,22 @@ def test_a_long_schedule_is_composed_with_at_most_max_groups_pmfs(monkeypatch):
 def test_max_groups_is_validated(bad, error):
     with pytest.raises(error, match="max_groups"):
         StandardComposition(_history(3), max_groups=bad)
+
+
+def test_a_growing_bounded_run_keeps_its_rung_and_composes_only_its_new_groups(monkeypatch):
+    history = [(0.999**t, 0.01, 1) for t in range(1550)]
+    first = StandardComposition(history[:1460], max_groups=64)
+    second = StandardComposition(history, max_groups=64)
+    assert first.settings[:2] == second.settings[:2]  # the same rung of the ladder
+    pld_composition.clear_kept_compositions()
+    first.epsilon(DELTA)
+    built = []
+    real = pld_composition.subsampled_gaussian_pmfs
+    monkeypatch.setattr(
+        pld_composition, "subsampled_gaussian_pmfs",
+        lambda *a: built.append(a) or real(*a),
+    )
+    grown = second.epsilon(DELTA)
+    assert len(built) <= second.settings[2] - first.settings[2] + 1
+    pld_composition.clear_kept_compositions()
+    assert StandardComposition(history, max_groups=64).epsilon(DELTA) == grown
