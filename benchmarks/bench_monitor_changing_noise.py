@@ -33,13 +33,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import train_digits
 
 import opacus_lastiterate.accountants  # noqa: F401
+from opacus_lastiterate.analysis.baselines.pld_composition import clear_kept_compositions
 from opacus_lastiterate.callbacks import EpsilonRecord, PrivacyMonitor
 
 
 def run(
     steps: int, gamma: float, monitored: bool
 ) -> tuple[float, tuple[float, float], list[EpsilonRecord]]:
-    """(CPU seconds of the loop, (wall, CPU) seconds of finish(), the records)."""
+    """(CPU seconds of the loop, (wall, CPU) seconds of finish(), the records); each run
+    starts without the compositions a previous one kept."""
+    clear_kept_compositions()
     torch.manual_seed(0)
     train_set, _ = train_digits.load_data(0.2, 0)
     model = train_digits.build_model(64)
