@@ -136,3 +136,40 @@ def test_rdp_composition_at_chosen_orders_matches_the_accountant():
     reference = _reference([(q, s) for s, q, _ in history], orders)
     model = RDPComposition(DPSGDRun.from_history(history), orders=orders)
     assert model.epsilon(1e-5) == pytest.approx(reference.get_epsilon(1e-5), rel=RTOL)
+
+
+def _random_triples(seed, n):
+    """(q, sigma, fractional order) drawn over q in [1e-4, 0.5] (log-uniform), sigma in
+    [0.1, 5] and orders in (1.01, 20) (a - 1 log-uniform: the orders near 1, whose series are
+    the longest, as often as the large ones), a tenth of them on Opacus's grid 1.1 ... 10.9."""
+    rng = np.random.default_rng(seed)
+    triples = []
+    for _ in range(n):
+        q = float(10 ** rng.uniform(-4, math.log10(0.5)))
+        sigma = float(rng.uniform(0.1, 5.0))
+        if rng.random() < 0.1:
+            order = 1 + int(rng.integers(1, 100)) / 10.0
+            order = order if order != int(order) else order + 0.5
+        else:
+            order = 1.0 + float(10 ** rng.uniform(-2, math.log10(19.0)))
+            order = order if order != int(order) else order + 0.25
+        triples.append((q, sigma, order))
+    return triples + [(0.5, 0.1, 1.5), (1e-4, 5.0, 1.01), (0.5, 5.0, 19.9), (1e-4, 0.1, 2.5)]
+
+
+@pytest.mark.parametrize("seed", [6, 7])
+def test_opacus_series_matches_opacus_on_random_triples(seed):
+    # Opacus's own one-order, one-pair function, against ours one triple at a time and
+    # all of them in one call (pairs x orders; the diagonal is each triple).
+    from opacus.accountants.analysis.rdp import _compute_rdp
+
+    triples = _random_triples(seed, 30)
+    ref = np.array([_compute_rdp(q, sigma, order) for q, sigma, order in triples])
+    one = np.array([
+        poisson_gaussian_rdp([q], [sigma], [order], series="opacus")[0, 0]
+        for q, sigma, order in triples
+    ])
+    rates, sigmas, orders = (list(column) for column in zip(*triples, strict=True))
+    together = np.diag(poisson_gaussian_rdp(rates, sigmas, orders, series="opacus"))
+    for ours in (one, together):
+        np.testing.assert_allclose(ours, ref, rtol=RTOL, atol=1e-12, err_msg=str(triples))
