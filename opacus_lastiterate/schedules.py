@@ -3,7 +3,7 @@
 The mathematics (weights from rates and momentum) is in
 :mod:`opacus_lastiterate.analysis.last_iterate.optimizer_weights`; this module only runs torch objects:
 
-* :func:`record_schedule` (and :func:`learning_rates_from_scheduler`) runs a
+* :func:`record_schedule` runs a
   ``torch.optim.lr_scheduler`` for T steps on a throw-away one-parameter SGD optimiser and
   records ``param_groups[i]["lr"]`` (and ``"momentum"``) before each step, so nothing of the
   user's training state is touched;
@@ -100,20 +100,6 @@ def record_schedule(
         if (t + 1) % every == 0:
             scheduler.step()
     return RecordedSchedule(rates, momenta)
-
-
-def learning_rates_from_scheduler(
-    make_scheduler: SchedulerFactory,
-    steps: int,
-    *,
-    lr: float = 1.0,
-    interval: int = 1,
-    group: int = 0,
-) -> np.ndarray:
-    """eta_1..eta_T under a torch scheduler (:func:`record_schedule`, learning rates only)."""
-    return record_schedule(
-        make_scheduler, steps, lr=lr, interval=interval, group=group
-    ).learning_rates
 
 
 def _unwrap(optimizer: Any) -> Any:

@@ -17,7 +17,6 @@ from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
 from opacus_lastiterate.exceptions import UnsupportedOptimizerError
 from opacus_lastiterate.schedules import (
     SGDSettings,
-    learning_rates_from_scheduler,
     record_schedule,
     sgd_settings,
     sgd_weights_from_torch,
@@ -41,25 +40,25 @@ def _torch_weights(make_scheduler, steps, lr, **sgd_kwargs):
 
 
 def test_cosine_and_step_schedulers_match_the_builtins():
-    cos = learning_rates_from_scheduler(
+    cos = record_schedule(
         lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=50, eta_min=0.001), 50, lr=0.1
-    )
+    ).learning_rates
     assert np.allclose(
         cos, cosine_schedule(0.1, 50, min_learning_rate=0.001), rtol=1e-12, atol=1e-15
     )
-    step = learning_rates_from_scheduler(
+    step = record_schedule(
         lambda o: torch.optim.lr_scheduler.StepLR(o, 7, gamma=0.5), 30, lr=0.2
-    )
+    ).learning_rates
     assert np.allclose(step, step_schedule(0.2, 30, step_size=7, gamma=0.5), rtol=1e-12)
 
 
 def test_per_epoch_interval_and_lambda_warmup():
-    rates = learning_rates_from_scheduler(
+    rates = record_schedule(
         lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda e: min(1.0, (e + 1) / 3)),
         12,
         lr=0.3,
         interval=4,
-    )
+    ).learning_rates
     assert np.allclose(rates, np.repeat([0.1, 0.2, 0.3], 4))
 
 

@@ -225,21 +225,6 @@ def _balls_epoch(units: np.ndarray, steps_per_epoch: int, k: int) -> np.ndarray:
     return law
 
 
-def epoch_contribution_law(
-    run: RunLike, resolution: int = 1, rounding: str = "up"
-) -> tuple[int, np.ndarray, float]:
-    """Law of the unit's total contribution X / max_t w_t on the grid of ``resolution``
-    points per largest weight (each weight rounded ``"up"`` or ``"down"``; weights are
-    counted as equal, and exact at resolution 1, when they agree to 1e-12), for a run with
-    shuffled or balls-in-bins batches. Returns ``(offset, pmf, dropped_mass)``:
-    Pr[X = (offset + i) / resolution] = pmf[i]."""
-    r = as_run(run)
-    scheme = epoch_scheme_of(r)
-    if isinstance(scheme, DeterministicBatches):
-        raise ValueError("`run` has deterministic batches: its unit is placed at fixed positions.")
-    return _law(EpochLayout(r, scheme), scheme, r.unit.max_records, resolution, rounding)
-
-
 def _epoch_parts(layout: EpochLayout) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per epoch: (w_t > 0 of its steps inside the run, the slots of their positions)."""
     out = []

@@ -21,7 +21,7 @@ from scipy.stats import norm
 from opacus_lastiterate.analysis.audit.gaussian_dp import (
     GDP_ESTIMATE_NOTE,
     gaussian_dp_estimate_from_counts,
-    gaussian_dp_mu_from_error_rates,
+    gdp_mu,
 )
 from opacus_lastiterate.analysis.audit.one_run import (
     ONE_RUN_DELTA_WARNING_LEVEL,
@@ -369,32 +369,12 @@ def test_fdp_bound_refusals_name_their_parameter():
 # --- Gaussian DP (Dong, Roth, Su, arXiv:1905.02383) ---------------------------------------
 
 
-def test_gdp_mu_scalar_and_array_returns():
-    a, b = 0.05, 0.3
-    expected = norm.isf(a) - norm.ppf(b)
-    got = gaussian_dp_mu_from_error_rates(a, b)
-    assert isinstance(got, float) and got == pytest.approx(expected, rel=1e-12)
-    for args in (([a, a], b), (a, [b, b]), ([a], [b])):
-        arr = gaussian_dp_mu_from_error_rates(*args)
-        assert isinstance(arr, np.ndarray)
-        np.testing.assert_allclose(arr, expected, rtol=1e-12)
-
-
 def test_gdp_mu_degenerate_tests_give_zero_without_warnings():
     # always "out" (FPR 0, FNR 1) and always "in" (FPR 1, FNR 0): no evidence, mu = 0
     with no_warnings():
-        assert gaussian_dp_mu_from_error_rates(0.0, 1.0) == 0.0
-        assert gaussian_dp_mu_from_error_rates(1.0, 0.0) == 0.0
         np.testing.assert_array_equal(
-            gaussian_dp_mu_from_error_rates([0.0, 1.0, 0.5], [1.0, 0.0, 0.5]), [0.0, 0.0, 0.0]
+            gdp_mu(np.array([0.0, 1.0, 0.5]), np.array([1.0, 0.0, 0.5])), [0.0, 0.0, 0.0]
         )
-
-
-def test_gdp_mu_refusals_name_their_parameter():
-    with pytest.raises(ValueError, match="`false_positive_rate`"):
-        gaussian_dp_mu_from_error_rates(1.5, 0.1)
-    with pytest.raises(ValueError, match="`false_negative_rate`"):
-        gaussian_dp_mu_from_error_rates(0.1, -0.5)
 
 
 def test_gdp_estimate_labels_and_minimum_counts():
