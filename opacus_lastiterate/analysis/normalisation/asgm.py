@@ -80,17 +80,6 @@ __all__ = [
 ASGM_MODEL = "ASGM (batch size revealed, other gradients zero)"
 """The label to print beside every number computed here."""
 
-EMPTY_BATCH_BEHAVIOUR: dict[str, str] = {
-    "0.9-0.11": "no Poisson sampler; an explicit empty batch crashes (utils/tensor_utils.py:42)",
-    "0.12-0.13": "the Poisson sampler yields [] and default_collate raises IndexError",
-    "0.14-0.15": "the Poisson sampler drops the empty batch (utils/uniform_sampler.py:47 in 0.14, "
-    ":49 in 0.15); "
-    "engine.steps does not count it",
-    "model": "every drawn batch is a step that reveals its size; m = 0 has loss log(1 - q); "
-    "`steps` counts drawn batches",
-}
-"""What Opacus 0.x does with ``|B|`` = 0 (``docs/normalisation.md``, "Empty batches") and how it is
-modelled."""
 
 _BINOMIAL_TAIL = 1e-20  # batch sizes beyond these binomial tails are sent to +inf
 _SQRT_HALF = math.sqrt(0.5)
