@@ -266,10 +266,16 @@ def asgm_pld(
 
 
 def _neighbour_plds(
-    dataset_size: object, kwargs: dict[str, object]
+    dataset_size: object, q: float, sigma: float, steps: int, interval: float,
+    method: DiscretizationMethod,
 ) -> list[PrivacyLossDistribution]:
+    """:func:`asgm_pld` of both neighbours of an N-record data set."""
     n = check_int("dataset_size", dataset_size, minimum=1)
-    return [asgm_pld(other_records=others, **kwargs) for others in (n - 1, n)]  # type: ignore[arg-type]
+    return [
+        asgm_pld(other_records=others, sample_rate=q, noise_multiplier=sigma, steps=steps,
+                 value_discretization_interval=interval, discretization_method=method)
+        for others in (n - 1, n)
+    ]
 
 
 def asgm_epsilon(
@@ -286,16 +292,8 @@ def asgm_epsilon(
     of both neighbours of an N-record data set and both directions (an upper bound; inf when
     the all-sampled mass already exceeds delta)."""
     d = check_delta(delta)
-    plds = _neighbour_plds(
-        dataset_size,
-        dict(
-            sample_rate=sample_rate,
-            noise_multiplier=noise_multiplier,
-            steps=steps,
-            value_discretization_interval=value_discretization_interval,
-            discretization_method=discretization_method,
-        ),
-    )
+    plds = _neighbour_plds(dataset_size, sample_rate, noise_multiplier, steps,
+                           value_discretization_interval, discretization_method)
     return worst_epsilon(plds, d)
 
 
@@ -312,16 +310,8 @@ def asgm_delta(
     """delta(epsilon) for T steps of the ASGM model, worst of both neighbours of an N-record
     data set and both directions (an upper bound)."""
     e = check_epsilon(epsilon)
-    plds = _neighbour_plds(
-        dataset_size,
-        dict(
-            sample_rate=sample_rate,
-            noise_multiplier=noise_multiplier,
-            steps=steps,
-            value_discretization_interval=value_discretization_interval,
-            discretization_method=discretization_method,
-        ),
-    )
+    plds = _neighbour_plds(dataset_size, sample_rate, noise_multiplier, steps,
+                           value_discretization_interval, discretization_method)
     return worst_delta(plds, e)
 
 
