@@ -18,8 +18,19 @@ from opacus_lastiterate.schedules import (
     SGDSettings,
     record_schedule,
     sgd_settings,
-    sgd_weights_from_torch,
 )
+
+
+def sgd_weights_from_torch(optimizer, steps, *, make_scheduler=None):
+    """Per-step weights from the package's pieces: the optimiser's settings
+    (:func:`sgd_settings`), the scheduler's rates and momenta (:func:`record_schedule`) and
+    :func:`sgd_weights`."""
+    s = sgd_settings(optimizer)
+    if make_scheduler is None:
+        return s.weights(np.full(steps, s.lr))
+    rec = record_schedule(make_scheduler, steps, lr=s.lr, momentum=s.momentum)
+    return sgd_weights(rec.learning_rates, momentum=rec.momenta, dampening=s.dampening,
+                       nesterov=s.nesterov, weight_decay=s.weight_decay)
 
 
 def _torch_weights(make_scheduler, steps, lr, **sgd_kwargs):
