@@ -3,7 +3,7 @@
 The mathematics (weights from rates and momentum) is in
 :mod:`opacus_lastiterate.analysis.last_iterate.optimizer_weights`; this module only runs torch objects:
 
-* :func:`record_schedule` (and :func:`learning_rates_from_scheduler`) runs a
+* :func:`record_schedule` runs a
   ``torch.optim.lr_scheduler`` for T steps on a throw-away one-parameter SGD optimiser and
   records ``param_groups[i]["lr"]`` (and ``"momentum"``) before each step, so nothing of the
   user's training state is touched;
@@ -12,7 +12,6 @@ The mathematics (weights from rates and momentum) is in
   :class:`~opacus_lastiterate.analysis.last_iterate.optimizer_weights.UnsupportedOptimizerError` for
   adaptive optimisers (Adam, AdamW, Adagrad, ...), whose weights come from
   :func:`adaptive_step` instead;
-* :func:`sgd_weights_from_torch` combines the two into the per-step weights;
 * :func:`adaptive_step` reads the settings of an adaptive optimiser (Adam, AdamW, NAdam,
   RAdam, Adamax, RMSprop, Adagrad) and the noise of an Opacus ``DPOptimizer``: the record of
   one step from which the frozen-second-moment weights are made
@@ -42,7 +41,6 @@ from opacus_lastiterate.analysis.last_iterate.adaptive_weights import (
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
     SGDSettings,
     check_optimizer_supported,
-    sgd_weights,
 )
 from opacus_lastiterate.exceptions import OpacusLastIterateWarning
 
@@ -102,20 +100,6 @@ def record_schedule(
     return RecordedSchedule(rates, momenta)
 
 
-def learning_rates_from_scheduler(
-    make_scheduler: SchedulerFactory,
-    steps: int,
-    *,
-    lr: float = 1.0,
-    interval: int = 1,
-    group: int = 0,
-) -> np.ndarray:
-    """eta_1..eta_T under a torch scheduler (:func:`record_schedule`, learning rates only)."""
-    return record_schedule(
-        make_scheduler, steps, lr=lr, interval=interval, group=group
-    ).learning_rates
-
-
 def _unwrap(optimizer: Any) -> Any:
     inner = getattr(optimizer, "original_optimizer", None)
     return optimizer if inner is None else inner
@@ -160,38 +144,6 @@ def sgd_settings(optimizer: Any, *, group: int | None = None) -> SGDSettings:
             "choose one (the worst case is the largest epsilon over the groups)."
         )
     return first
-
-
-def sgd_weights_from_torch(
-    optimizer: Any,
-    steps: int,
-    *,
-    make_scheduler: SchedulerFactory | None = None,
-    interval: int = 1,
-    group: int | None = None,
-) -> np.ndarray:
-    """Per-step weights of the final model for an SGD optimiser and an optional scheduler.
-
-    The optimiser's current settings (group ``group``) give the momentum, dampening,
-    nesterov and weight decay, and its current ``lr`` the initial rate; the scheduler
-    factory, if any, is run for ``steps`` steps on a throw-away SGD with the same lr and
-    momentum (:func:`record_schedule`; a scheduler that cycles momentum, such as
-    ``OneCycleLR``, is followed), otherwise the rate is constant.
-    """
-    settings = sgd_settings(optimizer, group=group)
-    n = check_int("steps", steps)
-    if make_scheduler is None:
-        return settings.weights(np.full(n, settings.lr))
-    rec = record_schedule(
-        make_scheduler, n, lr=settings.lr, momentum=settings.momentum, interval=interval
-    )
-    return sgd_weights(
-        rec.learning_rates,
-        momentum=rec.momenta,
-        dampening=settings.dampening,
-        nesterov=settings.nesterov,
-        weight_decay=settings.weight_decay,
-    )
 
 
 def is_adaptive(optimizer: Any) -> bool:

@@ -1,31 +1,17 @@
-"""User-level sampling for PyTorch: batches of users, each user's records clipped together.
-
-With user-level sampling each step draws *users*, not records, and each sampled user's
-records form one contribution: the gradient of the user's loss (the sum, or the mean, of the
-losses of its records) is clipped to C as a whole. A neighbouring dataset adds or removes one
-user with all its records, and the mechanism sees one "record" per user: its privacy is the
-record-level privacy of a dataset of U users, whatever the number of records a user owns
+"""User-level sampling for PyTorch: batches of users, each user's records clipped together
 (``docs/privacy_units.md``, "User-level sampling"; the unit is
-:meth:`~opacus_lastiterate.analysis.privacy_unit.PrivacyUnit.sampled_user`).
+:meth:`~opacus_lastiterate.analysis.privacy_unit.PrivacyUnit.sampled_user`: the record-level
+privacy of a dataset of U users, whatever the number of records a user owns).
 
-Opacus clips per sample, that is per element of the batch dimension. :class:`UserDataset`
-makes a user one element: its item ``u`` stacks the records of user ``u`` along a second
-dimension, padded with zeros to ``max_records`` rows, with a mask of the real rows. A model
-whose layers keep that dimension (``nn.Linear``, ``nn.Embedding``, ``nn.LayerNorm`` and the
-other layers whose Opacus gradient samplers sum over the middle dimensions, or the functorch
-sampler) then gets, from Opacus's per-sample gradients, the gradient of each user's loss;
+Opacus clips per element of the batch dimension. :class:`UserDataset` makes a user one
+element: item ``u`` stacks the records of user ``u`` along a second dimension, padded with
+zeros to ``max_records`` rows, with a mask of the real rows; with layers that keep that
+dimension, Opacus's per-sample gradient is the gradient of the user's loss, and
 :func:`per_user_loss` reduces the per-record losses to one loss per user (padding rows weigh
-0). Opacus's clipping is then per user.
-
-:func:`user_data_loader` builds the loader over users: ``"poisson"`` (each user in each step
-independently with probability q = 1 / steps per epoch, Opacus's ``DPDataLoader`` over the
-users) or ``"shuffled"`` (a fresh permutation of the users each epoch, cut into batches of
-``users_per_step`` users). Pass it to ``PrivacyEngine.make_private(...,
-poisson_sampling=False)``: the accountants of this package detect the scheme over users
-(:mod:`opacus_lastiterate.accountants.sampling_detection`) and the unit "user-level
-sampling". (With ``poisson_sampling=True`` Opacus replaces any loader over a
-:class:`UserDataset`, the shuffled one too, by Poisson over its users at rate
-1 / ``len(loader)``.)
+0). :func:`user_data_loader` builds the loader over users, ``"poisson"`` (Opacus's
+``DPDataLoader`` over the users) or ``"shuffled"`` (a fresh permutation each epoch, batches
+of ``users_per_step``); pass it with ``make_private(..., poisson_sampling=False)`` (with
+``True`` Opacus replaces it by Poisson over the users at rate 1 / ``len(loader)``).
 """
 
 from __future__ import annotations

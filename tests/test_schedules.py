@@ -10,18 +10,27 @@ import torch
 
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
     cosine_schedule,
-    momentum_weights_closed_form,
     sgd_weights,
     step_schedule,
 )
 from opacus_lastiterate.exceptions import UnsupportedOptimizerError
 from opacus_lastiterate.schedules import (
     SGDSettings,
-    learning_rates_from_scheduler,
     record_schedule,
     sgd_settings,
-    sgd_weights_from_torch,
 )
+
+
+def sgd_weights_from_torch(optimizer, steps, *, make_scheduler=None):
+    """Per-step weights from the package's pieces: the optimiser's settings
+    (:func:`sgd_settings`), the scheduler's rates and momenta (:func:`record_schedule`) and
+    :func:`sgd_weights`."""
+    s = sgd_settings(optimizer)
+    if make_scheduler is None:
+        return s.weights(np.full(steps, s.lr))
+    rec = record_schedule(make_scheduler, steps, lr=s.lr, momentum=s.momentum)
+    return sgd_weights(rec.learning_rates, momentum=rec.momenta, dampening=s.dampening,
+                       nesterov=s.nesterov, weight_decay=s.weight_decay)
 
 
 def _torch_weights(make_scheduler, steps, lr, **sgd_kwargs):
@@ -41,25 +50,25 @@ def _torch_weights(make_scheduler, steps, lr, **sgd_kwargs):
 
 
 def test_cosine_and_step_schedulers_match_the_builtins():
-    cos = learning_rates_from_scheduler(
+    cos = record_schedule(
         lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=50, eta_min=0.001), 50, lr=0.1
-    )
+    ).learning_rates
     assert np.allclose(
         cos, cosine_schedule(0.1, 50, min_learning_rate=0.001), rtol=1e-12, atol=1e-15
     )
-    step = learning_rates_from_scheduler(
+    step = record_schedule(
         lambda o: torch.optim.lr_scheduler.StepLR(o, 7, gamma=0.5), 30, lr=0.2
-    )
+    ).learning_rates
     assert np.allclose(step, step_schedule(0.2, 30, step_size=7, gamma=0.5), rtol=1e-12)
 
 
 def test_per_epoch_interval_and_lambda_warmup():
-    rates = learning_rates_from_scheduler(
+    rates = record_schedule(
         lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda e: min(1.0, (e + 1) / 3)),
         12,
         lr=0.3,
         interval=4,
-    )
+    ).learning_rates
     assert np.allclose(rates, np.repeat([0.1, 0.2, 0.3], 4))
 
 
@@ -88,9 +97,8 @@ def test_weights_match_a_real_torch_sgd_run(kwargs):
 def test_constant_rate_momentum_is_the_closed_form():
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.05, momentum=0.9)
     ours = sgd_weights_from_torch(opt, 25)
-    assert np.allclose(
-        ours, momentum_weights_closed_form(25, learning_rate=0.05, momentum=0.9), rtol=1e-12
-    )
+    t = np.arange(25, 0, -1)  # T - t + 1: eta (1 - beta^(T-t+1)) / (1 - beta)
+    assert np.allclose(ours, 0.05 * (1 - 0.9**t) / (1 - 0.9), rtol=1e-12)
     assert np.allclose(ours, _torch_weights(None, 25, 0.05, momentum=0.9), rtol=1e-10)
 
 

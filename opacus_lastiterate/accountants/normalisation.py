@@ -394,12 +394,6 @@ class FEASGMAccountant(_NormalisationAccountant):
         """
         return self._curve(check_delta(delta), "epsilon", value_discretization_interval)
 
-    def curve_delta(
-        self, epsilon: float, *, value_discretization_interval: float | None = None
-    ) -> float:
-        """delta(epsilon) of the same model as :meth:`curve_epsilon`."""
-        return self._curve(check_epsilon(epsilon), "delta", value_discretization_interval)
-
     def curve_label(self) -> str:
         """The model label of :meth:`curve_epsilon` for the configured d."""
         config = self._require("dimension")
@@ -522,4 +516,3 @@ class ASGMAccountant(_NormalisationAccountant):
 
     def __repr__(self) -> str:
         return f"ASGMAccountant(segments={len(self)}, dataset_size={self._config['dataset_size']})"
-

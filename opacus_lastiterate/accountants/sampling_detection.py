@@ -1,28 +1,18 @@
 """Which batches does this data loader draw? :func:`detect_sampling`.
 
 Opacus records ``sample_rate = 1 / len(data_loader)`` whatever the loader draws, and its
-accountants (and the textbook) assume Poisson sampling. This module reads the loader that
-training actually uses and names its sampling scheme
-(:mod:`opacus_lastiterate.analysis.sampling`):
-
-* Opacus ``DPDataLoader`` (``UniformWithReplacementSampler`` or the distributed one):
-  Poisson at its ``sample_rate``;
-* :class:`~opacus_lastiterate.samplers.BallsInBinsBatchSampler`: balls-in-bins;
-* a ``BatchSampler`` over ``RandomSampler`` (no replacement) or ``SubsetRandomSampler``:
-  shuffled fixed-size batches (over the subset);
-* a ``BatchSampler`` over ``SequentialSampler``: deterministic order;
-* a ``BatchSampler`` over ``DistributedSampler``: shuffled (``shuffle=True``) or deterministic,
-  global batch = per-rank batch x ranks (one that pads by repeating records is unknown);
-* wrappers with a ``batch_sampler`` attribute (Accelerate's ``BatchSamplerShard``, ...) are
-  looked through (Hugging Face's loaders);
-* a loader over a :class:`~opacus_lastiterate.user_samplers.UserDataset` (user-level
-  sampling: each item is a user, whose records are clipped together): the scheme above, over
-  users, and the privacy unit
-  :meth:`~opacus_lastiterate.analysis.privacy_unit.PrivacyUnit.sampled_user` (every other
-  loader: one record);
-* anything else (``WeightedRandomSampler``, a sampler with replacement, a custom sampler, an
-  ``IterableDataset``): unknown; the numbers are computed assuming Poisson at Opacus's rate,
-  and say so.
+accountants assume Poisson sampling. This module reads the loader that training actually uses
+and names its sampling scheme (:mod:`opacus_lastiterate.analysis.sampling`): Poisson for
+Opacus's ``DPDataLoader``, balls-in-bins for
+:class:`~opacus_lastiterate.samplers.BallsInBinsBatchSampler`, shuffled or deterministic
+fixed-size batches for a ``BatchSampler`` over ``RandomSampler``/``SubsetRandomSampler``,
+``SequentialSampler`` or ``DistributedSampler`` (global batch = per-rank batch x ranks),
+looking through wrappers with a ``batch_sampler`` attribute (Accelerate's
+``BatchSamplerShard``); over a :class:`~opacus_lastiterate.user_samplers.UserDataset` the
+scheme is over users and the unit is
+:meth:`~opacus_lastiterate.analysis.privacy_unit.PrivacyUnit.sampled_user`; anything else is
+unknown (the numbers assume Poisson at Opacus's rate, and say so). ``docs/samplers.md``, "In
+training: what the package reads from your loader", has the table.
 
 Detection never raises on a loader Opacus accepts: what it cannot read is "unknown".
 """

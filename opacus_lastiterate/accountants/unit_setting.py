@@ -71,11 +71,6 @@ def unit_of_new_accountants(unit: PrivacyUnit | None) -> Iterator[None]:
         _NEW_ACCOUNTANT_UNIT.reset(token)
 
 
-def new_accountant_unit() -> PrivacyUnit | None:
-    """The unit set by the enclosing :func:`unit_of_new_accountants` (None outside one)."""
-    return _NEW_ACCOUNTANT_UNIT.get()
-
-
 def unit_state(unit: PrivacyUnit) -> dict[str, Any]:
     """The ``state_dict`` entries of ``unit``: none for one record."""
     return {} if unit.is_record else {STATE_KEY: unit.as_dict()}

@@ -1,47 +1,19 @@
 """The last-iterate heuristic as a ``dp_accounting`` accountant (``docs/beyond_opacus.md``).
 
-:class:`LastIterateHeuristicAccountant` is a :class:`dp_accounting.PrivacyAccountant`: training
-code that composes dp_accounting events (JAX, TensorFlow, or any loop of its own) gets the
-last-iterate heuristic of its final model from ``get_epsilon(target_delta)`` and
-``get_delta(target_epsilon)``. Every composed event is read as DP-SGD steps of one run, oldest
-first; the accountant turns them into a :class:`~.run.DPSGDRun` (one segment per maximal run of
-equal (noise multiplier, sample rate)) and answers with the registry's
-``privacy_model("heuristic", run)`` (or ``"robust_heuristic"``).
-
-**Events** (anything else is unsupported: ``supports(event)`` is ``False`` and ``compose``
-raises :class:`dp_accounting.UnsupportedEventError`, as for dp_accounting's own accountants):
-
-* ``PoissonSampledDpEvent(q, GaussianDpEvent(sigma))``: one step, each record in the batch
-  independently with probability q in (0, 1], noise multiplier sigma >= 0;
-* ``GaussianDpEvent(sigma)``: one step that uses every record (q = 1, full-batch DP-GD);
-* ``SampledWithoutReplacementDpEvent(N, b, GaussianDpEvent(sigma))``: one step on a batch of
-  b records drawn without replacement from N, independently of the other steps. Only with
-  ``NeighboringRelation.REPLACE_SPECIAL`` (the canary replaced by a record that contributes
-  nothing, same dataset size): the canary is then in each step's batch independently with
-  probability b / N, and against a neighbour in which the other records contribute nothing
-  along the canary's direction (the assumption of the package's heuristic for every sampler,
-  ``docs/samplers.md``) the pair is the Poisson pair at q = b / N. Under add/remove the
-  dataset size changes with the canary and the event is unsupported. dp_accounting 0.6 has no
-  event for shuffled epochs or balls-in-bins batches; such runs go through
-  :class:`~.run.DPSGDRun` with ``sampling=`` and the registry directly;
-* ``SelfComposedDpEvent`` and ``ComposedDpEvent`` of the above (any nesting), ``NoOpDpEvent``
-  (no step) and ``NonPrivateDpEvent`` (epsilon = inf, delta = 1 from then on, as
-  dp_accounting's accountants answer).
-
-**Neighbouring relation.** ``ADD_OR_REMOVE_ONE`` (the default, dp_accounting's too) or
-``REPLACE_SPECIAL``; both give the heuristic's pair P = sum_t w_t Bernoulli(q_t) + N(0, s^2)
-against Q = N(0, s^2). ``REPLACE_ONE`` (an arbitrary replacement record) is a different pair
-and is refused at construction.
-
-**Momentum and learning-rate schedules** cannot be written as dp_accounting events: they enter
-through the constructor's ``weights`` keyword, the weight w_t with which step t's noisy
-gradient enters the final model (:attr:`~.run.DPSGDRun.weights`; from learning rates and
-momentum with :func:`~.last_iterate.optimizer_weights.sgd_weights`). Either a sequence with
-one weight per composed step (checked when a number is asked for), or a callable that takes
-the number of steps T composed so far and returns the T weights of the model at that point
-(for a number after every step: with momentum the weight of a step depends on the steps after
-it); it is called once per query after new steps, and the model it gives is kept until the next
-``compose``.
+:class:`LastIterateHeuristicAccountant` is a :class:`dp_accounting.PrivacyAccountant`: every
+composed event is read as DP-SGD steps of one run, oldest first, turned into a
+:class:`~.run.DPSGDRun` (one segment per maximal run of equal (noise multiplier, sample rate))
+and answered by the registry's ``privacy_model("heuristic", run)`` (or
+``"robust_heuristic"``). Supported events (``docs/beyond_opacus.md``, "The events it reads";
+anything else: ``supports`` is False and ``compose`` raises
+:class:`dp_accounting.UnsupportedEventError`): ``PoissonSampledDpEvent`` and ``GaussianDpEvent``
+(q = 1) of a ``GaussianDpEvent``; ``SampledWithoutReplacementDpEvent(N, b, ...)`` only under
+``REPLACE_SPECIAL`` (the Poisson pair at q = b / N); their ``SelfComposedDpEvent`` and
+``ComposedDpEvent``; ``NoOpDpEvent`` (no step) and ``NonPrivateDpEvent`` (epsilon = inf, delta
+= 1 from then on). ``REPLACE_ONE`` is refused at construction. Momentum and learning-rate
+schedules enter through the constructor's ``weights`` (a sequence, one weight per composed
+step, or a callable of the number of steps T returning the T weights; ``docs/beyond_opacus.md``,
+"Momentum and learning-rate schedules").
 
 What the number is: a heuristic for the final model only (exact for linear losses, not a
 proven DP bound for deep networks; intermediate models are not covered), the label of

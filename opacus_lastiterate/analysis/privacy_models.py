@@ -55,23 +55,14 @@ user's records clipped together) makes one contribution per step it is sampled i
 record: every name builds its record-level class, whose numbers, with the run's sizes and
 rates counted in users, are the user's (``run.unit.label()`` says "user-level sampling").
 
-**The PLD value discretisation interval** (``value_discretization_interval``, dp_accounting's
-name, the grid step of the privacy loss in nats; every PLD model rounds pessimistically, so
-any interval gives an upper bound on its model and a finer one a tighter bound). Defaults:
-
-* ``"standard"``: 1e-4, dp_accounting's own default
-  (:data:`~.baselines.composition.DEFAULT_DISCRETIZATION`; also the default of
-  :func:`~.calibration.calibrate_noise_multiplier`, :func:`~.comparison.compare_epsilons`,
-  :func:`~.hyperparameter_plan.plan_batch_sizes` and the CLI's
-  ``--value-discretization-interval``);
-* ``"asgm"``: 3e-4 (:data:`~.normalisation.discretisation.DEFAULT_INTERVAL`): its
-  connect-the-dots discretisation of exact tails has converged there
-  (:mod:`~.normalisation.discretisation`);
-* ``"feasgm"``: ``None``, automatic: max(3e-4, sqrt(T) sd(B) / 200,000), so that very large
-  dimensions stay computable (:func:`~.normalisation.divisor_leak.divisor_leak_pld`).
-
-The three differ on purpose (each is the value the published numbers were computed with);
-the registry reports each model's defaults in :attr:`PrivacyModelEntry.defaults`.
+**The PLD value discretisation interval** (``value_discretization_interval``, the grid step
+of the privacy loss in nats): every PLD model rounds pessimistically, so any interval gives an
+upper bound on its model. The defaults are the values the published numbers were computed with
+(``docs/run_description.md``): ``"standard"`` 1e-4
+(:data:`~.baselines.composition.DEFAULT_DISCRETIZATION`, also calibration's, the comparison's,
+the plan's and the CLI's), ``"asgm"`` 3e-4 (:data:`~.normalisation.discretisation.DEFAULT_INTERVAL`),
+``"feasgm"`` None (automatic, :func:`~.normalisation.divisor_leak.divisor_leak_pld`);
+:attr:`PrivacyModelEntry.defaults` reports each model's.
 """
 
 from __future__ import annotations

@@ -46,8 +46,6 @@ __all__ = [
     "UnknownSampling",
 ]
 
-SamplingName = Literal["poisson", "shuffled", "deterministic", "balls_in_bins", "unknown"]
-"""The :attr:`name` of a sampling scheme."""
 SAMPLING_NAMES: tuple[str, ...] = ("poisson", "shuffled", "deterministic", "balls_in_bins", "unknown")
 """Every scheme's :attr:`name`, in the order of the module docstring."""
 

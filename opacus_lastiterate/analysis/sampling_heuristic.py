@@ -294,21 +294,25 @@ def _solve(layout: EpochLayout, evaluate: Callable[[ShiftedGaussianMixture | flo
         n = wanted
 
 
+def pair_value(pair: ShiftedGaussianMixture | float, quantity: str, argument: float) -> float:
+    """epsilon at delta = ``argument`` (``quantity`` ``"epsilon"``) or delta at epsilon of a
+    pair, or of the Gaussian mechanism with mu = ``pair`` when it is a float."""
+    if isinstance(pair, float):
+        if quantity == "epsilon":
+            return gaussian_epsilon(mu=pair, delta=argument)
+        return gaussian_delta(mu=pair, epsilon=argument)
+    return pair.epsilon(argument) if quantity == "epsilon" else pair.delta(argument)
+
+
 def _value(run: DPSGDRun, quantity: str, argument: float, accuracy: float) -> float:
     scheme = epoch_scheme_of(run)
     layout = EpochLayout(run, scheme)
 
-    def evaluate(pair: ShiftedGaussianMixture | float) -> float:
-        if isinstance(pair, float):  # a Gaussian mechanism with this mu
-            if quantity == "epsilon":
-                return gaussian_epsilon(mu=pair, delta=argument)
-            return gaussian_delta(mu=pair, epsilon=argument)
-        return pair.epsilon(argument) if quantity == "epsilon" else pair.delta(argument)
-
     if isinstance(scheme, DeterministicBatches):
         delta_max = float(layout.position_sums().max())
-        return evaluate(delta_max / layout.noise_scale if delta_max > 0 else 0.0)
-    return _solve(layout, evaluate, accuracy)
+        mu = delta_max / layout.noise_scale if delta_max > 0 else 0.0
+        return pair_value(mu, quantity, argument)
+    return _solve(layout, lambda pair: pair_value(pair, quantity, argument), accuracy)
 
 
 def _label(run: DPSGDRun, what: str) -> str:

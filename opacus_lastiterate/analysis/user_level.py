@@ -52,10 +52,6 @@ from scipy import special
 
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._validation import check_in_interval
-from opacus_lastiterate.analysis.baselines.gaussian_mechanism import (
-    gaussian_delta,
-    gaussian_epsilon,
-)
 from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
 from opacus_lastiterate.analysis.last_iterate.heuristic_pair import (
     segments_delta,
@@ -69,7 +65,12 @@ from opacus_lastiterate.analysis.sampling import (
     DeterministicBatches,
     UnknownSampling,
 )
-from opacus_lastiterate.analysis.sampling_heuristic import EpochLayout, epoch_scheme_of, trim_tails
+from opacus_lastiterate.analysis.sampling_heuristic import (
+    EpochLayout,
+    epoch_scheme_of,
+    pair_value,
+    trim_tails,
+)
 from opacus_lastiterate.exceptions import WeightedAccuracyWarning
 
 __all__ = [
@@ -225,21 +226,6 @@ def _balls_epoch(units: np.ndarray, steps_per_epoch: int, k: int) -> np.ndarray:
     return law
 
 
-def epoch_contribution_law(
-    run: RunLike, resolution: int = 1, rounding: str = "up"
-) -> tuple[int, np.ndarray, float]:
-    """Law of the unit's total contribution X / max_t w_t on the grid of ``resolution``
-    points per largest weight (each weight rounded ``"up"`` or ``"down"``; weights are
-    counted as equal, and exact at resolution 1, when they agree to 1e-12), for a run with
-    shuffled or balls-in-bins batches. Returns ``(offset, pmf, dropped_mass)``:
-    Pr[X = (offset + i) / resolution] = pmf[i]."""
-    r = as_run(run)
-    scheme = epoch_scheme_of(r)
-    if isinstance(scheme, DeterministicBatches):
-        raise ValueError("`run` has deterministic batches: its unit is placed at fixed positions.")
-    return _law(EpochLayout(r, scheme), scheme, r.unit.max_records, resolution, rounding)
-
-
 def _epoch_parts(layout: EpochLayout) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per epoch: (w_t > 0 of its steps inside the run, the slots of their positions)."""
     out = []
@@ -381,14 +367,8 @@ class UserLevelSamplingHeuristic(PrivacyModel):
     def _value(self, quantity: str, argument: float) -> float:
         layout = EpochLayout(self.run, self.scheme)
 
-        def evaluate(pair: ShiftedGaussianMixture | float) -> float:
-            if isinstance(pair, float):  # a Gaussian mechanism with this mu
-                if quantity == "epsilon":
-                    return gaussian_epsilon(mu=pair, delta=argument)
-                return gaussian_delta(mu=pair, epsilon=argument)
-            return pair.epsilon(argument) if quantity == "epsilon" else pair.delta(argument)
-
-        return _solve(layout, self.scheme, self.records, evaluate, self.accuracy)
+        return _solve(layout, self.scheme, self.records,
+                      lambda pair: pair_value(pair, quantity, argument), self.accuracy)
 
     def _epsilon(self, delta: float) -> float:
         return self._value("epsilon", delta)

@@ -45,15 +45,10 @@ import numpy as np
 from scipy import stats
 
 from opacus_lastiterate.analysis._validation import check_int, check_positive
-from opacus_lastiterate.analysis.baselines.gaussian_mechanism import (
-    gaussian_delta,
-    gaussian_epsilon,
-)
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel, poisson_run
-from opacus_lastiterate.analysis.run import RunLike, as_run
+from opacus_lastiterate.analysis.run import RunLike
 from opacus_lastiterate.analysis.sampling import BallsInBins, UnknownSampling
-from opacus_lastiterate.analysis.sampling_heuristic import epoch_scheme_of
-from opacus_lastiterate.analysis.sampling_standard import no_amplification_mu
+from opacus_lastiterate.analysis.sampling_standard import NoAmplificationBound
 
 __all__ = [
     "GroupPrivacyConversion",
@@ -207,7 +202,7 @@ class UserLevelComposition(PrivacyModel):
         return f"UserLevelComposition(records={self.records}, steps={self.run.num_steps})"
 
 
-class UserLevelNoAmplificationBound(PrivacyModel):
+class UserLevelNoAmplificationBound(NoAmplificationBound):
     """Every intermediate model released, for the run's unit of k records and an epoch scheme:
     mu = k times the record-level no-amplification mu (module docstring; zero-out neighbours
     for fixed-size batches, add/remove for balls-in-bins; an upper bound).
@@ -219,7 +214,6 @@ class UserLevelNoAmplificationBound(PrivacyModel):
             neither.
     """
 
-    kind = "upper_bound"
     units = True
 
     def __init__(
@@ -229,10 +223,9 @@ class UserLevelNoAmplificationBound(PrivacyModel):
         value_discretization_interval: float | None = None,
         orders: object = None,
     ) -> None:
-        self.run = as_run(run)
-        self.scheme = epoch_scheme_of(self.run)
+        super().__init__(run)
         self.records = self.run.unit.max_records
-        self.mu = self.records * no_amplification_mu(self.run) if self.run.num_steps else 0.0
+        self.mu *= self.records
 
     @property
     def label(self) -> str:  # type: ignore[override]
@@ -245,12 +238,6 @@ class UserLevelNoAmplificationBound(PrivacyModel):
             f"({neighbours} of the unit's records; one Gaussian mechanism of sensitivity "
             f"{self.records} per epoch)"
         )
-
-    def _epsilon(self, delta: float) -> float:
-        return gaussian_epsilon(mu=self.mu, delta=delta)
-
-    def _delta(self, epsilon: float) -> float:
-        return gaussian_delta(mu=self.mu, epsilon=epsilon)
 
     def __repr__(self) -> str:
         return f"UserLevelNoAmplificationBound(records={self.records}, mu={self.mu:.6g})"

@@ -1,50 +1,28 @@
 """The wiring check: is every trainable parameter really privatised by the Opacus optimizer?
 
-DP-SGD's guarantee holds for the parameters that the ``DPOptimizer`` clips and noises, and
-only when the model that is trained is the one whose per-sample gradients Opacus computes.
-Set-ups that break this train without an error: a trainable parameter left out of the DP
-optimizer (or updated by another one), an optimizer holding parameter objects that the model
-no longer uses (the model re-materialised or rebuilt after ``make_private``), a layer whose
-per-sample gradients miss part of its use, an embedding fed a position index shared across
-the batch, noise missing from some tensors, a frozen parameter that changes.
-
 :func:`check_private_training` arms a one-shot observer on a ``DPOptimizer``; the first step
-that adds noise is the probe. Nothing extra is computed on the model and no random number is
-drawn: the observer reads what Opacus computed for that step and checks, per parameter,
-
-* **coverage** (when the model is given): every trainable parameter of the model is one of
-  the optimizer's, and every parameter of the optimizer is one of the model's;
-* **per-sample gradients** (hook-based modes): each parameter has them, for the same number
-  of examples as the others, and they add up to the ordinary gradient of the batch (a use of
-  the parameter that the hooks do not see breaks the sum);
-* **one per user** (when the accountant's unit is ``PrivacyUnit.sampled_user()``, user-level
-  sampling): each parameter has as many per-sample gradients as the model's input has users
-  (when the model is given), and no more than the users the data loaders fetched
-  (:mod:`.wiring_users`), so that Opacus clips users, not records;
-* **clipping**: the clipped sum Opacus accumulated equals the sum of the per-sample gradients
-  scaled by ``min(1, C / norm)`` (flat or per-layer bounds), and each example's clipped
-  contribution has norm at most ``C``; under ghost clipping (no per-sample gradients exist)
-  only the bound ``n C`` on the norm of the clipped sum of ``n`` examples is checked;
-* **noise**: the noise added to each parameter (the noised gradient minus the clipped sum)
-  is centred Gaussian of standard deviation ``noise_multiplier * max_grad_norm``: the sum of
-  its squares over the stated variance, a chi-square variable with one degree of freedom per
-  entry, lies within two-sided tails of probability ``alpha`` (default 1e-9), per parameter
-  and pooled over all of them; a parameter with no noise at all fails;
-* **frozen parameters** (when the model is given): those with ``requires_grad=False`` are
-  unchanged (a float64 sum and Euclidean norm per tensor) from arming to the first step and
-  through the first update (compared at the next step).
+that adds noise is the probe. It computes nothing on the model and draws no random number: it
+reads what Opacus computed for that step and checks, per parameter, the coverage (with the
+model: its trainable parameters are exactly the optimizer's), the per-sample gradients (hook
+modes: present, one count for all, summing to the ordinary gradient), the clipping (the
+clipped sum is the per-sample gradients scaled by ``min(1, C / norm)``, each contribution of
+norm at most ``C``; under ghost clipping only the norm of the clipped sum of an expected batch
+of ``n`` against ``3 n C``), the noise (a two-sided chi-square test of each parameter's and the
+pooled noise against ``noise_multiplier * max_grad_norm``, tails of probability ``alpha``) and,
+with the model, that frozen parameters do not change. Under user-level sampling
+(``PrivacyUnit.sampled_user()``) each parameter must also have as many per-sample gradients as
+the model's input has users and no more than the users the loaders fetched
+(:mod:`.wiring_users`), so that Opacus clips users, not records. ``docs/language_models.md``,
+"The wiring check", describes the checks, the set-ups they catch and the limits
+(adaptive clipping is not checked; under ``DistributedDPOptimizer`` ranks other than 0 skip
+the noise).
 
 A failure raises :class:`~opacus_lastiterate.exceptions.PrivacyWiringError` (a
-``ValueError``) naming each parameter and its problem. It is raised from inside
-``optimizer.step()`` of the probe step after the noise is drawn and before the accountant
-records the step or the parameters change (a frozen parameter that the first update changed
-is reported at the next step, after the fact). When every check passes, the optimizer is
-given back exactly as it was; the model, the optimizer state, the random number streams and
-the accountant are never touched, so training is bit-identical with and without the check.
-
-Not covered: adaptive clipping (``AdaClipDPOptimizer``, whose bound moves), and the noise of
-ranks other than 0 under ``DistributedDPOptimizer`` (rank 0 adds all of it; only clipping is
-checked there).
+``ValueError``) naming each parameter and its problem, from inside ``optimizer.step()`` of the
+probe step, after the noise is drawn and before the accountant records the step or the
+parameters change (a frozen parameter changed by the first update is reported at the next
+step). The model, the optimizer state, the random number streams and the accountant are never
+touched, so training is bit-identical with and without the check.
 """
 
 from __future__ import annotations

@@ -1,50 +1,36 @@
-"""In-training canary audit of the final model, in one training run.
+"""In-training canary audit of the final model, in one training run (``docs/auditing.md``,
+"In-training audit").
 
-Steinke, Nasr, Jagielski, *Privacy Auditing with One (1) Training Run* (arXiv 2305.08846):
-m canaries, each included by an independent fair coin recorded up front, go through the
-real training; at the end every canary is scored on the final model only and the scores and
-coins give a one-run epsilon lower bound (and the f-DP one-run bound of Mahloujifar, Melis,
-Chaudhuri, *Auditing f-Differential Privacy in One Run*, arXiv 2410.22235), reported beside
-the heuristic and standard epsilons at the same delta (``docs/auditing.md``, "In-training
-audit"). Two kinds of canaries:
+m canaries, each included by an independent fair coin recorded up front, go through the real
+training; at the end every canary is scored on the final model only, and the scores and coins
+give the one-run epsilon lower bound of Steinke, Nasr, Jagielski (*Privacy Auditing with One
+(1) Training Run*, arXiv 2305.08846) and the f-DP one-run bound of Mahloujifar, Melis,
+Chaudhuri (*Auditing f-Differential Privacy in One Run*, arXiv 2410.22235), both by
+:meth:`ScoreAudit.from_canaries <opacus_lastiterate.analysis.audit.ScoreAudit.from_canaries>`,
+reported beside the heuristic and standard epsilons at the same delta. Two kinds:
 
-* **gradient canaries** (:class:`InTrainingCanaryAudit`): Dirac gradients of norm
-  C = ``max_grad_norm`` on distinct coordinates of the flattened parameter vector, added to
-  the summed clipped gradient after clipping and before the noise (so the divisor
-  ``expected_batch_size`` applies to them as to a real example), each included canary
-  Poisson-sampled at every step at the training rate q. Score ``theta_0[c] - theta_T[c]``.
+* **gradient canaries** (:class:`InTrainingCanaryAudit`): the Dirac canaries of
+  :class:`~opacus_lastiterate.auditing.gradient_space.DiracCanary` (C = ``max_grad_norm`` on
+  distinct coordinates of the flattened parameters, score ``theta_0[c] - theta_T[c]``), m of
+  them batched on the parameters' device, each included one Poisson-sampled at every step at
+  rate q and added to the clipped sum before the noise (so the divisor applies to it as to a
+  real example);
 * **input canaries** (:func:`~opacus_lastiterate.auditing.input_space.make_input_canaries`,
-  :class:`~opacus_lastiterate.auditing.input_space.InputCanaries`, the package's input
-  canaries with their coins): mislabelled copies of examples that are not otherwise in the
-  training set, added to it by the coins. Score: minus the final model's loss on the canary.
-  Under user-level sampling the canaries are users
-  (:func:`~opacus_lastiterate.auditing.input_space.make_canary_users`: k records sharing one
-  secret label), scored by minus their records' summed or mean loss.
-  Language models use ``"text"`` canaries instead
-  (:func:`~opacus_lastiterate.auditing.input_space.make_text_canaries`).
+  :func:`~opacus_lastiterate.auditing.input_space.make_canary_users` under user-level
+  sampling, :func:`~opacus_lastiterate.auditing.input_space.make_text_canaries` for language
+  models; :class:`~opacus_lastiterate.auditing.input_space.InputCanaries`), added to the
+  training set by their coins and scored by minus the final model's loss.
 
-Both kinds are audited by
-:meth:`ScoreAudit.from_canaries <opacus_lastiterate.analysis.audit.ScoreAudit.from_canaries>`
-(one-run and one-run f-DP bounds). The gradient canaries are the Dirac canaries of
-:class:`~opacus_lastiterate.auditing.gradient_space.DiracCanary` (C on one coordinate, score
-``theta_0[c] - theta_T[c]``), m of them batched on the parameters' device: one dense
-``DiracCanary`` per canary would hold m parameter-sized vectors and read the host per step.
+Per step nothing leaves the parameters' device and nothing waits for it (a dedicated
+``torch.Generator``, an ``index_add_``); scores are read back once, in
+:meth:`InTrainingCanaryAudit.report`. The global random number generators are never touched,
+so ``enabled=False`` (or ``num_canaries=0``) leaves training bit-for-bit identical.
 
-Per step nothing leaves the parameters' device and nothing waits for it: the sampling uses a
-dedicated ``torch.Generator`` on that device and the insertion is an ``index_add_``; scores
-are read back once, in :meth:`InTrainingCanaryAudit.report`. The audit never touches the
-global random number generators, so ``enabled=False`` (or ``num_canaries=0``) leaves training
-bit-for-bit identical.
-
-Distributed training (Opacus's ``DistributedDPOptimizer``, ``make_private`` on a
-``DifferentiallyPrivateDistributedDataParallel`` or ``DistributedDataParallel`` module):
-build the audit on every rank with the same ``seed``. The coordinates, coins and per-step
-samples are then the same on every rank (the same seeded generators, advanced by one draw
-per step on every rank); the sampled canaries are added to the clipped sum of rank 0 only,
-the rank that adds the noise, so after Opacus's all-reduce each canary is in the global sum
-exactly once, divided by the global expected batch size, as in one process. (Adding
-``C / world_size`` on every rank instead would round C for most world sizes.) Other
-distributed optimizers are refused with a ``TypeError`` that says why.
+Distributed training (``DistributedDPOptimizer``): build the audit on every rank with the same
+``seed``; coordinates, coins and per-step draws are then the same on every rank, and the
+sampled canaries are added to rank 0's clipped sum only (the rank that adds the noise), so
+after the all-reduce each is in the global sum exactly once (``C / world_size`` per rank would
+round C). Other distributed optimizers are refused with a ``TypeError`` that says why.
 """
 
 from __future__ import annotations

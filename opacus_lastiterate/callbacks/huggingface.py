@@ -1,18 +1,9 @@
 """Hugging Face ``transformers`` 5.x adapter of :class:`~opacus_lastiterate.callbacks.PrivacyMonitor`.
 
-Extra ``hf`` (``pip install opacus-lastiterate[hf]``). Use Opacus 1.6's non-wrapping mode so
-that the ``Trainer`` keeps the user's model::
-
-    engine = PrivacyEngine(accountant="last_iterate")
-    hooks, dp_optimizer, _ = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        data_loader=DataLoader(train_set, batch_size=B), noise_multiplier=1.0,
-        max_grad_norm=1.0, wrap_model=False)
-    monitor = PrivacyMonitor(engine, delta=1e-5, sinks=[JsonlSink("privacy.jsonl")],
-                             budget=PrivacyBudget(8.0, action="stop"))
-    trainer = Trainer(model=model, args=TrainingArguments(..., max_grad_norm=0.0),
-                      train_dataset=train_set, optimizers=(dp_optimizer, None),
-                      callbacks=[HFPrivacyCallback(monitor)])
+Extra ``hf``. Pass the ``DPOptimizer`` of Opacus 1.6's ``make_private(..., wrap_model=False)``
+(so that the ``Trainer`` keeps the user's model) as ``Trainer(optimizers=(dp_optimizer,
+None), callbacks=[HFPrivacyCallback(monitor)])``, with ``TrainingArguments(max_grad_norm=0.0)``
+(``docs/callbacks.md``, "Lightning and Hugging Face", has the whole example).
 
 ``max_grad_norm=0.0`` turns off the Trainer's own clipping of ``p.grad`` (Opacus clips per
 example). The Trainer's data loader samples fixed-size shuffled batches, not Poisson

@@ -16,37 +16,25 @@ The monitor is assembled from objects, one module each: the records and their la
 (:mod:`~opacus_lastiterate.callbacks.budget`), and the evaluator
 (:mod:`~opacus_lastiterate.callbacks.evaluator`).
 
-Recording and evaluation are separate (``docs/callbacks.md``, "Cost"). On the training hot
-path the monitor only appends the step's (step, sigma, q, lr, SGD settings) to a queue: a few
-Python values that the accountant's hook has already read, no epsilon and no device
-synchronisation. The evaluator computes the records in batches at :meth:`PrivacyMonitor.flush`:
-every ``flush_every`` steps (after the update), at :meth:`~PrivacyMonitor.state_dict`
-(checkpoints) and :meth:`~PrivacyMonitor.finish`, at the adapters' epoch ends, or when
-called, on the training thread. It replays the queued steps into its own
-``LastIterateAccountant`` through the accountant's public incremental API, so each logged
-value is the one the accountant reports at that step, and solves the steps of a batch
-together: runs of one constant-rate setting (to about 1e-13 relative), and the weighted
-heuristic of a learning-rate schedule or momentum (one characteristic-function update and
-one vectorised root refinement per block of steps; both upper bounds within
-``weight_accuracy``).
+Recording and evaluation are separate (``docs/callbacks.md``, "Cost"): on the training hot
+path the monitor only queues the step's (step, sigma, q, lr, SGD settings), no epsilon and no
+device synchronisation. The evaluator computes the records in batches at
+:meth:`PrivacyMonitor.flush` (every ``flush_every`` steps, at :meth:`~PrivacyMonitor.state_dict`,
+:meth:`~PrivacyMonitor.finish` and the adapters' epoch ends), on the training thread, by
+replaying the queued steps into its own ``LastIterateAccountant``, so each logged value is the
+one the accountant reports at that step.
 
-How it hooks in: Opacus calls ``optimizer.step_hook`` (the accountant's hook) inside
-``DPOptimizer.pre_step``, after the noise is added and before the parameters change. The
-monitor wraps that hook (the accountant records the step, then the monitor queues it and
-checks the budget) and the wrapped optimizer's ``step`` (the update; a due flush follows
-it). A step refused by the budget is taken back from the accountant and the update is not
-applied. The monitor never reads a tensor (no ``.item()``, ``.cpu()``, ``.tolist()``).
-At each step it checks that the accountant is at the state it saw plus that step; a change it
-did not make (a checkpoint loaded, a history assigned, another optimizer's steps) is followed
-from the accountant's state, with a ``MonitorWarning``
-(:mod:`opacus_lastiterate.callbacks._following`). A sink that raises is set aside with one
-warning; the others get every record (``SinkDispatch``).
-
-Distributed training (Opacus's ``DistributedDPOptimizer``): create the monitor on every rank.
-Every rank's accountant records every step with the same (sigma, q), so the histories, the
-epsilons and the budget guard's decisions are the same on every rank: a refused step is
-refused everywhere, and no rank is left waiting in a collective. Only the sinks are
-rank-dependent: by default they are called on rank 0 only (``sink_rank``).
+How it hooks in: the monitor wraps the accountant's ``optimizer.step_hook`` (called by Opacus
+inside ``DPOptimizer.pre_step``, after the noise and before the update: the accountant records
+the step, then the monitor queues it and checks the budget) and the optimizer's ``step`` (a
+due flush follows the update). A step refused by the budget is taken back from the accountant
+and not applied. The monitor never reads a tensor. A change of the accountant it did not make
+(a checkpoint loaded, another optimizer's steps) is followed from the accountant's state with
+a ``MonitorWarning`` (:mod:`opacus_lastiterate.callbacks._following`); a sink that raises is
+set aside with one warning (``SinkDispatch``). Under ``DistributedDPOptimizer`` create the
+monitor on every rank: the histories, epsilons and budget decisions agree on every rank, and
+the sinks are called on rank 0 only (``sink_rank``; ``docs/callbacks.md``, "Distributed
+training").
 """
 
 from __future__ import annotations

@@ -214,38 +214,44 @@ def _well_formed(entry: dict[str, Any], extra: tuple[str, ...]) -> bool:
     return numbers and all(isinstance(v, str) for v in labels.values())
 
 
-def _epsilon_for_delta(args: dict[str, Any]) -> None:
-    comparison = _comparison(args, "epsilon")
-    result, labels = ordered(comparison["values"]), comparison["labels"]
-    weighted = _weighted(args, "epsilon", args["delta"])
-    if args["plot"] is not None:
+def _values(args: dict[str, Any], quantity: str) -> None:
+    """Print (or emit as JSON) every compared model's epsilon at --delta (``quantity`` is
+    ``"epsilon"``) or delta at --epsilon (``"delta"``), and the weighted heuristic when asked."""
+    is_eps = quantity == "epsilon"
+    argument = args["delta"] if is_eps else args["epsilon"]
+    comparison = _comparison(args, quantity)
+    values, labels = ordered(comparison["values"]), comparison["labels"]
+    weighted = _weighted(args, quantity, argument)
+    if is_eps and args["plot"] is not None:
         _plot_curve(args, weighted)
     if args["as_json"]:
         payload: dict[str, Any] = {
-            "quantity": "epsilon",
+            "quantity": quantity,
             "steps": args["steps"],
             "sample_rate": args["sample_rate"],
             **_sampling_key(args),
             "noise_multiplier": args["noise_multiplier"],
-            **result,
+            **({} if is_eps else {"epsilon": argument}),
+            **values,
+            **({} if is_eps else {"standard_discretization": args["discretization"]}),
             "labels": dict(labels),
         }
         if weighted is not None:
-            payload["weighted_heuristic"] = weighted.epsilon
+            payload["weighted_heuristic"] = weighted.value
             payload["weighted_relative_accuracy"] = weighted.relative_accuracy
             payload["labels"]["weighted_heuristic"] = _weighted_label(args)
             payload.update(_optimizer_key(args))
         emit_json(payload)
         return
-    click.echo(_header(args, f"delta = {args['delta']:g}"))
+    click.echo(_header(args, f"delta = {argument:g}" if is_eps else f"epsilon = {argument:g}"))
+    name, fmt = ("eps", "10.4f") if is_eps else ("delta", "11.4e")
     for key in comparison["keys"]:
-        label = _label(key, args, labels)
-        click.echo(f"  {key:<17} eps = {result[key]:10.4f}   {label}")
+        click.echo(f"  {key:<17} {name} = {values[key]:{fmt}}   {_label(key, args, labels)}")
     if weighted is not None:
         click.echo(
-            f"  {'weighted':<17} eps = {weighted.epsilon:10.4f}   {_weighted_label(args)}; "
-            f"schedule {args['lr_schedule'] or 'constant'}, {_settings_text(args)}, accuracy "
-            f"{weighted.relative_accuracy:.1e}"
+            f"  {'weighted':<17} {name} = {weighted.value:{fmt}}   {_weighted_label(args)}; "
+            f"schedule {args['lr_schedule'] or 'constant'}, {_settings_text(args)}"
+            + (f", accuracy {weighted.relative_accuracy:.1e}" if is_eps else "")
         )
 
 
@@ -263,41 +269,6 @@ def _models(args: dict[str, Any]) -> dict[str, Any]:
     from opacus_lastiterate.analysis.comparison import compared_models
 
     return compared_models(args["run"], value_discretization_interval=args["discretization"])
-
-
-def _delta_for_epsilon(args: dict[str, Any]) -> None:
-    eps = args["epsilon"]
-    comparison = _comparison(args, "delta")
-    deltas, labels = ordered(comparison["values"]), comparison["labels"]
-    weighted = _weighted(args, "delta", eps)
-    if args["as_json"]:
-        payload: dict[str, Any] = {
-            "quantity": "delta",
-            "steps": args["steps"],
-            "sample_rate": args["sample_rate"],
-            **_sampling_key(args),
-            "noise_multiplier": args["noise_multiplier"],
-            "epsilon": eps,
-            **deltas,
-            "standard_discretization": args["discretization"],
-            "labels": dict(labels),
-        }
-        if weighted is not None:
-            payload["weighted_heuristic"] = weighted.value
-            payload["weighted_relative_accuracy"] = weighted.relative_accuracy
-            payload["labels"]["weighted_heuristic"] = _weighted_label(args)
-            payload.update(_optimizer_key(args))
-        emit_json(payload)
-        return
-    click.echo(_header(args, f"epsilon = {eps:g}"))
-    for key in comparison["keys"]:
-        label = _label(key, args, labels)
-        click.echo(f"  {key:<17} delta = {deltas[key]:11.4e}   {label}")
-    if weighted is not None:
-        click.echo(
-            f"  {'weighted':<17} delta = {weighted.value:11.4e}   {_weighted_label(args)}; "
-            f"schedule {args['lr_schedule'] or 'constant'}, {_settings_text(args)}"
-        )
 
 
 def _calibrate(args: dict[str, Any], accountants: tuple[str, ...]) -> None:
@@ -500,10 +471,7 @@ def epsilon(**args: Any) -> None:
     if delta is None and args["plot"] is not None:
         raise click.UsageError("--plot draws epsilon against T at --delta: pass --delta.")
     args["run"] = _run(args)
-    if delta is not None:
-        _epsilon_for_delta(args)
-    else:
-        _delta_for_epsilon(args)
+    _values(args, "epsilon" if delta is not None else "delta")
 
 
 def _check_optimizer_options(args: dict[str, Any]) -> None:

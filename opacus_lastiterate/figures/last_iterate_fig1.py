@@ -28,7 +28,7 @@ from opacus_lastiterate.analysis.comparison import EpsilonComparison
 from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
 from opacus_lastiterate.figures._base import Column, FigureResult
-from opacus_lastiterate.figures._plotting import OKABE_ITO, legend_below, panel_axes, pyplot, save
+from opacus_lastiterate.figures._plotting import OKABE_ITO, legend_below, panel_axes, save
 
 __all__ = [
     "compute",
@@ -171,14 +171,4 @@ def plot(result: FigureResult, path: Path) -> None:
         draw_panel(ax, rows, result.settings["delta"], panel)
     legend_below(fig, [ax for ax, _, _ in panels])
     fig.suptitle("Last-iterate heuristic against standard and full-batch analyses")
-    save(fig, path)
-
-
-def plot_configuration(rows: list[dict[str, Any]], delta: float, path: Path) -> None:
-    """One panel of :func:`curve` rows for one configuration (``epsilon --plot``)."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4.2))
-    q, sigma = rows[0]["sample_rate"], rows[0]["noise_multiplier"]
-    draw_panel(ax, rows, delta, f"epsilon against T: q = {q:g}, sigma = {sigma:g}")
-    legend_below(fig, ax, ncol=2)
     save(fig, path)

@@ -14,18 +14,9 @@ Typical use::
     audit = ScoreAudit(in_scores, out_scores)              # validated and sorted once
     print(audit.clopper_pearson(delta=1e-5), audit.auroc())
 
-One audit surface: :class:`ScoreAudit`. Every other entry point that turns scores into an
-:class:`AuditResult` is one call on it:
-
-- :func:`audit_clopper_pearson`, :func:`audit_gaussian_dp`, :func:`audit_one_run`:
-  ``ScoreAudit(ins, outs).clopper_pearson / gaussian_dp / one_run(...)``;
-- ``auditing.gradient_space.audit_scores``: its ``clopper_pearson`` and ``gaussian_dp``;
-- ``auditing.runner.audit_records`` (and ``AuditRunner.audit``, ``run_audit``):
-  ``RunRecords.score_audit().clopper_pearson(...)`` or ``.gaussian_dp(...)``;
-- the in-training canary audit (``callbacks.InTrainingCanaryAudit.report``):
-  :meth:`ScoreAudit.from_canaries` then ``one_run`` and ``one_run_fdp``; the input-space and
-  real-Opacus audits (``auditing.input_space.run_input_audit``,
-  ``auditing.opacus_releases.audit_installed_opacus``) call ``audit_records`` / ScoreAudit.
+One audit surface: :class:`ScoreAudit`. :func:`audit_clopper_pearson`,
+:func:`audit_gaussian_dp`, :func:`audit_one_run` and the auditing, runner and in-training
+audits are each one call on it (``docs/auditing.md``, "Statistics", lists them).
 
 The published final-model audits' statistic (a maximum of per-threshold Gaussian-DP values
 over every threshold, no correction; ``kind="invalid"``) is :func:`published_gdp_epsilon`;

@@ -92,25 +92,3 @@ def clopper_pearson_lower(
         ),
         scalar,
     )
-
-
-def clopper_pearson_interval(
-    successes: int | ArrayLike, trials: int, confidence: float = 0.95
-) -> tuple[float | NDArray[np.float64], float | NDArray[np.float64]]:
-    """Two-sided exact interval: each one-sided bound at level ``(1 + confidence) / 2``.
-
-    This is the interval of ``scipy.stats.binomtest(k, n).proportion_ci(method="exact")``.
-
-    Returns:
-        ``(lower, upper)``, floats or arrays like ``successes``.
-    """
-    n = check_int("trials", trials, minimum=1)
-    c = check_in_interval("confidence", confidence, 0.0, 1.0)
-    k = check_counts("successes", successes, maximum=n)
-    scalar = isinstance(k, int)
-    arr = np.atleast_1d(np.asarray(k, dtype=np.int64))
-    tail = 0.5 * (1.0 - c)
-    return (
-        _as_output(lower_at_significance(arr, n, tail).reshape(np.shape(k)), scalar),
-        _as_output(upper_at_significance(arr, n, tail).reshape(np.shape(k)), scalar),
-    )

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from opacus_lastiterate.analysis._validation import check_real
 from opacus_lastiterate.analysis.audit._arrays import check_scores
 
 __all__ = [
@@ -74,13 +73,3 @@ def error_curve(in_scores: ArrayLike, out_scores: ArrayLike) -> ErrorCurve:
     thresholds = np.unique(np.concatenate([ins, outs]))
     fp, fn = counts_at(ins, outs, thresholds)
     return ErrorCurve(_readonly(thresholds), _readonly(fp), _readonly(fn), ins.size, outs.size)
-
-
-def error_counts_at(
-    in_scores: ArrayLike, out_scores: ArrayLike, threshold: float
-) -> tuple[int, int]:
-    """``(FP, FN)`` of the test "in iff score >= threshold"."""
-    ins = check_scores("in_scores", in_scores)
-    outs = check_scores("out_scores", out_scores)
-    t = check_real("threshold", threshold)
-    return int(np.count_nonzero(outs >= t)), int(np.count_nonzero(ins < t))

@@ -19,7 +19,7 @@ labelled ``kind="estimate"``.
 from __future__ import annotations
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import NDArray
 from scipy.stats import norm
 
 from opacus_lastiterate.analysis._validation import (
@@ -27,7 +27,6 @@ from opacus_lastiterate.analysis._validation import (
     check_in_interval,
     check_int,
 )
-from opacus_lastiterate.analysis.audit._rates import check_rates
 from opacus_lastiterate.analysis.audit.clopper_pearson import upper_at_significance
 from opacus_lastiterate.analysis.audit.result import AuditResult, MultiRunCounts
 from opacus_lastiterate.analysis.baselines.gaussian_mechanism import gaussian_epsilon
@@ -47,19 +46,6 @@ def gdp_mu(fpr_upper: NDArray[np.float64], fnr_upper: NDArray[np.float64]) -> ND
     with np.errstate(invalid="ignore"):
         mu = norm.isf(fpr_upper) - norm.ppf(fnr_upper)
     return np.where(np.isnan(mu), 0.0, np.maximum(mu, 0.0))
-
-
-def gaussian_dp_mu_from_error_rates(
-    false_positive_rate: float | ArrayLike, false_negative_rate: float | ArrayLike
-) -> float | NDArray[np.float64]:
-    """``max(0, Phi^-1(1 - FPR) - Phi^-1(FNR))``; with upper confidence bounds a mu lower bound.
-
-    Negative values are no evidence and are clamped to 0, not mirrored.
-    """
-    a, a_scalar = check_rates("false_positive_rate", false_positive_rate)
-    b, b_scalar = check_rates("false_negative_rate", false_negative_rate)
-    mu = gdp_mu(a, b)
-    return float(mu) if (a_scalar and b_scalar) else mu
 
 
 def gaussian_dp_estimate_from_counts(

@@ -22,7 +22,7 @@ from scipy.stats import binom
 
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._bisection import monotone_boundary
-from opacus_lastiterate.analysis._validation import check_epsilon, check_in_interval, check_int
+from opacus_lastiterate.analysis._validation import check_in_interval, check_int
 from opacus_lastiterate.analysis.audit.result import AuditResult, OneRunCounts, result_kind
 from opacus_lastiterate.exceptions import NonRandomizedInclusionWarning, OneRunDeltaWarning
 
@@ -92,19 +92,6 @@ def warn_one_run(m: int, delta: float, inclusion_randomized: bool) -> list[str]:
         warn(msg, OneRunDeltaWarning)
         notes.append(msg)
     return notes
-
-
-def one_run_p_value(
-    num_canaries: int, num_guesses: int, num_correct: int, *, epsilon: float, delta: float
-) -> float:
-    """p-value of the null "(epsilon, delta)-DP" given r guesses, v correct, m canaries.
-
-    ``min(1, beta + 2 m delta alpha)``; see the module docs for beta and alpha.
-    """
-    counts = _check_counts(num_canaries, num_guesses, num_correct)
-    e = check_epsilon(epsilon)
-    d = check_in_interval("delta", delta, 0.0, 1.0, low_open=False)
-    return p_value(counts.num_canaries, counts.num_guesses, counts.num_correct, e, d)
 
 
 def one_run_epsilon_bound(

@@ -122,29 +122,6 @@ def check_family(family: object) -> TradeOffFamily:
     return family  # type: ignore[return-value]
 
 
-def one_run_fdp_rejects(
-    num_canaries: int,
-    num_guesses: int,
-    num_correct: int,
-    *,
-    family: TradeOffFamily,
-    parameter: float,
-    delta: float = 0.0,
-    confidence: float = 0.95,
-) -> bool:
-    """Whether the counts reject the claim "f-DP" at the given confidence.
-
-    ``parameter`` is mu (``family="gaussian"``) or epsilon (``"epsilon-delta"``, at ``delta``).
-    """
-    counts = _check_counts(num_canaries, num_guesses, num_correct)
-    fam = check_family(family)
-    p = check_in_interval("parameter", parameter, 0.0, math.inf, low_open=False)
-    d = check_in_interval("delta", delta, 0.0, 1.0, low_open=False)
-    c = check_in_interval("confidence", confidence, 0.0, 1.0)
-    g = g_function(fam, p, d)
-    return rejects(counts.num_canaries, counts.num_guesses, counts.num_correct, 1.0 - c, g)
-
-
 FDP_GAUSSIAN_NOTE = (
     "f-DP one-run against a Gaussian claim: mu is a valid lower bound against 'mu-GDP'; the "
     "epsilon assumes a Gaussian trade-off curve and can exceed the true epsilon otherwise."

@@ -46,7 +46,6 @@ __all__ = [
     "plan_one_run_audit",
 ]
 
-_MAX_RUNS = 10**9
 _MAX_CANARIES = 10**6
 
 
@@ -237,31 +236,6 @@ def _smallest(predicate, lo: int, hi_cap: int) -> int | None:
             n = mid
         else:
             prev = mid
-    return n
-
-
-def runs_needed(
-    target_epsilon: float,
-    *,
-    delta: float,
-    confidence: float = 0.95,
-    threshold_strategy: ThresholdStrategy = DEFAULT_THRESHOLD_STRATEGY,
-) -> int:
-    """Smallest R whose :func:`plan_multi_run_audit` bound reaches ``target_epsilon``.
-
-    Found by doubling then bisection (the planned bound grows with R up to small steps
-    where the rank grid gains a point), so it is the smallest R in the bisected bracket.
-    """
-    target = check_epsilon(target_epsilon, "target_epsilon")
-    d = check_in_interval("delta", delta, 0.0, 1.0, low_open=False)
-    c = check_in_interval("confidence", confidence, 0.0, 1.0)
-    strategy = _check_strategy(threshold_strategy)
-    low = 4 if isinstance(strategy, (HeldOutSplit, MultiSplit)) else 2
-    n = _smallest(
-        lambda r: _multi_run_epsilon(r, d, 1.0 - c, strategy)[0] >= target, low, _MAX_RUNS
-    )
-    if n is None:
-        raise ValueError(f"`target_epsilon` = {target:g} needs more than {_MAX_RUNS} runs.")
     return n
 
 

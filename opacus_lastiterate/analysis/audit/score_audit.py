@@ -21,15 +21,8 @@ method                 what                                        label
 =====================  ==========================================  ==================
 
 A naive threshold maximum (:class:`NaiveMax`) or one-run canaries not included by fair coins
-turn any label into ``"invalid"``. Higher scores mean "the canary was in".
-
-Typical use::
-
-    audit = ScoreAudit(in_scores, out_scores)
-    print(audit.clopper_pearson(delta=1e-5))
-    print(audit.gaussian_dp(delta=1e-5))
-    one_run = ScoreAudit.from_canaries(canary_scores, coins)   # one training run
-    print(one_run.one_run(delta=1e-6), one_run.one_run_fdp(delta=1e-6))
+turn any label into ``"invalid"``. Higher scores mean "the canary was in". Usage:
+:mod:`opacus_lastiterate.analysis.audit` and ``docs/auditing.md``.
 """
 
 from __future__ import annotations

@@ -120,17 +120,15 @@ def _grid_deltas(
     low = math.floor(bounds.epsilon_lower / interval)
     high = math.ceil(bounds.epsilon_upper / interval)
     epsilons = np.arange(low, high + 1) * interval
-    return low, _hockey_stick(loss, epsilons, sigma, q, adjacency)
+    return low, _hockey_stick(epsilons, sigma, q, adjacency)
 
 
 def _hockey_stick(
-    loss: privacy_loss_mechanism.GaussianPrivacyLoss,
-    epsilons: NDArray[np.float64],
-    sigma: float,
-    q: float,
+    epsilons: NDArray[np.float64], sigma: float, q: float,
     adjacency: privacy_loss_mechanism.AdjacencyType,
 ) -> NDArray[np.float64]:
-    """delta(eps) of ``loss`` at every ``epsilons`` (the formula in the module docstring)."""
+    """delta(eps) of the subsampled Gaussian (``sigma``, ``q``, ``adjacency``) at every
+    ``epsilons`` (the formula in the module docstring)."""
     deltas = np.zeros_like(epsilons)
     if q == 1.0:
         inside = np.ones(epsilons.shape, dtype=bool)

@@ -50,7 +50,7 @@ from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import (
     weighted_sum_distribution,
 )
 from opacus_lastiterate.analysis.privacy_models import privacy_model
-from opacus_lastiterate.analysis.run import DPSGDRun, HistoryLike, as_segments, total_steps
+from opacus_lastiterate.analysis.run import DPSGDRun, as_segments, total_steps
 
 __all__ = [
     "MonotonicityCheck",
@@ -373,13 +373,6 @@ def heuristic_monotonicity(
     return _scan(segments, d)
 
 
-def heuristic_monotonicity_for_history(history: HistoryLike, delta: float) -> MonotonicityCheck:
-    """:func:`heuristic_monotonicity` for a history of (noise_multiplier, sample_rate, steps)
-    segments; eps_t is the heuristic of its last t steps."""
-    segments = as_segments(history)
-    return _scan(segments, check_delta(delta))
-
-
 # -- calibration helper --------------------------------------------------------------------------
 
 
@@ -409,4 +402,3 @@ def one_step_noise_multiplier(epsilon: float, delta: float, sample_rate: float) 
     while gap(hi) > 0:
         hi += 1.0
     return math.exp(optimize.brentq(gap, lo, hi, xtol=1e-14, rtol=1e-13))
-

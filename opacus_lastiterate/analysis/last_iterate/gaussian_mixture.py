@@ -122,7 +122,7 @@ class ShiftedGaussianMixture:
     """
 
     __slots__ = (
-        "_a", "_b", "_log_w0", "_loss_floor", "_lw", "_lw_max", "_m", "_s", "_w_rel", "_x",
+        "_a", "_b", "_loss_floor", "_lw", "_lw_max", "_m", "_s", "_w_rel", "_x",
         "_x_over_s",
     )
 
@@ -170,7 +170,6 @@ class ShiftedGaussianMixture:
         self._lw_max = float(lw.max())
         self._w_rel = np.exp(lw - self._lw_max)
         # lim_{y -> -inf} L(y): log of the weight at shift 0 (or -inf if there is none).
-        self._log_w0 = log_w0
         self._loss_floor = log_w0
 
     # -- privacy loss -------------------------------------------------------------------------

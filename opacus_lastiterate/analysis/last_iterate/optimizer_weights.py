@@ -311,26 +311,6 @@ def _adjoint_weights(
     return w
 
 
-def momentum_weights_closed_form(
-    steps: int, *, learning_rate: float, momentum: float
-) -> np.ndarray:
-    """eta (1 - beta^(T-t+1)) / (1 - beta) for t = 1..T (``docs/last_iterate.md``,
-    "Per-step weights: schedules and momentum").
-
-    Heavy-ball momentum at a constant rate without dampening; for beta == 1 the limit
-    eta (T - t + 1).
-    """
-    n = check_int("steps", steps)
-    eta = check_positive("learning_rate", learning_rate)
-    beta = check_in_interval("momentum", momentum, 0.0, 1.0, low_open=False, high_open=False)
-    remaining = np.arange(n, 0, -1, dtype=float)  # T - t + 1
-    if beta == 1.0:
-        return eta * remaining
-    return (
-        eta * -np.expm1(remaining * math.log(beta)) / (1.0 - beta) if beta > 0 else np.full(n, eta)
-    )
-
-
 # -- built-in learning-rate schedules (torch.optim.lr_scheduler semantics, one call per step) --
 
 

@@ -80,17 +80,6 @@ __all__ = [
 ASGM_MODEL = "ASGM (batch size revealed, other gradients zero)"
 """The label to print beside every number computed here."""
 
-EMPTY_BATCH_BEHAVIOUR: dict[str, str] = {
-    "0.9-0.11": "no Poisson sampler; an explicit empty batch crashes (utils/tensor_utils.py:42)",
-    "0.12-0.13": "the Poisson sampler yields [] and default_collate raises IndexError",
-    "0.14-0.15": "the Poisson sampler drops the empty batch (utils/uniform_sampler.py:47 in 0.14, "
-    ":49 in 0.15); "
-    "engine.steps does not count it",
-    "model": "every drawn batch is a step that reveals its size; m = 0 has loss log(1 - q); "
-    "`steps` counts drawn batches",
-}
-"""What Opacus 0.x does with ``|B|`` = 0 (``docs/normalisation.md``, "Empty batches") and how it is
-modelled."""
 
 _BINOMIAL_TAIL = 1e-20  # batch sizes beyond these binomial tails are sent to +inf
 _SQRT_HALF = math.sqrt(0.5)
@@ -277,10 +266,16 @@ def asgm_pld(
 
 
 def _neighbour_plds(
-    dataset_size: object, kwargs: dict[str, object]
+    dataset_size: object, q: float, sigma: float, steps: int, interval: float,
+    method: DiscretizationMethod,
 ) -> list[PrivacyLossDistribution]:
+    """:func:`asgm_pld` of both neighbours of an N-record data set."""
     n = check_int("dataset_size", dataset_size, minimum=1)
-    return [asgm_pld(other_records=others, **kwargs) for others in (n - 1, n)]  # type: ignore[arg-type]
+    return [
+        asgm_pld(other_records=others, sample_rate=q, noise_multiplier=sigma, steps=steps,
+                 value_discretization_interval=interval, discretization_method=method)
+        for others in (n - 1, n)
+    ]
 
 
 def asgm_epsilon(
@@ -297,16 +292,8 @@ def asgm_epsilon(
     of both neighbours of an N-record data set and both directions (an upper bound; inf when
     the all-sampled mass already exceeds delta)."""
     d = check_delta(delta)
-    plds = _neighbour_plds(
-        dataset_size,
-        dict(
-            sample_rate=sample_rate,
-            noise_multiplier=noise_multiplier,
-            steps=steps,
-            value_discretization_interval=value_discretization_interval,
-            discretization_method=discretization_method,
-        ),
-    )
+    plds = _neighbour_plds(dataset_size, sample_rate, noise_multiplier, steps,
+                           value_discretization_interval, discretization_method)
     return worst_epsilon(plds, d)
 
 
@@ -323,16 +310,8 @@ def asgm_delta(
     """delta(epsilon) for T steps of the ASGM model, worst of both neighbours of an N-record
     data set and both directions (an upper bound)."""
     e = check_epsilon(epsilon)
-    plds = _neighbour_plds(
-        dataset_size,
-        dict(
-            sample_rate=sample_rate,
-            noise_multiplier=noise_multiplier,
-            steps=steps,
-            value_discretization_interval=value_discretization_interval,
-            discretization_method=discretization_method,
-        ),
-    )
+    plds = _neighbour_plds(dataset_size, sample_rate, noise_multiplier, steps,
+                           value_discretization_interval, discretization_method)
     return worst_delta(plds, e)
 
 

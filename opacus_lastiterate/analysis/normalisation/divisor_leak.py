@@ -344,18 +344,10 @@ def feasgm_delta(
     directions. Equal to SGM's when the verdict is safe; a lower bound on the worst case
     (which is 1) when unsafe."""
     e = check_epsilon(epsilon)
-    plds = _feasgm_plds(
-        dataset_size,
-        batch_size,
-        drop_last,
-        dict(
-            noise_multiplier=noise_multiplier,
-            dimension=dimension,
-            steps=steps,
-            value_discretization_interval=value_discretization_interval,
-            discretization_method=discretization_method,
-        ),
-    )
+    plds = _feasgm_plds(dataset_size, batch_size, drop_last, dict(
+        noise_multiplier=noise_multiplier, dimension=dimension, steps=steps,
+        value_discretization_interval=value_discretization_interval,
+        discretization_method=discretization_method))
     return worst_delta(plds, e)
 
 
@@ -373,18 +365,10 @@ def feasgm_epsilon(
 ) -> float:
     """epsilon(delta) for the same model as :func:`feasgm_delta` (inf where a divisor is 0)."""
     dl = check_delta(delta)
-    plds = _feasgm_plds(
-        dataset_size,
-        batch_size,
-        drop_last,
-        dict(
-            noise_multiplier=noise_multiplier,
-            dimension=dimension,
-            steps=steps,
-            value_discretization_interval=value_discretization_interval,
-            discretization_method=discretization_method,
-        ),
-    )
+    plds = _feasgm_plds(dataset_size, batch_size, drop_last, dict(
+        noise_multiplier=noise_multiplier, dimension=dimension, steps=steps,
+        value_discretization_interval=value_discretization_interval,
+        discretization_method=discretization_method))
     return worst_epsilon(plds, dl)
 
 

@@ -12,7 +12,7 @@ neighbours N - 1, N, N + 1.
   completely. The sound answer is epsilon = inf: "unsafe".
 
 The fix is a public divisor: a user-given constant expected batch size and sample rate,
-independent of len(dataset) (:func:`public_divisor_verdict`, always safe).
+independent of len(dataset) (always safe).
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from typing import Literal
 
 from opacus_lastiterate.analysis._validation import (
     check_int,
-    check_positive,
-    check_sample_rate,
 )
 from opacus_lastiterate.analysis.normalisation.opacus_arithmetic import (
     OpacusBatchArithmetic,
@@ -143,31 +141,6 @@ def feasgm_verdict(
         steps_per_epoch=tuple(r.steps_per_epoch for r in rows),  # type: ignore[arg-type]
         verdict=verdict,
         reason=reason,
-    )
-
-
-def public_divisor_verdict(
-    dataset_size: int, *, expected_batch_size: float, sample_rate: float
-) -> DivisorVerdict:
-    """Verdict for a user-given public divisor and sample rate (the fix): always safe, since
-    neither depends on len(dataset)."""
-    n = check_int("dataset_size", dataset_size, minimum=1)
-    c = check_positive("expected_batch_size", expected_batch_size)
-    q = check_sample_rate(sample_rate)
-    return DivisorVerdict(
-        dataset_size=n,
-        rule="public",
-        dataset_sizes=(n - 1, n, n + 1),
-        divisors=(c, c, c),
-        sample_rates=(q, q, q),
-        accountant_rates=(q, q, q),
-        steps_per_epoch=None,
-        verdict="safe",
-        reason=(
-            f"safe: the divisor {c:g} and sample rate {q:g} are public constants, independent "
-            f"of len(dataset), so the update is a public rescaling of SGM and the SGM "
-            f"guarantee holds exactly (train for a fixed number of steps, not epochs)."
-        ),
     )
 
 

@@ -104,11 +104,6 @@ class AdversarialDataset:
         g[c] = arithmetic.clipping_norm
         return DiracCanary(gradient=g, coordinate=c)
 
-    def others_gradients(self, dimension: int = 1) -> NDArray[np.float64]:
-        """The other records' gradients: zeros, shape ``(num_others, dimension)``."""
-        return np.zeros((self.num_others, check_int("dimension", dimension, minimum=1)))
-
-
 @dataclass(frozen=True)
 class WorstCaseLandscape:
     """A_S^{h*} (Cebere et al., Section 6): the canary at step 1 only, then a threshold landscape.

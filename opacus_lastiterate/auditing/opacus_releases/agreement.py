@@ -28,7 +28,7 @@ with b the realised batch size, (a, w) of
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -277,8 +277,3 @@ def check_probe(record: Mapping[str, Any]) -> ProbeReport:
         elif name == "oversize":
             c.oversize(case)
     return ProbeReport(str(record["opacus"]), tuple(c.out))
-
-
-def check_probes(records: Iterable[Mapping[str, Any]]) -> list[ProbeReport]:
-    """:func:`check_probe` of every record."""
-    return [check_probe(r) for r in records]

@@ -13,7 +13,7 @@ from opacus_lastiterate.analysis.audit import (
     epsilon_from_error_rates,
     gaussian_dp_estimate_from_counts,
 )
-from opacus_lastiterate.analysis.audit.gaussian_dp import gaussian_dp_mu_from_error_rates
+from opacus_lastiterate.analysis.audit.gaussian_dp import gdp_mu
 
 
 def direct_pure(fpr: float, fnr: float, delta: float) -> float:
@@ -84,12 +84,10 @@ def test_pure_perfect_separation_anchor_table(n: int, expected: float) -> None:
 def test_gdp_mu_formula() -> None:
     for a, b in [(0.01, 0.2), (0.2, 0.01), (0.3, 0.3), (0.6, 0.7)]:
         expected = max(0.0, stats.norm.ppf(1 - a) - stats.norm.ppf(b))
-        assert gaussian_dp_mu_from_error_rates(a, b) == pytest.approx(
+        assert float(gdp_mu(np.array(a), np.array(b))) == pytest.approx(
             expected, rel=1e-12, abs=1e-15
         )
-    assert (
-        gaussian_dp_mu_from_error_rates(0.6, 0.7) == 0.0
-    )  # negative evidence is clamped, not mirrored
+    assert gdp_mu(np.array(0.6), np.array(0.7)) == 0.0  # negative evidence is clamped, not mirrored
 
 
 def test_gdp_estimate_from_counts_is_labelled() -> None:

@@ -20,7 +20,7 @@ from opacus_lastiterate.analysis.audit import (
     plan_multi_run_audit,
     plan_one_run_audit,
 )
-from opacus_lastiterate.analysis.audit.planning import canaries_needed, runs_needed
+from opacus_lastiterate.analysis.audit.planning import canaries_needed
 
 
 def perfect_cp_eps(n_out: int, n_in: int, delta: float, sig_per_rate: float) -> float:
@@ -83,17 +83,6 @@ def test_one_run_plan_equals_audit_of_perfectly_separated_canaries(m: int) -> No
     assert plan.epsilon == pytest.approx(audit.epsilon, rel=1e-12)
 
 
-def test_runs_needed_is_minimal() -> None:
-    for target, strategy in [
-        (2.0, RankGridBonferroni()),
-        (3.0, ExplicitThreshold(0.0)),
-        (4.0, Bonferroni()),
-    ]:
-        r = runs_needed(target, delta=1e-5, threshold_strategy=strategy)
-        assert plan_multi_run_audit(r, delta=1e-5, threshold_strategy=strategy).epsilon >= target
-        assert plan_multi_run_audit(r - 1, delta=1e-5, threshold_strategy=strategy).epsilon < target
-
-
 def test_canaries_needed_and_unreachable_targets() -> None:
     m = canaries_needed(3.0, delta=1e-6)
     assert plan_one_run_audit(m, delta=1e-6).epsilon >= 3.0
@@ -126,11 +115,6 @@ def test_plan_warns_and_prints() -> None:
             lambda: plan_one_run_audit(100, delta=0.0, num_guesses=101),
             ValueError,
             r"`num_guesses` must be in \[1, 100\], got 101\.",
-        ),
-        (
-            lambda: runs_needed(-1.0, delta=1e-5),
-            ValueError,
-            r"`target_epsilon` must be in \[0, inf\), got -1.0\.",
         ),
         (
             lambda: plan_multi_run_audit(100, delta=0.0, threshold_strategy=None),

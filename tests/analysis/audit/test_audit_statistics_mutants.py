@@ -10,21 +10,17 @@ import pytest
 from scipy import stats
 
 from opacus_lastiterate.analysis.audit.clopper_pearson import (
-    clopper_pearson_interval,
     clopper_pearson_lower,
     clopper_pearson_upper,
 )
 
-FUNCTIONS = [clopper_pearson_upper, clopper_pearson_lower, clopper_pearson_interval]
+FUNCTIONS = [clopper_pearson_upper, clopper_pearson_lower]
 
 
 def test_default_confidence_is_95_percent() -> None:
     k, n = 3, 10
     assert clopper_pearson_upper(k, n) == pytest.approx(stats.beta.ppf(0.95, k + 1, n - k), rel=1e-9)
     assert clopper_pearson_lower(k, n) == pytest.approx(stats.beta.ppf(0.05, k, n - k + 1), rel=1e-9)
-    lo, hi = clopper_pearson_interval(k, n)
-    assert lo == pytest.approx(stats.beta.ppf(0.025, k, n - k + 1), rel=1e-9)
-    assert hi == pytest.approx(stats.beta.ppf(0.975, k + 1, n - k), rel=1e-9)
 
 
 @pytest.mark.parametrize("fn", FUNCTIONS, ids=lambda f: f.__name__)

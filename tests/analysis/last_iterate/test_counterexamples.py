@@ -12,7 +12,6 @@ import pytest
 from opacus_lastiterate.analysis.last_iterate.counterexamples import (
     EXACT_MAX_STEPS,
     heuristic_monotonicity,
-    heuristic_monotonicity_for_history,
     one_step_noise_multiplier,
     quadratic_regulariser_comparison,
     quadratic_regulariser_epsilon,
@@ -20,7 +19,6 @@ from opacus_lastiterate.analysis.last_iterate.counterexamples import (
     quadratic_regulariser_weights,
     zeroing_regulariser_epsilon,
 )
-from opacus_lastiterate.analysis.last_iterate.heuristic import LastIterateHeuristic
 from opacus_lastiterate.analysis.privacy_models import privacy_model
 from opacus_lastiterate.analysis.run import DPSGDRun
 from tests.analysis._reference import QuadratureHeuristic
@@ -177,22 +175,6 @@ def test_monotone_configuration():
     assert not m.non_monotone and m.argmax_steps == 3 and m.max_epsilon == m.epsilon_at_steps
     zero = heuristic_monotonicity(1e-6, steps=0, sample_rate=0.1, noise_multiplier=1.0)
     assert not zero.non_monotone and zero.max_epsilon == 0.0
-
-
-def test_monotonicity_for_history_uses_suffixes():
-    history = [(0.5, 0.01, 5), (3.0, 0.01, 20)]
-    m = heuristic_monotonicity_for_history(history, 1e-5)
-    suffixes = [
-        [(3.0, 0.01, t)] if t <= 20 else [(0.5, 0.01, t - 20), (3.0, 0.01, 20)]
-        for t in range(1, 26)
-    ]
-    values = [LastIterateHeuristic(h).epsilon(1e-5) for h in suffixes]
-    assert (
-        m.steps == 25
-        and m.max_epsilon == max(values)
-        and m.argmax_steps == 1 + int(np.argmax(values))
-    )
-    assert m.non_monotone == (max(values) > values[-1])
 
 
 @pytest.mark.slow

@@ -21,7 +21,6 @@ from opacus_lastiterate.analysis.last_iterate.optimizer_weights import (
     check_optimizer_supported,
     constant_schedule,
     cosine_schedule,
-    momentum_weights_closed_form,
     sgd_weights,
     step_schedule,
 )
@@ -66,16 +65,10 @@ def test_closed_form_of_the_reference_note(T, beta, eta):
     t = np.arange(1, T + 1)
     note = eta * (1 - beta ** (T - t + 1)) / (1 - beta)
     assert np.allclose(sgd_weights(np.full(T, eta), momentum=beta), note, rtol=1e-12, atol=0)
-    assert np.allclose(
-        momentum_weights_closed_form(T, learning_rate=eta, momentum=beta), note, rtol=1e-12
-    )
     assert np.allclose(_reference_weights([eta] * T, momentum=beta), note, rtol=1e-10)
 
 
 def test_closed_form_limits():
-    assert np.allclose(
-        momentum_weights_closed_form(4, learning_rate=2.0, momentum=1.0), [8, 6, 4, 2]
-    )
     assert np.allclose(sgd_weights(np.full(4, 2.0), momentum=1.0), [8, 6, 4, 2])
 
 

@@ -9,7 +9,6 @@ import pytest
 from opacus_lastiterate.analysis.normalisation import DivisorVerdict, unsafe_dataset_sizes
 from opacus_lastiterate.analysis.normalisation.divisor_verdict import (
     feasgm_verdict,
-    public_divisor_verdict,
 )
 from opacus_lastiterate.analysis.normalisation.opacus_arithmetic import opacus1x_batch_arithmetic
 
@@ -59,14 +58,6 @@ def test_unsafe_dataset_sizes_agree_with_verdicts() -> None:
     assert 60000 not in sizes and {60159, 60160, 60161} <= set(sizes)
 
 
-def test_public_divisor_is_always_safe() -> None:
-    for n in (4, 49, 147, 50000, 60160):
-        v = public_divisor_verdict(n, expected_batch_size=256, sample_rate=256 / 60000)
-        assert v.safe and v.rule == "public"
-        assert v.divisors == (256.0, 256.0, 256.0)
-        assert v.steps_per_epoch is None
-
-
 def test_verdict_is_frozen() -> None:
     v = feasgm_verdict(60000, 256)
     assert isinstance(v, DivisorVerdict)
@@ -88,16 +79,6 @@ def test_accountant_rate_note_in_safe_reason() -> None:
         (lambda: feasgm_verdict(100, 0), ValueError, "batch_size"),
         (lambda: feasgm_verdict(10, 10, drop_last=True), ValueError, "drop_last"),
         (lambda: feasgm_verdict(100.0, 10), TypeError, "dataset_size"),
-        (
-            lambda: public_divisor_verdict(10, expected_batch_size=0, sample_rate=0.1),
-            ValueError,
-            "expected_batch_size",
-        ),
-        (
-            lambda: public_divisor_verdict(10, expected_batch_size=2, sample_rate=1.5),
-            ValueError,
-            "sample_rate",
-        ),
         (lambda: unsafe_dataset_sizes(10, start=5, stop=4), ValueError, "stop"),
     ],
 )

@@ -35,7 +35,6 @@ def test_adversarial_dataset_craft() -> None:
     attack = AdversarialDataset(PoissonInsertion(0.1), num_others=3)
     canary = attack.craft(DPSGDArithmetic(1.0, clipping_norm=2.0), dimension=4, coordinate=2)
     assert canary.gradient.tolist() == [0, 0, 2.0, 0]
-    assert attack.others_gradients(4).shape == (3, 4) and not attack.others_gradients(4).any()
     assert attack.others_rate == 0.1
     with pytest.raises(ValueError, match="others_sample_rate"):
         _ = AdversarialDataset(PeriodicInsertion(2), num_others=3).others_rate
