@@ -6,32 +6,38 @@ max-statistic pair (closed-form density of the largest coordinate on a fine grid
 loss rounded to the nearest point of a 5e-4 grid, epochs composed by numpy's FFT; no
 dp_accounting; error estimated by the change from a 1e-3 grid).
 
-Balls-in-bins (upper bound, ``random_allocation_pld``): ours at the default
-``loss_discretization`` and at finer ones, beside pld-accounting's optimistic bound of the same
-pair (``BoundType.IS_DOMINATED``): the exact epsilon lies between the two. The excess of the
-pessimistic value over the exact one is about linear in the grid, so the line through the two
-finest grids, taken to a zero grid, estimates the exact value (it must lie between the lower
-bound and our finest value).
+Balls-in-bins (upper bound): ``BallsInBinsBound``'s default (the grid it chooses from the run),
+``random_allocation_pld`` at the coarse grid 0.05 and at finer ones, beside pld-accounting's
+optimistic bound of the same pair (``BoundType.IS_DOMINATED``): the exact epsilon lies between
+the two. The excess of the pessimistic value over the exact one is about linear in the grid, so
+the line through the two finest grids, taken to a zero grid, estimates the exact value (it must
+lie between the lower bound and our finest value).
 
     python benchmarks/bench_sampler_bounds.py [--fine 0.01,0.005] [--lower 0.02] [--quick]
+        [--no-shuffle] [--default-only]
 
-Prints a Markdown table (the one in docs/samplers.md). Times are wall seconds on this machine
-(pld-accounting uses numba when it is installed; the table says whether it was).
+Prints Markdown tables (the ones in docs/samplers.md). Times are wall seconds on this machine;
+each balls-in-bins value is computed in a fresh process (so that no cached grid is reused) and
+timed there, in wall and in CPU seconds (the latter less sensitive to a shared machine's load).
+pld-accounting uses numba when it is installed; the output says whether it was.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
 import time
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 from scipy import optimize, special, stats
 
+from opacus_lastiterate.analysis.run import DPSGDRun
+from opacus_lastiterate.analysis.sampling import BallsInBins
 from opacus_lastiterate.analysis.sampling_allocation import (
-    DEFAULT_LOSS_DISCRETIZATION,
-    random_allocation_pld,
+    BallsInBinsBound,
 )
 from opacus_lastiterate.analysis.sampling_standard import shuffle_lower_bound_epsilon
 
@@ -122,47 +128,82 @@ def _timed(f: object) -> tuple[float, float]:
     return float(v), time.perf_counter() - t
 
 
+def _cpu_timed(f: object) -> tuple[float, float, float]:
+    """(value, wall seconds, CPU seconds of this process)."""
+    c = time.process_time()
+    v, t = _timed(f)
+    return v, t, time.process_time() - c
+
+
+def _allocation_value(
+    sigma: float, b: int, e: int, grid: float | None
+) -> tuple[float, float, float, float]:
+    """(epsilon, wall seconds, CPU seconds, grid) of ``BallsInBinsBound`` at ``grid``
+    (``None``: its default, the grid it chooses), or of pld-accounting's lower bound when
+    ``grid`` is negative (at ``-grid``). Meant to run in a fresh process."""
+    warnings.simplefilter("ignore", ImportWarning)
+    if grid is not None and grid < 0:
+        return (*_cpu_timed(lambda: allocation_lower(sigma, b, e, -grid)), -grid)
+    run = DPSGDRun.from_history([(sigma, 1.0 / b, b * e)], sampling=BallsInBins(b))
+    model = BallsInBinsBound(run, loss_discretization=grid)
+    return (*_cpu_timed(lambda: model.epsilon(DELTA)), model.loss_discretization_for(DELTA))
+
+
+def _fresh(*args: object) -> tuple[float, float, float, float]:
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_allocation_value, *args).result()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fine", default="0.01,0.005")
     parser.add_argument("--lower", type=float, default=0.02)
     parser.add_argument("--quick", action="store_true", help="the first setting of each only")
+    parser.add_argument("--no-shuffle", action="store_true", help="balls-in-bins only")
+    parser.add_argument("--default-only", action="store_true",
+                        help="balls-in-bins: the default at the issue's two settings only")
     args = parser.parse_args()
     fine = [float(x) for x in args.fine.split(",") if x]
     warnings.simplefilter("ignore", ImportWarning)
     import PLD_accounting as pa
 
     print(f"delta = {DELTA}; pld-accounting numba: {pa.has_numba()}\n")
-    print("| shuffled: sigma, K, E | threshold count | ours (lower bound) [s] "
-          "| max pair, numerical (grid change) [s] |")
-    print("|---|---|---|---|")
-    for sigma, k, e in SHUFFLE[:1] if args.quick else SHUFFLE:
-        ours, t = _timed(lambda: shuffle_lower_bound_epsilon(
-            DELTA, noise_multiplier=sigma, steps_per_epoch=k, epochs=e))
-        t0 = time.perf_counter()
-        ref, err = shuffle_reference(sigma, k, e)
-        tr = time.perf_counter() - t0
-        print(f"| {sigma}, {k}, {e} | {threshold_count_epsilon(sigma, k, e):.4f} | "
-              f"{ours:.4f} [{t:.1f}] | {ref:.4f} (+-{err:.0e}) [{tr:.0f}] |", flush=True)
-    discs = [DEFAULT_LOSS_DISCRETIZATION, *fine]
-    print("\n| balls-in-bins: sigma, b, E | " + " | ".join(
-        f"ours at {d} [s]" for d in discs) + f" | lower bound at {args.lower} [s] "
-        "| extrapolated to grid 0 |")
-    print("|---|" + "---|" * (len(discs) + 2))
-    for sigma, b, e in ALLOCATION[:1] if args.quick else ALLOCATION:
+    if not args.no_shuffle:
+        print("| shuffled: sigma, K, E | threshold count | ours (lower bound) [s] "
+              "| max pair, numerical (grid change) [s] |")
+        print("|---|---|---|---|")
+        for sigma, k, e in SHUFFLE[:1] if args.quick else SHUFFLE:
+            ours, t = _timed(lambda: shuffle_lower_bound_epsilon(
+                DELTA, noise_multiplier=sigma, steps_per_epoch=k, epochs=e))
+            t0 = time.perf_counter()
+            ref, err = shuffle_reference(sigma, k, e)
+            tr = time.perf_counter() - t0
+            print(f"| {sigma}, {k}, {e} | {threshold_count_epsilon(sigma, k, e):.4f} | "
+                  f"{ours:.4f} [{t:.1f}] | {ref:.4f} (+-{err:.0e}) [{tr:.0f}] |", flush=True)
+    discs = [] if args.default_only else [0.05, *fine]
+    print("\n| balls-in-bins: sigma, b, E | default (grid chosen) [wall s, CPU s] | " + "".join(
+        f"at {d} [wall, CPU] | " for d in discs) + ("" if args.default_only else
+        f"lower bound at {args.lower} [wall, CPU] | extrapolated to grid 0 | excess: default, "
+        + ", ".join(map(str, discs)) + " |"))
+    print("|---|---|" + ("" if args.default_only else "---|" * (len(discs) + 3)))
+    for sigma, b, e in ALLOCATION[:1] if args.quick else ALLOCATION[: 2 if args.default_only else 4]:
+        default, wd, cd, chosen = _fresh(sigma, b, e, None)
+        line = f"| {sigma}, {b}, {e} | {default:.4f} ({chosen}) [{wd:.1f}, {cd:.1f}] |"
+        if args.default_only:
+            print(line, flush=True)
+            continue
         values, cells = [], []
         for d in discs:
-            v, t = _timed(lambda d=d: random_allocation_pld(
-                sigma, b, e, loss_discretization=d).get_epsilon_for_delta(DELTA))
+            v, w, c, _ = _fresh(sigma, b, e, d)
             values.append(v)
-            cells.append(f"{v:.4f} [{t:.0f}]")
-        low, t = _timed(lambda: allocation_lower(sigma, b, e, args.lower))
+            cells.append(f" {v:.4f} [{w:.1f}, {c:.1f}] |")
+        low, w, c, _ = _fresh(sigma, b, e, -args.lower)
         # the excess is about linear in the grid: the line through the two finest grids at 0
         (d1, v1), (d2, v2) = sorted(zip(discs, values))[:2]
         exact = v1 - d1 * (v2 - v1) / (d2 - d1)
-        excess = ", ".join(f"{100 * (v / exact - 1):+.1f}%" for v in values)
-        print(f"| {sigma}, {b}, {e} | " + " | ".join(cells) + f" | {low:.4f} [{t:.0f}] | "
-              f"{exact:.4f} (ours {excess}) |", flush=True)
+        excess = ", ".join(f"{100 * (v / exact - 1):+.2f}%" for v in [default, *values])
+        print(line + "".join(cells) + f" {low:.4f} [{w:.1f}, {c:.1f}] | {exact:.4f} | {excess} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,28 @@ subsampling and random allocation", arXiv 2602.17284). For one epoch of b steps 
 privacy loss distribution of the pair above with ``BoundType.DOMINATES``, which the package
 states is a pessimistic (upper) bound: losses are rounded up onto its grid and truncated tail
 mass is moved to an infinite loss. We use its geometric convolution (``ConvolutionMethod.GEOM``;
-its FFT route is faster but, measured here, far from tight for hundreds of steps per epoch), at
-``loss_discretization`` (default :data:`DEFAULT_LOSS_DISCRETIZATION`, coarser than the
-package's 0.01; coarser only loosens the upper bound, and the excess over the exact value
-shrinks about linearly with the grid while the cost grows faster than linearly: the trade-off
-at several settings is measured in ``docs/samplers.md``). Epochs are composed with dp_accounting (``self_compose`` / ``compose`` of the
-pessimistic PLDs, which stay pessimistic). The epsilon reported is the smaller of this value and
-:class:`~.sampling_standard.NoAmplificationBound`'s (both are upper bounds).
+its FFT route is faster but, measured here, far from tight for hundreds of steps per epoch).
+Epochs are composed with dp_accounting (``self_compose`` / ``compose`` of the pessimistic PLDs,
+which stay pessimistic).
+
+**The grid.** Every ``loss_discretization`` gives an upper bound; the grid only sets how far
+above the exact value it lies and what it costs. The excess shrinks about linearly with the
+grid, while the time grows about quadratically (the geometric convolution costs the square of
+the number of grid points). A fixed grid is either loose where epsilon is small or slow where
+a coarse one is already tight, so by default :class:`BallsInBinsBound` chooses the grid from
+the run (:meth:`BallsInBinsBound.loss_discretization_for`): at ``grid_delta``
+(:data:`GRID_DELTA`, 1e-5) it computes epsilon at the grids 0.05 and 0.025, takes the excess
+to be linear in the grid (slope from the two; the exact value estimated at a zero grid), and
+takes the coarsest grid of :data:`GRID_LADDER` whose predicted excess is at most
+:data:`TARGET_RELATIVE_EXCESS` (0.8 %), but none finer than the last rung (0.005). Every query
+then reports the smallest value of these (at most three) grids, each an upper bound, so that
+epsilon(delta) and delta(epsilon) describe one curve. Measured (``docs/samplers.md``), this is
+0.4 to 0.8 % above the exact value at four settings where the grid 0.05 is 1.4 to 7 % above,
+and costs only the two coarse probes where they already meet the target. Runs with many epochs
+and a small epsilon can need a grid finer than the last rung (their excess grows with the
+number of epochs): pass ``loss_discretization`` to fix the grid. ``numba`` (part of the extra)
+makes the fine grids several times faster. The epsilon reported is the smaller of this value
+and :class:`~.sampling_standard.NoAmplificationBound`'s (both are upper bounds).
 
 **What the run adds, and what we rely on.**
 
@@ -54,6 +69,7 @@ from typing import Any
 
 import numpy as np
 
+from opacus_lastiterate.analysis._validation import check_delta
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.run import RunLike, as_run
 from opacus_lastiterate.analysis.sampling import BallsInBins, UnknownSampling
@@ -62,12 +78,28 @@ from opacus_lastiterate.analysis.sampling_standard import NoAmplificationBound
 
 __all__ = [
     "DEFAULT_LOSS_DISCRETIZATION",
+    "GRID_DELTA",
+    "GRID_LADDER",
+    "TARGET_RELATIVE_EXCESS",
     "BallsInBinsBound",
     "random_allocation_pld",
 ]
 
 DEFAULT_LOSS_DISCRETIZATION = 0.05
-"""pld-accounting's ``loss_discretization`` used here (its own default is 0.01)."""
+"""The grid of :func:`random_allocation_pld` and :func:`balls_in_bins_pld` when none is given
+(pld-accounting's own default is 0.01): fast, 1 to 7 % above the exact value at the settings of
+``docs/samplers.md``. :class:`BallsInBinsBound` chooses a finer grid where needed."""
+
+GRID_LADDER = (0.05, 0.025, 0.015, 0.01, 0.0075, 0.005)
+"""The grids :class:`BallsInBinsBound` chooses among (a short list, so that the per-epoch PLDs
+are cached and shared across queries); the first two are its probes."""
+
+GRID_DELTA = 1e-5
+"""The delta at which :class:`BallsInBinsBound` sizes its grid by default."""
+
+TARGET_RELATIVE_EXCESS = 0.008
+"""The predicted excess over the exact epsilon that :class:`BallsInBinsBound`'s grid aims at
+(0.8 %, leaving room for the error of the linear prediction under 1 %)."""
 
 DEFAULT_TAIL_TRUNCATION = 1e-12
 """pld-accounting's ``tail_truncation``: mass moved to an infinite loss (adds at most this to
@@ -201,6 +233,8 @@ class BallsInBinsBound(PrivacyModel):
 
     Attributes:
         amplified: whether the random-allocation PLD was used (pld-accounting installed).
+        loss_discretization: the fixed grid, or ``None`` (the default): chosen from the run.
+        grid_delta: the delta at which the grid is chosen.
     """
 
     kind = "upper_bound"
@@ -211,21 +245,32 @@ class BallsInBinsBound(PrivacyModel):
         *,
         value_discretization_interval: float | None = None,
         orders: object = None,
-        loss_discretization: float = DEFAULT_LOSS_DISCRETIZATION,
+        loss_discretization: float | None = None,
         tail_truncation: float = DEFAULT_TAIL_TRUNCATION,
+        grid_delta: float = GRID_DELTA,
     ) -> None:
         """``value_discretization_interval`` and ``orders`` are accepted so that the registry's
         ``"standard"`` takes its usual parameters; the grid is pld-accounting's
-        ``loss_discretization`` instead (module docstring)."""
-        self.run = as_run(run)
-        self.scheme = epoch_scheme_of(self.run)
-        if not isinstance(self.scheme, BallsInBins):
-            raise ValueError(f"`run.sampling` must be BallsInBins, got {self.run.sampling!r}.")
-        self.loss_discretization = _check_positive("loss_discretization", loss_discretization)
-        self.tail_truncation = _check_positive("tail_truncation", tail_truncation)
+        ``loss_discretization`` instead: a number fixes it, ``None`` chooses it from the run at
+        ``grid_delta`` (module docstring; at a larger delta, where epsilon is smaller, the
+        relative excess is larger)."""
+        the_run = as_run(run)
+        scheme = epoch_scheme_of(the_run)
+        if not isinstance(scheme, BallsInBins):
+            raise ValueError(f"`run.sampling` must be BallsInBins, got {the_run.sampling!r}.")
+        grid = (
+            None
+            if loss_discretization is None
+            else _check_positive("loss_discretization", loss_discretization)
+        )
+        tail = _check_positive("tail_truncation", tail_truncation)
+        at_delta = check_delta(grid_delta, "grid_delta")
+        self.run, self.scheme = the_run, scheme
+        self.loss_discretization, self.tail_truncation, self.grid_delta = grid, tail, at_delta
         self.amplified = allocation_available()
         self._fallback = NoAmplificationBound(self.run)
-        self._pld: Any = None
+        self._plds: dict[float, Any] = {}
+        self._grids: list[float] | None = None
 
     @property
     def label(self) -> str:  # type: ignore[override]
@@ -242,23 +287,60 @@ class BallsInBinsBound(PrivacyModel):
             f"per epoch): pld-accounting is not installed ({_EXTRA})"
         )
 
-    def _the_pld(self) -> Any:
-        if self._pld is None:
-            self._pld = balls_in_bins_pld(
-                self.run,
-                loss_discretization=self.loss_discretization,
-                tail_truncation=self.tail_truncation,
+    def _pld_at(self, grid: float) -> Any:
+        if grid not in self._plds:
+            self._plds[grid] = balls_in_bins_pld(
+                self.run, loss_discretization=grid, tail_truncation=self.tail_truncation
             )
-        return self._pld
+        return self._plds[grid]
+
+    def _epsilon_at(self, grid: float, delta: float) -> float:
+        return float(self._pld_at(grid).get_epsilon_for_delta(delta))
+
+    def loss_discretization_for(self, delta: float) -> float:
+        """The grid that meets the target at ``delta``: the fixed one, else the coarsest of
+        :data:`GRID_LADDER` whose excess, predicted linearly from the grids 0.05 and 0.025, is
+        at most :data:`TARGET_RELATIVE_EXCESS` of the predicted exact epsilon (the last rung
+        where none is). Computes the two probes (pld-accounting must be installed).
+
+        Raises:
+            TypeError, ValueError: ``delta`` is not a number in (0, 1).
+            ImportError: pld-accounting is not installed.
+        """
+        delta = check_delta(delta)
+        if self.loss_discretization is not None:
+            return self.loss_discretization
+        coarse, probe = GRID_LADDER[0], GRID_LADDER[1]
+        at_coarse, at_probe = self._epsilon_at(coarse, delta), self._epsilon_at(probe, delta)
+        slope = (at_coarse - at_probe) / (coarse - probe)
+        if not (slope > 0 and math.isfinite(at_probe)):
+            return probe
+        exact = max(at_probe - slope * probe, 0.0)
+        fits = [g for g in GRID_LADDER[1:] if g <= TARGET_RELATIVE_EXCESS * exact / slope]
+        return fits[0] if fits else GRID_LADDER[-1]
+
+    def _grid_set(self) -> list[float]:
+        """The grids whose values are combined (the smallest is reported): the fixed grid, else
+        the two probes and the grid chosen at ``grid_delta``; one set for every query, so that
+        epsilon(delta) and delta(epsilon) describe one curve."""
+        if self.loss_discretization is not None:
+            return [self.loss_discretization]
+        if self._grids is None:
+            chosen = self.loss_discretization_for(self.grid_delta)
+            self._grids = sorted({*GRID_LADDER[:2], chosen}, reverse=True)
+        return self._grids
 
     def _epsilon(self, delta: float) -> float:
         bound = self._fallback.epsilon(delta)
         if not self.amplified:
             return bound
-        return min(bound, float(self._the_pld().get_epsilon_for_delta(delta)))
+        return min(bound, *(self._epsilon_at(g, delta) for g in self._grid_set()))
 
     def _delta(self, epsilon: float) -> float:
         bound = self._fallback.delta(epsilon)
         if not self.amplified:
             return bound
-        return min(bound, float(self._the_pld().get_delta_for_epsilon(epsilon)))
+        return min(
+            bound,
+            *(float(self._pld_at(g).get_delta_for_epsilon(epsilon)) for g in self._grid_set()),
+        )
