@@ -78,9 +78,6 @@ from opacus_lastiterate.analysis.sampling_standard import NoAmplificationBound
 
 __all__ = [
     "DEFAULT_LOSS_DISCRETIZATION",
-    "GRID_DELTA",
-    "GRID_LADDER",
-    "TARGET_RELATIVE_EXCESS",
     "BallsInBinsBound",
     "random_allocation_pld",
 ]
