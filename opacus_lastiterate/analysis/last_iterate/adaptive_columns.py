@@ -1,0 +1,199 @@
+"""Recorded steps of an adaptive optimiser kept as numpy columns: no Python object per step.
+
+:class:`AdaptiveColumns` is a run-length encoded list of
+:class:`~.adaptive_steps.AdaptiveStep` records (Adam, AdamW, ... settings and the noise they
+saw) as one numpy array per field of :data:`~.adaptive_steps.ADAPTIVE_STEP_FIELDS` and one of
+run lengths, one element per run of identical steps; :class:`AdaptiveStepTrace` is the
+growable form (a run added in amortised O(1)) that both the accountant's trace and
+:class:`~opacus_lastiterate.analysis.kept_model.KeptModel` keep. A cosine schedule changes the
+learning rate at every step, so a run of T steps has T entries: kept as objects they cost
+about 0.75 kB a step, kept here about 90 bytes.
+
+The columns are trusted: they come from validated :class:`AdaptiveStep` objects
+(:meth:`AdaptiveColumns.from_runs`) or from a stored trace validated whole when it was decoded.
+:func:`adaptive_columns_caveats` gives the caveats of a run from its columns
+(:func:`~.adaptive_steps.adaptive_run_caveats` reads objects), and
+:meth:`~.adaptive_steps.SGDEquivalent.extend` the SGD equivalent of an Adam or AdamW run
+from them, vectorised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from opacus_lastiterate.analysis.last_iterate.adaptive_regime import adaptive_heuristic_caveats
+from opacus_lastiterate.analysis.last_iterate.adaptive_steps import (
+    ADAPTIVE_STEP_FIELDS,
+    AdaptiveStep,
+)
+
+__all__ = [
+    "AdaptiveColumns",
+    "AdaptiveStepTrace",
+]
+
+_FLAGS = ("decoupled_weight_decay", "amsgrad", "centered")
+_DTYPES = tuple(
+    object if f == "optimizer" else bool if f in _FLAGS else np.float64
+    for f in ADAPTIVE_STEP_FIELDS
+)
+"""The dtype of each field's column, in the order of :data:`ADAPTIVE_STEP_FIELDS`."""
+
+
+class AdaptiveColumns(NamedTuple):
+    """Run-length encoded adaptive steps, one numpy array per field (in the order of
+    :data:`~.adaptive_steps.ADAPTIVE_STEP_FIELDS`) and the run lengths, one element per run."""
+
+    optimizer: np.ndarray
+    lr: np.ndarray
+    beta1: np.ndarray
+    beta2: np.ndarray
+    eps: np.ndarray
+    weight_decay: np.ndarray
+    decoupled_weight_decay: np.ndarray
+    amsgrad: np.ndarray
+    centered: np.ndarray
+    lr_decay: np.ndarray
+    initial_accumulator_value: np.ndarray
+    momentum_decay: np.ndarray
+    noise_std: np.ndarray
+    steps: np.ndarray
+
+    @classmethod
+    def from_runs(cls, runs: Sequence[tuple[AdaptiveStep, int]]) -> AdaptiveColumns:
+        """The columns of (step, number of steps) pairs, oldest first (runs of 0 steps
+        left out)."""
+        kept = [(step.as_tuple(), int(n)) for step, n in runs if n > 0]
+        rows = list(zip(*(values for values, _ in kept), strict=True)) or [()] * len(_DTYPES)
+        return cls(
+            *(np.array(column, dtype=d) for column, d in zip(rows, _DTYPES, strict=True)),
+            np.array([n for _, n in kept], dtype=np.int64),
+        )  # fmt: skip
+
+    @property
+    def fields(self) -> tuple[np.ndarray, ...]:
+        """The columns of the fields, without the run lengths."""
+        return tuple(self)[:-1]
+
+    def step_at(self, i: int) -> AdaptiveStep:
+        """The step of run ``i`` (one new object)."""
+        return AdaptiveStep.from_tuple([c[i : i + 1].tolist()[0] for c in self.fields])
+
+    def runs(self) -> list[tuple[AdaptiveStep, int]]:
+        """(step, number of steps) pairs, oldest first (one new object per run)."""
+        rows = zip(*(c.tolist() for c in self.fields), strict=True)
+        return [
+            (AdaptiveStep.from_tuple(row), n)
+            for row, n in zip(rows, self.steps.tolist(), strict=True)
+        ]
+
+    def without_empty(self) -> AdaptiveColumns:
+        """The columns without their runs of 0 steps."""
+        keep = self.steps > 0
+        return self if keep.all() else AdaptiveColumns._make(c[keep] for c in self)
+
+
+class AdaptiveStepTrace:
+    """Run-length encoded :class:`~.adaptive_steps.AdaptiveStep` records in growable numpy
+    columns (a run added in amortised O(1)), with the steps they cover.
+
+    Args:
+        runs: what to start from: (step, number of steps) pairs, oldest first, or
+            :class:`AdaptiveColumns` (trusted; their value columns are shared, not copied,
+            and never written: the trace writes only past their end, after growing into new
+            arrays; the run lengths are copied), or None for none.
+    """
+
+    def __init__(
+        self, runs: Sequence[tuple[AdaptiveStep, int]] | AdaptiveColumns | None = None
+    ) -> None:
+        self._cols = [np.empty(16, dtype=d) for d in _DTYPES]
+        self._steps = np.empty(16, dtype=np.int64)
+        self._n = self._covered = 0
+        self._last: AdaptiveStep | None = None
+        if isinstance(runs, AdaptiveColumns):
+            runs = runs.without_empty()
+            if len(runs.steps):
+                self._cols = list(runs.fields)
+                self._steps = np.array(runs.steps, dtype=np.int64)  # a copy: it grows
+                self._n, self._covered = len(runs.steps), int(runs.steps.sum())
+                self._last = runs.step_at(self._n - 1)
+            return
+        for step, n in runs or []:
+            if n > 0:
+                self.append(step, int(n))
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def covered(self) -> int:
+        """The number of steps the trace covers."""
+        return self._covered
+
+    @property
+    def last(self) -> AdaptiveStep | None:
+        """The step of the last run."""
+        return self._last
+
+    @property
+    def steps(self) -> np.ndarray:
+        """The number of steps of each run (a view: read it, do not write it)."""
+        return self._steps[: self._n]
+
+    def append(self, step: AdaptiveStep, steps: int = 1) -> None:
+        """Add ``steps`` steps recorded as ``step``."""
+        self._covered += steps
+        n = self._n
+        if self._last == step:
+            self._steps[n - 1] += steps
+            return
+        if n == len(self._steps):  # grown into new arrays (shared columns are not written)
+            more = max(16, n)
+            self._cols = [np.concatenate((c, np.empty(more, c.dtype))) for c in self._cols]
+            self._steps = np.concatenate((self._steps, np.empty(more, np.int64)))
+        for column, value in zip(self._cols, step.as_tuple(), strict=True):
+            column[n] = value
+        self._steps[n] = steps
+        self._n, self._last = n + 1, step
+
+    def columns(self) -> AdaptiveColumns:
+        """The runs as columns (views: read them, do not write them)."""
+        n = self._n
+        return AdaptiveColumns(*(c[:n] for c in self._cols), self._steps[:n])
+
+    def runs(self) -> list[tuple[AdaptiveStep, int]]:
+        """(step, number of steps) pairs, oldest first (one new object per run)."""
+        return self.columns().runs()
+
+
+def adaptive_columns_caveats(
+    columns: AdaptiveColumns,
+    noise_multipliers: Sequence[float] | np.ndarray,
+    sample_rates: Sequence[float] | np.ndarray,
+) -> tuple[str, ...]:
+    """The caveats (:func:`~.adaptive_regime.adaptive_heuristic_caveats`) of a recorded run
+    given as columns: what :func:`~.adaptive_steps.adaptive_run_caveats` gives for its runs
+    (largest sample rate, smallest noise multiplier > 0, extreme betas, largest
+    eps / noise_std), in numpy. ``()`` for an empty run."""
+    columns = columns.without_empty()
+    if not len(columns.steps):
+        return ()
+    sigma = np.asarray(noise_multipliers, dtype=float)
+    positive = sigma[sigma > 0]
+    if positive.size == 0:
+        return ()
+    beta1, beta2 = columns.beta1, columns.beta2
+    top1, top2 = float(beta1.max()), float(beta2.max())
+    return adaptive_heuristic_caveats(
+        str(columns.optimizer[0]),
+        sample_rate=float(np.max(sample_rates)),
+        noise_multiplier=float(positive.min()),
+        steps=int(columns.steps.sum()),
+        beta1=top1 if top1 > 0.9 else float(beta1.min()),
+        beta2=top2 if top2 > 0.999 else float(beta2.min()),
+        eps_over_noise=float((columns.eps / columns.noise_std).max()),
+    )
