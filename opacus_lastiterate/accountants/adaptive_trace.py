@@ -88,7 +88,7 @@ class AdaptiveTrace(AdaptiveStepTrace):
         counts = columns.steps[:m].copy()
         if m:
             counts[-1] -= int(ends[m - 1]) - keep
-        return AdaptiveTrace(AdaptiveColumns(*(c[:m].copy() for c in columns.fields), counts))
+        return AdaptiveTrace(AdaptiveColumns._make((*(c[:m].copy() for c in columns.fields), counts)))
 
     def encoded(self) -> dict[str, dict[str, Any]]:
         """The stored form of the trace (:func:`encode_adaptive_trace`)."""
@@ -180,7 +180,7 @@ def decode_adaptive_trace(stored: object, name: str) -> AdaptiveTrace:
         starts = np.flatnonzero(np.append(True, ~same))
         picked = [column[starts] for column in picked]
         steps = np.add.reduceat(steps, starts)
-    return AdaptiveTrace(AdaptiveColumns(*picked, steps.astype(np.int64)))
+    return AdaptiveTrace(AdaptiveColumns._make((*picked, steps.astype(np.int64))))
 
 
 def decode_traces(

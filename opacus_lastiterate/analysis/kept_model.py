@@ -45,6 +45,7 @@ from opacus_lastiterate.analysis._validation import check_delta, check_epsilon
 from opacus_lastiterate.analysis.last_iterate.adaptive_columns import (
     AdaptiveColumns,
     AdaptiveStepTrace,
+    adaptive_columns_weights,
 )
 from opacus_lastiterate.analysis.last_iterate.adaptive_steps import (
     AdaptiveStep,
@@ -94,7 +95,7 @@ def _sgd_columns(runs: SettingsRuns) -> TraceColumns:
 def _adaptive_run_weights(runs: Any) -> np.ndarray:
     """The adaptive weights of run-length steps, (step, steps) pairs or columns."""
     if isinstance(runs, AdaptiveColumns):
-        runs = runs.runs()
+        return adaptive_columns_weights(runs)  # in numpy: no Python object per step
     return adaptive_run_weights(runs)
 
 
@@ -338,7 +339,7 @@ class KeptModel:
         through its SGD equivalent (module docstring), whose weights are non-negative
         multiples of heavy-ball SGD weights at positive learning rates."""
         if self.uses_weights and not (len(self._adaptive) and self._sgd_view is not None):
-            self.run  # noqa: B018  (its weights, checked, kept for the query that follows)
+            self.run  # its weights, checked (and kept for the query that follows)
 
     def append(
         self, noise_multiplier: float, sample_rate: float, steps: int = 1, settings: Any = None

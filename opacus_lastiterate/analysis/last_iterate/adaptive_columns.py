@@ -11,8 +11,10 @@ about 0.75 kB a step, kept here about 90 bytes.
 
 The columns are trusted: they come from validated :class:`AdaptiveStep` objects
 (:meth:`AdaptiveColumns.from_runs`) or from a stored trace validated whole when it was decoded.
-:func:`adaptive_columns_caveats` gives the caveats of a run from its columns
-(:func:`~.adaptive_steps.adaptive_run_caveats` reads objects), and
+:func:`adaptive_columns_weights` gives the weights w_t of a run from its columns and
+:func:`adaptive_columns_caveats` its caveats (what
+:func:`~.adaptive_steps.adaptive_run_weights` and :func:`~.adaptive_steps.adaptive_run_caveats`
+give for a list of objects), and
 :meth:`~.adaptive_steps.SGDEquivalent.extend` the SGD equivalent of an Adam or AdamW run
 from them, vectorised.
 """
@@ -24,16 +26,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from opacus_lastiterate.analysis.last_iterate.adaptive_arrays import StepArrays, array_weights
 from opacus_lastiterate.analysis.last_iterate.adaptive_regime import adaptive_heuristic_caveats
 from opacus_lastiterate.analysis.last_iterate.adaptive_steps import (
     ADAPTIVE_STEP_FIELDS,
     AdaptiveStep,
 )
 
-__all__ = [
-    "AdaptiveColumns",
-    "AdaptiveStepTrace",
-]
+__all__: list[str] = []  # internals of KeptModel and of the accountant's trace
 
 _FLAGS = ("decoupled_weight_decay", "amsgrad", "centered")
 _DTYPES = tuple(
@@ -68,10 +68,10 @@ class AdaptiveColumns(NamedTuple):
         left out)."""
         kept = [(step.as_tuple(), int(n)) for step, n in runs if n > 0]
         rows = list(zip(*(values for values, _ in kept), strict=True)) or [()] * len(_DTYPES)
-        return cls(
+        return cls._make((
             *(np.array(column, dtype=d) for column, d in zip(rows, _DTYPES, strict=True)),
             np.array([n for _, n in kept], dtype=np.int64),
-        )  # fmt: skip
+        ))  # fmt: skip
 
     @property
     def fields(self) -> tuple[np.ndarray, ...]:
@@ -163,7 +163,7 @@ class AdaptiveStepTrace:
     def columns(self) -> AdaptiveColumns:
         """The runs as columns (views: read them, do not write them)."""
         n = self._n
-        return AdaptiveColumns(*(c[:n] for c in self._cols), self._steps[:n])
+        return AdaptiveColumns._make((*(c[:n] for c in self._cols), self._steps[:n]))
 
     def runs(self) -> list[tuple[AdaptiveStep, int]]:
         """(step, number of steps) pairs, oldest first (one new object per run)."""
@@ -197,3 +197,33 @@ def adaptive_columns_caveats(
         beta2=top2 if top2 > 0.999 else float(beta2.min()),
         eps_over_noise=float((columns.eps / columns.noise_std).max()),
     )
+
+
+def adaptive_columns_weights(columns: AdaptiveColumns) -> np.ndarray:
+    """The weights w_1..w_T of a run given as columns: those of
+    :func:`~.adaptive_steps.adaptive_run_weights` for its runs, bit for bit, computed in numpy
+    (:func:`~.adaptive_arrays.array_weights`) with no Python object per step or run.
+
+    Raises:
+        ValueError: the optimizer or one of its options changes during the run, or a step
+            divides by a zero second moment.
+    """
+    columns = columns.without_empty()
+    counts = columns.steps
+    if not len(counts):
+        return np.zeros(0)
+    for field in ("optimizer", *_FLAGS):
+        column = getattr(columns, field)
+        changed = np.flatnonzero(column != column[0])
+        if changed.size:
+            step = int(counts[: int(changed[0])].sum())
+            raise ValueError(
+                f"`settings[{step}].{field}` is {column[changed[0]]!r} but `settings[0].{field}` "
+                f"is {column[0]!r}: one run uses one optimizer with the same options throughout."
+            )
+    arrays = StepArrays._make(np.repeat(getattr(columns, f), counts) for f in StepArrays._fields)
+    return array_weights(
+        str(columns.optimizer[0]), bool(columns.decoupled_weight_decay[0]),
+        bool(columns.amsgrad[0]), bool(columns.centered[0]), arrays,
+        np.repeat(columns.noise_std, counts),
+    )  # fmt: skip

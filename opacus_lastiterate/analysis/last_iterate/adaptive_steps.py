@@ -31,13 +31,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any
 
 import numpy as np
-from scipy.signal import lfilter
 
 from opacus_lastiterate.analysis._validation import check_in_interval
+from opacus_lastiterate.analysis.last_iterate.adaptive_arrays import (
+    linear_recursion,
+    python_powers,
+)
 from opacus_lastiterate.analysis.last_iterate.adaptive_regime import adaptive_heuristic_caveats
 from opacus_lastiterate.analysis.last_iterate.adaptive_weights import (
     AdaptiveSettings,
@@ -214,21 +216,15 @@ class SGDEquivalent:
         if (-log_decay > _MAX_LOG_DECAY).any():
             self.supported = False
             return None
-        # v_t = beta2 v_{t-1} + (1 - beta2) s_t^2, one filter per run of one beta2
-        x = np.repeat((1.0 - beta2) * np.array(list(map(pow, noise.tolist(), repeat(2)))), counts)
+        # v_t = beta2 v_{t-1} + (1 - beta2) s_t^2, as the loop of append computes it
         b2 = np.repeat(beta2, counts)
-        v = np.empty(n)
-        starts = np.flatnonzero(np.append(True, b2[1:] != b2[:-1])).tolist() + [n]
-        last = self._v
-        for i, j in zip(starts[:-1], starts[1:], strict=True):
-            b = float(b2[i])
-            v[i:j] = lfilter([1.0], [1.0, -b], x[i:j], zi=[b * last])[0]
-            last = float(v[j - 1])
+        x = (1.0 - beta2) * python_powers(noise, [2] * len(noise))
+        v = linear_recursion(b2, np.repeat(x, counts), self._v)
         v_max = np.maximum.accumulate(np.concatenate(([self._v_max], v)))[1:]
         state = np.where(np.repeat(amsgrad, counts), v_max, v)
         t = range(self._t + 1, self._t + n + 1)
-        bc1 = 1.0 - np.array(list(map(pow, repeat(first, n), t)))
-        bc2 = 1.0 - np.array(list(map(pow, b2.tolist(), t)))
+        bc1 = 1.0 - python_powers(np.full(n, first), t)
+        bc2 = 1.0 - python_powers(b2, t)
         rate = np.repeat(lr, counts) / (
             bc1 * (np.sqrt(state) / np.sqrt(bc2) + np.repeat(eps, counts))
         )
