@@ -294,6 +294,14 @@ class KeptModel:
         return self._adaptive.columns()
 
     @property
+    def settings_columns(self) -> TraceColumns | AdaptiveColumns | None:
+        """:attr:`settings` as columns (views: read them), for :meth:`from_run` of another
+        model of the same steps without a Python object per step; None as :attr:`settings`."""
+        if not self._known or not (len(self._sgd) or len(self._adaptive)):
+            return None
+        return self._sgd.columns() if len(self._sgd) else self._adaptive.columns()
+
+    @property
     def run(self) -> DPSGDRun:
         """The recorded run: segments, the per-step weights when :attr:`uses_weights`, and
         the sampling scheme (built on first use after a change)."""

@@ -145,3 +145,20 @@ def test_mixed_optimizers_in_columns_are_refused_by_the_weights():
     ]
     with pytest.raises(ValueError, match=r"settings\[2\]\.optimizer"):
         adaptive_columns_weights(AdaptiveColumns.from_runs(runs))
+
+
+def test_settings_columns_rebuild_the_same_model_without_objects_per_run(monkeypatch):
+    runs = _runs(4, "adamw", weight_decay=0.01)
+    kept = KeptModel()
+    for step, n in runs:
+        kept.append(SIGMA, Q, n, step)
+    made = []
+    original = AdaptiveStep.__post_init__
+    monkeypatch.setattr(
+        AdaptiveStep, "__post_init__", lambda self: (made.append(self), original(self))[1]
+    )
+    again = KeptModel.from_run(kept.run, kept.settings_columns)
+    assert len(made) <= 2 < len(runs)
+    assert again.epsilon(DELTA) == kept.epsilon(DELTA)
+    assert again.settings == kept.settings  # the same steps, read back as objects
+    assert KeptModel().settings_columns is None
