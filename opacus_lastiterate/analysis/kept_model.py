@@ -57,7 +57,11 @@ from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
     IncrementalWeightedHeuristic,
 )
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings, sgd_weights
-from opacus_lastiterate.analysis.last_iterate.settings_columns import SettingsTrace, TraceColumns
+from opacus_lastiterate.analysis.last_iterate.settings_columns import (
+    HeavyBallTrace,
+    SettingsTrace,
+    TraceColumns,
+)
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import WeightedHeuristicResult
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.privacy_models import PRIVACY_MODELS, Choice, ModelName, choose
@@ -153,7 +157,7 @@ class KeptModel:
         self._saved: Mapping[str, Any] | None = None  # a characteristic to restore
         # an adaptive run as the SGD run the kept engine follows (None: not mapped)
         self._equivalent: SGDEquivalent | None = None
-        self._sgd_view: SettingsTrace | None = None  # its settings
+        self._sgd_view: HeavyBallTrace | None = None  # its settings
         self._run: DPSGDRun | None = None
 
     @classmethod
@@ -234,12 +238,8 @@ class KeptModel:
         if rates is None:
             self._equivalent = self._sgd_view = None
             return self
-        zeros = np.zeros(covered)
         self._equivalent = equivalent
-        self._sgd_view = SettingsTrace(TraceColumns(
-            rates, zeros + float(equivalent.beta1 or 0.0), zeros, zeros.astype(bool), zeros,
-            np.ones(covered, dtype=np.int64),
-        ))  # fmt: skip
+        self._sgd_view = HeavyBallTrace(float(equivalent.beta1 or 0.0), rates)
         return self
 
     # -- the run ------------------------------------------------------------------------------
@@ -432,7 +432,8 @@ class KeptModel:
         """Follow an adaptive run's SGD equivalent (module docstring): the SGD settings of
         the ``steps`` new steps, or None where the run has none."""
         if not len(self._adaptive):
-            self._equivalent, self._sgd_view = SGDEquivalent(), SettingsTrace()
+            self._equivalent = SGDEquivalent()
+            self._sgd_view = HeavyBallTrace(settings.settings.beta1)
         equivalent, view = self._equivalent, self._sgd_view
         if equivalent is None or view is None:
             return None
@@ -442,9 +443,8 @@ class KeptModel:
             if st is None:
                 self._equivalent = self._sgd_view = None
                 return None
-            key = st.as_tuple()
-            view.append(key, 1)
-            keys.append(key)
+            view.append(st.lr)
+            keys.append(view.key(st.lr))
         return keys
 
     # -- the kept weighted engine ------------------------------------------------------------
