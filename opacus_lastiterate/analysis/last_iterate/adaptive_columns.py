@@ -7,7 +7,8 @@ run lengths, one element per run of identical steps; :class:`AdaptiveStepTrace` 
 growable form (a run added in amortised O(1)) that both the accountant's trace and
 :class:`~opacus_lastiterate.analysis.kept_model.KeptModel` keep. A cosine schedule changes the
 learning rate at every step, so a run of T steps has T entries: kept as objects they cost
-about 0.75 kB a step, kept here about 90 bytes.
+about 0.75 kB a step, as columns about 90 bytes, and in the trace, where each field is
+run-length encoded on its own, about 24.
 
 The columns are trusted: they come from validated :class:`AdaptiveStep` objects
 (:meth:`AdaptiveColumns.from_runs`) or from a stored trace validated whole when it was decoded.
@@ -97,34 +98,44 @@ class AdaptiveColumns(NamedTuple):
 
 
 class AdaptiveStepTrace:
-    """Run-length encoded :class:`~.adaptive_steps.AdaptiveStep` records in growable numpy
-    columns (a run added in amortised O(1)), with the steps they cover.
+    """Run-length encoded :class:`~.adaptive_steps.AdaptiveStep` records, with the steps they
+    cover, each field kept run-length encoded over the runs on its own in growable numpy
+    columns (its values where it changes and the run at which each starts): a run added in
+    amortised O(1), and a field that stays put (most of them: the betas, eps, weight decay,
+    the options) costs one value, not one per run. Under a cosine schedule a run of T steps
+    holds about 24 bytes a step (the learning rate, its start and the run length).
 
     Args:
         runs: what to start from: (step, number of steps) pairs, oldest first, or
-            :class:`AdaptiveColumns` (trusted; their value columns are shared, not copied,
-            and never written: the trace writes only past their end, after growing into new
-            arrays; the run lengths are copied), or None for none.
+            :class:`AdaptiveColumns` (trusted), or None for none.
     """
 
     def __init__(
         self, runs: Sequence[tuple[AdaptiveStep, int]] | AdaptiveColumns | None = None
     ) -> None:
-        self._cols = [np.empty(16, dtype=d) for d in _DTYPES]
+        self._values = [np.empty(16, dtype=d) for d in _DTYPES]  # each field's values
+        self._starts = [np.empty(16, dtype=np.int64) for _ in _DTYPES]  # from which run
+        self._used = [0] * len(_DTYPES)
         self._steps = np.empty(16, dtype=np.int64)
         self._n = self._covered = 0
         self._last: AdaptiveStep | None = None
+        self._last_row: tuple[object, ...] = ()
         if isinstance(runs, AdaptiveColumns):
             runs = runs.without_empty()
-            if len(runs.steps):
-                self._cols = list(runs.fields)
-                self._steps = np.array(runs.steps, dtype=np.int64)  # a copy: it grows
-                self._n, self._covered = len(runs.steps), int(runs.steps.sum())
-                self._last = runs.step_at(self._n - 1)
+            n = len(runs.steps)
+            if n:
+                for i, column in enumerate(runs.fields):
+                    starts = np.flatnonzero(np.append(True, column[1:] != column[:-1]))
+                    self._values[i], self._starts[i] = column[starts], starts.astype(np.int64)
+                    self._used[i] = len(starts)
+                self._steps = np.array(runs.steps, dtype=np.int64)
+                self._n, self._covered = n, int(runs.steps.sum())
+                self._last = runs.step_at(n - 1)
+                self._last_row = self._last.as_tuple()
             return
-        for step, n in runs or []:
-            if n > 0:
-                self.append(step, int(n))
+        for step, k in runs or []:
+            if k > 0:
+                self.append(step, int(k))
 
     def __len__(self) -> int:
         return self._n
@@ -151,19 +162,31 @@ class AdaptiveStepTrace:
         if self._last == step:
             self._steps[n - 1] += steps
             return
-        if n == len(self._steps):  # grown into new arrays (shared columns are not written)
-            more = max(16, n)
-            self._cols = [np.concatenate((c, np.empty(more, c.dtype))) for c in self._cols]
-            self._steps = np.concatenate((self._steps, np.empty(more, np.int64)))
-        for column, value in zip(self._cols, step.as_tuple(), strict=True):
-            column[n] = value
+        row = step.as_tuple()
+        last = self._last_row
+        for i, value in enumerate(row):
+            if not last or value != last[i]:  # the field changes: a new value
+                used = self._used[i]
+                if used == len(self._values[i]):
+                    more = max(16, used)
+                    self._values[i] = np.concatenate((self._values[i], np.empty(more, _DTYPES[i])))
+                    self._starts[i] = np.concatenate((self._starts[i], np.empty(more, np.int64)))
+                self._values[i][used], self._starts[i][used] = value, n
+                self._used[i] = used + 1
+        if n == len(self._steps):
+            self._steps = np.concatenate((self._steps, np.empty(max(16, n), np.int64)))
         self._steps[n] = steps
-        self._n, self._last = n + 1, step
+        self._n, self._last, self._last_row = n + 1, step, row
 
     def columns(self) -> AdaptiveColumns:
-        """The runs as columns (views: read them, do not write them)."""
+        """The runs as columns, one element per run (new arrays, but the run lengths: a view,
+        read it, do not write it)."""
         n = self._n
-        return AdaptiveColumns._make((*(c[:n] for c in self._cols), self._steps[:n]))
+        fields = []
+        for values, starts, used in zip(self._values, self._starts, self._used, strict=True):
+            counts = np.diff(np.append(starts[:used], n))
+            fields.append(np.repeat(values[:used], counts))
+        return AdaptiveColumns._make((*fields, self._steps[:n]))
 
     def runs(self) -> list[tuple[AdaptiveStep, int]]:
         """(step, number of steps) pairs, oldest first (one new object per run)."""

@@ -162,3 +162,27 @@ def test_settings_columns_rebuild_the_same_model_without_objects_per_run(monkeyp
     assert again.epsilon(DELTA) == kept.epsilon(DELTA)
     assert again.settings == kept.settings  # the same steps, read back as objects
     assert KeptModel().settings_columns is None
+
+
+def test_the_trace_gives_back_the_runs_it_was_given_and_grows_from_columns():
+    from opacus_lastiterate.analysis.last_iterate.adaptive_columns import AdaptiveStepTrace
+
+    runs = _runs(5, "adam", amsgrad=True) + _runs(6, "adam", amsgrad=True)
+    expected = [(s, n) for s, n in runs if n > 0]
+    merged: list[tuple[AdaptiveStep, int]] = []  # identical neighbours are one run
+    for s, n in expected:
+        if merged and merged[-1][0] == s:
+            merged[-1] = (s, merged[-1][1] + n)
+        else:
+            merged.append((s, n))
+    grown = AdaptiveStepTrace(runs)
+    assert grown.runs() == merged and grown.covered == sum(n for _, n in runs)
+    half = len(runs) // 2
+    resumed = AdaptiveStepTrace(AdaptiveColumns.from_runs(runs[:half]))
+    for s, n in runs[half:]:
+        if n:
+            resumed.append(s, n)
+    assert resumed.runs() == merged and resumed.last == merged[-1][0]
+    columns = resumed.columns()
+    for got, want in zip(columns, AdaptiveColumns.from_runs(merged), strict=True):
+        assert got.tolist() == want.tolist()
