@@ -3,8 +3,10 @@ the :class:`~opacus_lastiterate.analysis.last_iterate.adaptive_steps.AdaptiveSte
 recorded step (settings of Adam, AdamW, ... and the noise they saw), run-length encoded, and
 the form its ``state_dict`` stores under ``"adaptive_trace"``.
 
-In memory the trace is numpy columns, one element per run of identical steps
-(:class:`AdaptiveTrace`), not a Python object per run. The stored form
+In memory the trace is numpy columns (:class:`AdaptiveTrace`, the analysis'
+:class:`~opacus_lastiterate.analysis.last_iterate.adaptive_columns.AdaptiveStepTrace`: each
+field run-length encoded over the runs of identical steps), not a Python object per run,
+and it goes to the kept model as columns when a state is loaded. The stored form
 (:func:`encode_adaptive_trace`) run-length encodes each field of
 :data:`~opacus_lastiterate.analysis.last_iterate.adaptive_steps.ADAPTIVE_STEP_FIELDS` on its
 own with the SGD trace's column encoding
