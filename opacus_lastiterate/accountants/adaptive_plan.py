@@ -26,6 +26,10 @@ from typing import Any
 
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.analysis._validation import check_in_interval
+from opacus_lastiterate.analysis.last_iterate.adaptive_columns import (
+    AdaptiveColumns,
+    adaptive_columns_caveats,
+)
 from opacus_lastiterate.analysis.last_iterate.adaptive_steps import (
     AdaptiveStep,
     adaptive_run_caveats,
@@ -180,7 +184,7 @@ def plan_for_calibration(
 
 
 def warn_adaptive_caveats(
-    runs: AdaptiveRuns, segments: Sequence[TrainingSegment], steps: int
+    runs: AdaptiveRuns | AdaptiveColumns, segments: Sequence[TrainingSegment], steps: int
 ) -> None:
     """Warn (:class:`~opacus_lastiterate.exceptions.AdaptiveHeuristicWarning`) when the
     adaptive run ``runs`` over ``segments`` lies outside the settings where its heuristic
@@ -188,7 +192,10 @@ def warn_adaptive_caveats(
     adaptive_steps.adaptive_run_caveats`); nothing inside them."""
     sigma = [s.noise_multiplier for s in segments]
     q = [s.sample_rate for s in segments]
-    caveats = adaptive_run_caveats(runs, sigma, q)
+    caveats = (
+        adaptive_columns_caveats(runs, sigma, q) if isinstance(runs, AdaptiveColumns)
+        else adaptive_run_caveats(runs, sigma, q)
+    )  # fmt: skip
     if caveats:
         warn(
             f"The {ADAPTIVE_HEURISTIC_LABEL} epsilon of this run (at step {steps}) is outside "

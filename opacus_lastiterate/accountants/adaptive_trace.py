@@ -3,8 +3,10 @@ the :class:`~opacus_lastiterate.analysis.last_iterate.adaptive_steps.AdaptiveSte
 recorded step (settings of Adam, AdamW, ... and the noise they saw), run-length encoded, and
 the form its ``state_dict`` stores under ``"adaptive_trace"``.
 
-In memory the trace is numpy columns, one element per run of identical steps
-(:class:`AdaptiveTrace`), not a Python object per run. The stored form
+In memory the trace is numpy columns (:class:`AdaptiveTrace`, the analysis'
+:class:`~opacus_lastiterate.analysis.last_iterate.adaptive_columns.AdaptiveStepTrace`: each
+field run-length encoded over the runs of identical steps), not a Python object per run,
+and it goes to the kept model as columns when a state is loaded. The stored form
 (:func:`encode_adaptive_trace`) run-length encodes each field of
 :data:`~opacus_lastiterate.analysis.last_iterate.adaptive_steps.ADAPTIVE_STEP_FIELDS` on its
 own with the SGD trace's column encoding
@@ -39,6 +41,10 @@ from opacus_lastiterate.accountants.optimizer_trace import (
     real_column,
     trace_as_lists,
 )
+from opacus_lastiterate.analysis.last_iterate.adaptive_columns import (
+    AdaptiveColumns,
+    AdaptiveStepTrace,
+)
 from opacus_lastiterate.analysis.last_iterate.adaptive_steps import (
     ADAPTIVE_STEP_FIELDS,
     AdaptiveStep,
@@ -64,105 +70,37 @@ lies in (0, inf), the others in [0, inf)."""
 _ONE_RUN = ("optimizer", *_FLAGS)
 """The fields that stay the same through a run (one optimizer with the same options)."""
 
-_DTYPES = tuple(
-    object if k == "text" else bool if k == "flag" else np.float64 for k in _KINDS.values()
-)
 
-
-class AdaptiveTrace:
-    """Run-length encoded :class:`AdaptiveStep` records in growable numpy columns, one per
-    field of :data:`ADAPTIVE_STEP_FIELDS` and one of run lengths (a run added in amortised
-    O(1)), with the steps they cover.
+class AdaptiveTrace(AdaptiveStepTrace):
+    """The accountant's run-length encoded :class:`AdaptiveStep` records: the analysis'
+    growable columns (:class:`~opacus_lastiterate.analysis.last_iterate.adaptive_columns.
+    AdaptiveStepTrace`) with the trimming and the stored form of a checkpoint.
 
     Args:
-        runs: (step, number of steps) pairs to start from, oldest first, or None.
+        runs: (step, number of steps) pairs to start from, oldest first, validated
+            :class:`AdaptiveColumns` (taken over), or None.
     """
-
-    def __init__(self, runs: AdaptiveRuns | None = None) -> None:
-        self._cols = [np.empty(16, dtype=d) for d in _DTYPES]
-        self._steps = np.empty(16, dtype=np.int64)
-        self._n = self._covered = 0
-        self._last: AdaptiveStep | None = None
-        for step, n in runs or []:
-            self.append(step, int(n))
-
-    @classmethod
-    def _of_columns(cls, columns: list[np.ndarray], steps: np.ndarray) -> AdaptiveTrace:
-        """A trace of validated columns (taken over, not copied), one element per run."""
-        trace = cls()
-        trace._cols, trace._steps, trace._n = columns, steps.astype(np.int64), len(steps)
-        trace._covered = int(steps.sum())
-        if trace._n:
-            trace._last = trace._step_at(trace._n - 1)
-        return trace
-
-    def __len__(self) -> int:
-        return self._n
-
-    @property
-    def covered(self) -> int:
-        """The number of steps the trace covers."""
-        return self._covered
-
-    @property
-    def last(self) -> AdaptiveStep | None:
-        """The step of the last run."""
-        return self._last
-
-    @property
-    def steps(self) -> np.ndarray:
-        """The number of steps of each run (a view: read it, do not write it)."""
-        return self._steps[: self._n]
-
-    def append(self, step: AdaptiveStep, steps: int = 1) -> None:
-        """Add ``steps`` steps recorded as ``step``."""
-        self._covered += steps
-        n = self._n
-        if self._last == step:
-            self._steps[n - 1] += steps
-            return
-        if n == len(self._steps):  # doubled
-            more = max(16, n)
-            self._cols = [np.concatenate((c, np.empty(more, c.dtype))) for c in self._cols]
-            self._steps = np.concatenate((self._steps, np.empty(more, np.int64)))
-        for column, value in zip(self._cols, step.as_tuple(), strict=True):
-            column[n] = value
-        self._steps[n] = steps
-        self._n, self._last = n + 1, step
-
-    def _step_at(self, i: int) -> AdaptiveStep:
-        return AdaptiveStep.from_tuple([c[i : i + 1].tolist()[0] for c in self._cols])
-
-    def runs(self) -> AdaptiveRuns:
-        """(step, number of steps) pairs, oldest first (one new :class:`AdaptiveStep` per
-        run)."""
-        n = self._n
-        rows = zip(*(c[:n].tolist() for c in self._cols), strict=True)
-        return [
-            (AdaptiveStep.from_tuple(row), k)
-            for row, k in zip(rows, self._steps[:n].tolist(), strict=True)
-        ]
 
     def trimmed(self, steps: int) -> AdaptiveTrace:
         """A copy without the last ``steps`` steps."""
-        n = self._n
-        keep = max(self._covered - steps, 0)
-        ends = np.cumsum(self._steps[:n])
+        columns = self.columns()
+        keep = max(self.covered - steps, 0)
+        ends = np.cumsum(columns.steps)
         m = int(np.searchsorted(ends, keep, side="left")) + 1 if keep else 0  # runs kept
-        counts = self._steps[:m].copy()
+        counts = columns.steps[:m].copy()
         if m:
             counts[-1] -= int(ends[m - 1]) - keep
-        return AdaptiveTrace._of_columns([c[:m].copy() for c in self._cols], counts)
+        return AdaptiveTrace(AdaptiveColumns._make((*(c[:m].copy() for c in columns.fields), counts)))
 
     def encoded(self) -> dict[str, dict[str, Any]]:
         """The stored form of the trace (:func:`encode_adaptive_trace`)."""
-        n = self._n
-        if not n:  # empty lists: torch's protocol 2 pickles b"" as a call weights_only refuses
+        columns = self.columns()
+        if not len(columns.steps):  # empty lists: torch's protocol 2 pickles b"" as a call
             return {field: {"values": [], "steps": []} for field in ADAPTIVE_STEP_FIELDS}
-        ends = np.cumsum(self._steps[:n])
+        ends = np.cumsum(columns.steps)
         return {
-            field: encode_column(column[:n], ends)
-            for field, column in zip(ADAPTIVE_STEP_FIELDS, self._cols, strict=True)
+            field: encode_column(column, ends)
+            for field, column in zip(ADAPTIVE_STEP_FIELDS, columns.fields, strict=True)
         }
 
 
@@ -244,7 +182,7 @@ def decode_adaptive_trace(stored: object, name: str) -> AdaptiveTrace:
         starts = np.flatnonzero(np.append(True, ~same))
         picked = [column[starts] for column in picked]
         steps = np.add.reduceat(steps, starts)
-    return AdaptiveTrace._of_columns(picked, steps)
+    return AdaptiveTrace(AdaptiveColumns._make((*picked, steps.astype(np.int64))))
 
 
 def decode_traces(

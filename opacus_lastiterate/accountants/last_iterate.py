@@ -49,6 +49,7 @@ from opacus_lastiterate.analysis._validation import (
     check_sample_rate,
 )
 from opacus_lastiterate.analysis.kept_model import KeptModel
+from opacus_lastiterate.analysis.last_iterate.adaptive_columns import AdaptiveColumns
 from opacus_lastiterate.analysis.last_iterate.adaptive_steps import AdaptiveStep
 from opacus_lastiterate.analysis.last_iterate.adaptive_weights import ADAPTIVE_HEURISTIC_LABEL
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings
@@ -77,7 +78,6 @@ StepSettings = SGDSettings | AdaptiveStep
 
 HEURISTIC_LABEL = "heuristic"
 """The label of the heuristic of an SGD run (:attr:`LastIterateAccountant.heuristic_label`)."""
-
 
 
 class LastIterateAccountant(UnitOwner, RunAccountant):
@@ -261,7 +261,7 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
         kept.unit = self._unit
         if len(self._adaptive) and kept.uses_weights:
             try:
-                kept.run  # its weights, checked (and kept for the query that follows)
+                kept.check_weights()  # nothing to compute for an Adam/AdamW run
             except ValueError as err:  # weights the heuristic does not describe
                 self._disable_trace()
                 self._kept = KeptModel.from_run(self.run, None, accuracy=self.weight_accuracy)
@@ -467,11 +467,10 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
         covers = not self._trace_disabled and len(self._trace) and (
             self._trace.covered == self._steps()
         )
-        settings: TraceColumns | list[tuple[Any, int]] | None = (
-            self._trace.columns() if covers else None
-        )  # columns: the kept model takes them in at once
+        # as columns, taken in at once by the kept model: no Python object per step
+        settings: TraceColumns | AdaptiveColumns | None = self._trace.columns() if covers else None
         if len(adaptive) and not self._trace_disabled:
-            settings = self._adaptive.runs()
+            settings = self._adaptive.columns()
         self._kept = KeptModel.from_run(self.run, settings, accuracy=self.weight_accuracy)
         # the saved accountant was answering weighted queries: restore its engine now (O(T)
         # bookkeeping, with the rest of the load), so that the next query costs what it
@@ -564,8 +563,9 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
         eps = kept.epsilon(d, name)
         if not robust and not self._caveats_warned and self._adaptive_in_use():
             self._caveats_warned = True  # once per run
-            # the kept model's runs: the same steps, no new object per run
-            warn_adaptive_caveats(kept.settings or [], self._segments, self._num_steps)
+            # the kept model's columns: the same steps, no new object per run
+            if (columns := kept.adaptive_columns) is not None:
+                warn_adaptive_caveats(columns, self._segments, self._num_steps)
         if (
             check_monotone
             and not self._externally_assigned

@@ -42,6 +42,11 @@ from typing import Any
 import numpy as np
 
 from opacus_lastiterate.analysis._validation import check_delta, check_epsilon
+from opacus_lastiterate.analysis.last_iterate.adaptive_columns import (
+    AdaptiveColumns,
+    AdaptiveStepTrace,
+    adaptive_columns_weights,
+)
 from opacus_lastiterate.analysis.last_iterate.adaptive_steps import (
     AdaptiveStep,
     SGDEquivalent,
@@ -52,7 +57,11 @@ from opacus_lastiterate.analysis.last_iterate.incremental_weighted import (
     IncrementalWeightedHeuristic,
 )
 from opacus_lastiterate.analysis.last_iterate.optimizer_weights import SGDSettings, sgd_weights
-from opacus_lastiterate.analysis.last_iterate.settings_columns import SettingsTrace, TraceColumns
+from opacus_lastiterate.analysis.last_iterate.settings_columns import (
+    HeavyBallTrace,
+    SettingsTrace,
+    TraceColumns,
+)
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import WeightedHeuristicResult
 from opacus_lastiterate.analysis.privacy_model import PrivacyModel
 from opacus_lastiterate.analysis.privacy_models import PRIVACY_MODELS, Choice, ModelName, choose
@@ -87,6 +96,13 @@ def _sgd_columns(runs: SettingsRuns) -> TraceColumns:
     return trace.columns()
 
 
+def _adaptive_run_weights(runs: Any) -> np.ndarray:
+    """The adaptive weights of run-length steps, (step, steps) pairs or columns."""
+    if isinstance(runs, AdaptiveColumns):
+        return adaptive_columns_weights(runs)  # in numpy: no Python object per step
+    return adaptive_run_weights(runs)
+
+
 def _sgd_varies(first: SGDSettings, settings: SGDSettings) -> bool:
     return settings.lr != first.lr or settings.momentum != 0.0 or settings.weight_decay != 0.0
 
@@ -98,11 +114,12 @@ def _adaptive_varies(first: AdaptiveStep, settings: AdaptiveStep) -> bool:
 OPTIMIZER_WEIGHTS: Mapping[type, tuple[Callable[[Any], np.ndarray],
                                        Callable[[Any, Any], bool]]] = {
     SGDSettings: (_sgd_run_weights, _sgd_varies),
-    AdaptiveStep: (adaptive_run_weights, _adaptive_varies),
+    AdaptiveStep: (_adaptive_run_weights, _adaptive_varies),
 }
-"""Settings class of an optimizer -> (weights of a run-length list of its settings (SGD's
-also of their :class:`~.last_iterate.settings_columns.TraceColumns`, as the kept model holds
-them), whether
+"""Settings class of an optimizer -> (weights of a run-length list of its settings (also of
+their columns, as the kept model holds them: SGD's
+:class:`~.last_iterate.settings_columns.TraceColumns`, the adaptive steps'
+:class:`~.last_iterate.adaptive_columns.AdaptiveColumns`), whether
 settings differ from the first step's in a way that changes the weights: (first, settings)
 -> bool). The one place a new optimizer's weights are added (module docstring)."""
 
@@ -131,37 +148,42 @@ class KeptModel:
         self.accuracy = float(accuracy)
         """Requested relative accuracy of the weighted heuristic (a change rebuilds it)."""
         self._constant = IncrementalHeuristic()
-        # the settings, run-length: SGD's as columns, the others as [settings, steps]
+        # the settings, run-length, as columns: SGD's or an adaptive optimizer's
         self._sgd = SettingsTrace()
-        self._runs: list[list[Any]] = []
+        self._adaptive = AdaptiveStepTrace()
         self._known = True  # every step's settings recorded
         self._varies = False
         self._weighted: IncrementalWeightedHeuristic | None = None
         self._saved: Mapping[str, Any] | None = None  # a characteristic to restore
         # an adaptive run as the SGD run the kept engine follows (None: not mapped)
         self._equivalent: SGDEquivalent | None = None
-        self._sgd_view: list[SGDSettings] | None = None  # one per step
+        self._sgd_view: HeavyBallTrace | None = None  # its settings
         self._run: DPSGDRun | None = None
 
     @classmethod
     def from_run(
         cls,
         run: DPSGDRun,
-        settings: SettingsRuns | TraceColumns | None = None,
+        settings: SettingsRuns | TraceColumns | AdaptiveColumns | None = None,
         *,
         accuracy: float = 1e-3,
     ) -> KeptModel:
         """The kept model of an existing run: its segments with ``settings`` (run-length
-        (settings, steps) covering every step, or SGD settings as
-        :class:`~.last_iterate.settings_columns.TraceColumns`, taken in at once), or settings
-        unknown when None."""
+        (settings, steps) covering every step, or as columns: SGD's
+        :class:`~.last_iterate.settings_columns.TraceColumns`, an adaptive optimizer's
+        :class:`~.last_iterate.adaptive_columns.AdaptiveColumns`, trusted; either way taken
+        in at once, with no Python object per step), or settings unknown when None."""
         kept = cls(sampling=run.sampling, accuracy=accuracy, unit=run.unit)
-        if settings is not None and not isinstance(settings, TraceColumns):
+        if settings is not None and not isinstance(settings, (TraceColumns, AdaptiveColumns)):
             settings = list(settings)
             if settings and all(type(s) is SGDSettings for s, _ in settings):
                 settings = _sgd_columns(settings)
+            elif settings and all(type(s) is AdaptiveStep for s, _ in settings):
+                settings = AdaptiveColumns.from_runs(settings)
         if isinstance(settings, TraceColumns):
             return kept._take_columns(run, settings)
+        if isinstance(settings, AdaptiveColumns):
+            return kept._take_adaptive(run, settings)
         runs = [] if settings is None else [[s, int(n)] for s, n in settings if n > 0]
         if settings is not None and sum(n for _, n in runs) != run.num_steps:
             raise ValueError(
@@ -195,6 +217,29 @@ class KeptModel:
         self._sgd = SettingsTrace(columns)
         self._varies = self._sgd.varies
         self._run = None
+        return self
+
+    def _take_adaptive(self, run: DPSGDRun, columns: AdaptiveColumns) -> KeptModel:
+        """Take in ``run`` with adaptive steps ``columns`` at once: what :meth:`append` of
+        each run would record, its SGD equivalent computed in numpy with the same floats."""
+        columns = columns.without_empty()
+        covered = int(columns.steps.sum())
+        if covered != run.num_steps:
+            raise ValueError(f"`settings` must cover the run's {run.num_steps} steps, got {covered}.")
+        for seg in run.segments:
+            self._constant.append(seg.noise_multiplier, seg.sample_rate, seg.steps)
+        self._adaptive = AdaptiveStepTrace(columns)
+        self._varies = covered > 0  # the adaptive steps always weigh the steps unequally
+        self._run = None
+        if not covered:
+            return self
+        equivalent = SGDEquivalent()
+        rates = equivalent.extend(columns)
+        if rates is None:
+            self._equivalent = self._sgd_view = None
+            return self
+        self._equivalent = equivalent
+        self._sgd_view = HeavyBallTrace(float(equivalent.beta1 or 0.0), rates)
         return self
 
     # -- the run ------------------------------------------------------------------------------
@@ -238,7 +283,23 @@ class KeptModel:
             return None
         if len(self._sgd):
             return [(SGDSettings(*e[:5]), e[5]) for e in self._sgd.entries()]
-        return [(s, n) for s, n in self._runs]
+        return self._adaptive.runs()
+
+    @property
+    def adaptive_columns(self) -> AdaptiveColumns | None:
+        """The recorded adaptive steps as columns (views: read them), without a Python object
+        per step; None unless an adaptive optimizer's steps cover every step."""
+        if not self._known or not len(self._adaptive):
+            return None
+        return self._adaptive.columns()
+
+    @property
+    def settings_columns(self) -> TraceColumns | AdaptiveColumns | None:
+        """:attr:`settings` as columns (views: read them), for :meth:`from_run` of another
+        model of the same steps without a Python object per step; None as :attr:`settings`."""
+        if not self._known or not (len(self._sgd) or len(self._adaptive)):
+            return None
+        return self._sgd.columns() if len(self._sgd) else self._adaptive.columns()
 
     @property
     def run(self) -> DPSGDRun:
@@ -261,13 +322,12 @@ class KeptModel:
                 L2 ``weight_decay``, lr * weight_decay above the frozen preconditioner flips
                 the parameter's sign at every step).
         """
-        if not self._known or not (self._runs or len(self._sgd)):
+        if not self._known or not (len(self._adaptive) or len(self._sgd)):
             raise ValueError("no optimizer settings were recorded for every step.")
         if len(self._sgd):
             weights = OPTIMIZER_WEIGHTS[SGDSettings][0](self._sgd.columns())
         else:
-            runs = [(settings, steps) for settings, steps in self._runs]
-            weights = OPTIMIZER_WEIGHTS[type(runs[0][0])][0](runs)
+            weights = OPTIMIZER_WEIGHTS[AdaptiveStep][0](self._adaptive.columns())
         bad = np.flatnonzero(~(np.isfinite(weights) & (weights >= 0)))
         if bad.size:
             i = int(bad[0])
@@ -281,6 +341,14 @@ class KeptModel:
         weights.setflags(write=False)
         return weights
 
+    def check_weights(self) -> None:
+        """Raise the ValueError of :meth:`weights` for weights the heuristic does not
+        describe; computes nothing for an Adam or AdamW run that the kept engine follows
+        through its SGD equivalent (module docstring), whose weights are non-negative
+        multiples of heavy-ball SGD weights at positive learning rates."""
+        if self.uses_weights and not (len(self._adaptive) and self._sgd_view is not None):
+            self.run  # its weights, checked (and kept for the query that follows)
+
     def append(
         self, noise_multiplier: float, sample_rate: float, steps: int = 1, settings: Any = None
     ) -> None:
@@ -290,13 +358,12 @@ class KeptModel:
         if steps <= 0:
             return
         self._constant.append(noise_multiplier, sample_rate, steps)
-        self._note(settings, steps)
+        keys = self._note(settings, steps)
         engine = self._weighted
         if engine is not None and settings is not None and self._kept_weighted():
-            view = self._sgd_view
             for k in range(steps):  # the kept engine follows the steps, O(1) each
-                st = settings if view is None else view[k - steps]
-                engine.append(noise_multiplier, sample_rate, *st.as_tuple())
+                key = settings.as_tuple() if keys is None else keys[k]
+                engine.append(noise_multiplier, sample_rate, *key)
         elif self._kept_weighted():
             # from the first step whose weights matter the engine follows the steps, so that
             # the first query does not take in the whole run (O(T))
@@ -330,16 +397,23 @@ class KeptModel:
             done += chunk
         return np.concatenate(parts)
 
-    def _note(self, settings: Any, steps: int) -> None:
+    def _note(self, settings: Any, steps: int) -> list[tuple[Any, ...]] | None:
+        """Record the settings of ``steps`` steps; the SGD-equivalent settings of each of
+        them for an adaptive run that has one, else None."""
         self._run = None
         if settings is None:
-            self._known, self._runs, self._varies = False, [], False
-            self._sgd = SettingsTrace()
+            self._known, self._varies = False, False
+            self._sgd, self._adaptive = SettingsTrace(), AdaptiveStepTrace()
             self._equivalent = self._sgd_view = None
-            return
+            return None
         if not self._known:
-            return
-        before = SGDSettings if len(self._sgd) else type(self._runs[0][0]) if self._runs else None
+            return None
+        if type(settings) not in OPTIMIZER_WEIGHTS:
+            raise TypeError(
+                f"`settings` must be one of {', '.join(c.__name__ for c in OPTIMIZER_WEIGHTS)} "
+                f"or None, got {type(settings).__name__}."
+            )
+        before = SGDSettings if len(self._sgd) else AdaptiveStep if len(self._adaptive) else None
         if before is not None and type(settings) is not before:
             raise TypeError(
                 f"`settings` must be of one optimizer, got {type(settings).__name__} after "
@@ -348,35 +422,30 @@ class KeptModel:
         if type(settings) is SGDSettings:  # as columns: no Python object per step
             self._sgd.append(settings.as_tuple(), steps)
             self._varies = self._sgd.varies
-            return
-        self._note_equivalent(settings, steps)
-        if self._runs and self._runs[-1][0] == settings:
-            self._runs[-1][1] += steps
-            return
-        if type(settings) not in OPTIMIZER_WEIGHTS:
-            raise TypeError(
-                f"`settings` must be one of {', '.join(c.__name__ for c in OPTIMIZER_WEIGHTS)} "
-                f"or None, got {type(settings).__name__}."
-            )
-        first = self._runs[0][0] if self._runs else settings
-        self._varies = self._varies or OPTIMIZER_WEIGHTS[type(settings)][1](first, settings)
-        self._runs.append([settings, steps])
+            return None
+        keys = self._note_equivalent(settings, steps)
+        self._adaptive.append(settings, steps)
+        self._varies = True  # _adaptive_varies: the steps always weigh unequally
+        return keys
 
-    def _note_equivalent(self, settings: Any, steps: int) -> None:
-        """Follow an adaptive run's SGD equivalent (module docstring)."""
-        if not isinstance(settings, AdaptiveStep):
-            return
-        if not self._runs:
-            self._equivalent, self._sgd_view = SGDEquivalent(), []
+    def _note_equivalent(self, settings: AdaptiveStep, steps: int) -> list[tuple[Any, ...]] | None:
+        """Follow an adaptive run's SGD equivalent (module docstring): the SGD settings of
+        the ``steps`` new steps, or None where the run has none."""
+        if not len(self._adaptive):
+            self._equivalent = SGDEquivalent()
+            self._sgd_view = HeavyBallTrace(settings.settings.beta1)
         equivalent, view = self._equivalent, self._sgd_view
         if equivalent is None or view is None:
-            return
+            return None
+        keys = []
         for _ in range(steps):
             st = equivalent.append(settings)
             if st is None:
                 self._equivalent = self._sgd_view = None
-                return
-            view.append(st)
+                return None
+            view.append(st.lr)
+            keys.append(view.key(st.lr))
+        return keys
 
     # -- the kept weighted engine ------------------------------------------------------------
 
@@ -387,10 +456,7 @@ class KeptModel:
         if engine is None or engine.num_steps != self.num_steps or engine.accuracy != self.accuracy:
             engine = IncrementalWeightedHeuristic(self.accuracy)
             sigma, q = self._constant.run.per_step()
-            columns = (
-                self._sgd.columns() if self._sgd_view is None
-                else _sgd_columns([(s, 1) for s in self._sgd_view])
-            )  # fmt: skip
+            columns = (self._sgd if self._sgd_view is None else self._sgd_view).columns()
             engine.extend(sigma, q, *columns.per_step())
             saved, self._saved = self._saved, None
             if saved is not None:

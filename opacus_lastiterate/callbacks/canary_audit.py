@@ -516,7 +516,7 @@ class InTrainingCanaryAudit:
             if kept.sampling == self._sampling:
                 return kept
             run = DPSGDRun.from_history(kept.run.segments, sampling=self._sampling)
-            return KeptModel.from_run(run, kept.settings, accuracy=kept.accuracy)
+            return KeptModel.from_run(run, kept.settings_columns, accuracy=kept.accuracy)
         return KeptModel.from_run(DPSGDRun.from_history(acc.history, sampling=self._sampling))
 
     def report(

@@ -307,3 +307,35 @@ def test_the_lists_form_names_a_column_of_another_form():
     stored["lr"]["values"] = stored["lr"]["values"][:-3]
     with pytest.raises(ValueError, match=r"stored\['lr'\]\['values'\].*whole 8-byte"):
         adaptive_trace_as_lists(stored)
+
+
+def test_loading_a_state_builds_no_object_per_step_and_answers_the_same(monkeypatch):
+    """load_state_dict of N adaptive steps (a cosine schedule: a new run at every step)
+    builds a constant number of AdaptiveStep and AdaptiveSettings objects, not one per step,
+    and the loaded accountant's epsilon and weights equal the original's, also after both
+    take more steps."""
+    n = 3000
+    acc = _accountant(_adamw_steps(n, noise_changes=True))
+    state = acc.state_dict()
+    expected = acc.get_epsilon(DELTA)
+    made: list[object] = []
+    for cls in (AdaptiveStep, AdaptiveSettings):
+        original = cls.__post_init__
+
+        def counted(self: object, original=original) -> None:
+            made.append(self)
+            original(self)
+
+        monkeypatch.setattr(cls, "__post_init__", counted)
+    fresh = LastIterateAccountant()
+    fresh.load_state_dict(state)
+    eps = fresh.get_epsilon(DELTA)
+    assert len(made) <= 8 < n  # the first and last steps' records, not one per step
+    assert eps == expected and fresh.uses_weights
+    assert fresh.kept_model.weights().tolist() == acc.kept_model.weights().tolist()
+    monkeypatch.undo()
+    for t in range(3):
+        step = AdaptiveStep(AdaptiveSettings("adamw", 2e-4 * (t + 1), weight_decay=0.01), 0.03)
+        for a in (acc, fresh):
+            a.replay_step(SIGMA, RATE, step)
+        assert fresh.get_epsilon(DELTA) == acc.get_epsilon(DELTA)

@@ -31,10 +31,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from opacus_lastiterate.analysis._validation import check_in_interval
+from opacus_lastiterate.analysis.last_iterate.adaptive_arrays import (
+    linear_recursion,
+    python_powers,
+)
 from opacus_lastiterate.analysis.last_iterate.adaptive_regime import adaptive_heuristic_caveats
 from opacus_lastiterate.analysis.last_iterate.adaptive_weights import (
     AdaptiveSettings,
@@ -173,6 +178,67 @@ class SGDEquivalent:
             self.supported = False
             return None
         return SGDSettings(rate * math.exp(-self._log_decay), st.beta1, 0.0, False, 0.0)
+
+    def extend(self, columns: Any) -> np.ndarray | None:
+        """The SGD learning rates of the steps of ``columns`` (an
+        :class:`~.adaptive_columns.AdaptiveColumns`, trusted), one per step, computed in
+        numpy with the same floats as :meth:`append` of each step gives (the recursions in
+        the same order, the powers, logarithms and exponentials by Python's own functions);
+        the momentum of every step is the run's beta1 (:attr:`beta1`). None, and
+        :attr:`supported` False for good, where a step does not fit (class docstring)."""
+        steps = np.asarray(columns.steps)
+        keep = steps > 0
+        lr, beta1, beta2, eps, wd, noise = (
+            np.asarray(c)[keep] for c in (columns.lr, columns.beta1, columns.beta2,
+                                          columns.eps, columns.weight_decay, columns.noise_std)
+        )  # fmt: skip
+        counts = steps[keep]
+        decoupled = np.asarray(columns.decoupled_weight_decay)[keep]
+        amsgrad = np.asarray(columns.amsgrad)[keep]
+        n = int(counts.sum())
+        if not self.supported:
+            return None
+        if not n:
+            return np.zeros(0)
+        first = float(beta1[0]) if self._beta1 is None else self._beta1
+        decay = 1.0 - lr * wd
+        if (
+            not set(np.asarray(columns.optimizer)[keep].tolist()) <= set(_SGD_EQUIVALENT)
+            or ((wd != 0.0) & ~decoupled).any()
+            or (beta1 != first).any()
+            or ((wd != 0.0) & (decay <= 0.0)).any()
+        ):
+            self.supported = False
+            return None
+        logs = np.zeros(len(counts))
+        logs[wd != 0.0] = list(map(math.log, decay[wd != 0.0].tolist()))
+        log_decay = np.cumsum(np.concatenate(([self._log_decay], np.repeat(logs, counts))))[1:]
+        if (-log_decay > _MAX_LOG_DECAY).any():
+            self.supported = False
+            return None
+        # v_t = beta2 v_{t-1} + (1 - beta2) s_t^2, as the loop of append computes it
+        b2 = np.repeat(beta2, counts)
+        x = (1.0 - beta2) * python_powers(noise, [2] * len(noise))
+        v = linear_recursion(b2, np.repeat(x, counts), self._v)
+        v_max = np.maximum.accumulate(np.concatenate(([self._v_max], v)))[1:]
+        state = np.where(np.repeat(amsgrad, counts), v_max, v)
+        t = range(self._t + 1, self._t + n + 1)
+        bc1 = 1.0 - python_powers(np.full(n, first), t)
+        bc2 = 1.0 - python_powers(b2, t)
+        rate = np.repeat(lr, counts) / (
+            bc1 * (np.sqrt(state) / np.sqrt(bc2) + np.repeat(eps, counts))
+        )
+        if (log_decay != 0.0).any():
+            rate = rate * np.array(list(map(math.exp, (-log_decay).tolist())))
+        self._t += n
+        self._v, self._v_max = float(v[-1]), float(v_max[-1])
+        self._log_decay, self._beta1 = float(log_decay[-1]), first
+        return rate
+
+    @property
+    def beta1(self) -> float | None:
+        """The run's beta1, the momentum of its SGD equivalent (None before a step)."""
+        return self._beta1
 
     def _fits(self, st: AdaptiveSettings) -> bool:
         return (

@@ -49,9 +49,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import special
 
 from opacus_lastiterate.analysis._validation import check_in_interval, check_real
+from opacus_lastiterate.analysis.last_iterate.adaptive_arrays import (
+    StepArrays,
+    backward_weights,
+    expected_state,
+    step_coefficients,
+)
 from opacus_lastiterate.exceptions import UnsupportedOptimizerError
 
 __all__ = [
@@ -72,13 +77,10 @@ ADAPTIVE_WEIGHT_OPTIMIZERS: tuple[str, ...] = (
 )
 #: The label of a heuristic epsilon computed from these weights.
 ADAPTIVE_HEURISTIC_LABEL = "heuristic; adaptive second moment treated as fixed"
-_ADAM_FAMILY = ("adam", "adamw", "nadam", "radam")
 _DECOUPLED_CAPABLE = ("adam", "adamw", "nadam", "radam")
 
 # torch's own defaults, used by :func:`settings_from_param_group` for missing keys.
 _DEFAULT_EPS = {"adagrad": 1e-10}
-_ADAMAX_GRID = 4096  # points of the grid on which Adamax's expected state is integrated
-_ADAMAX_RANGE = 10.0  # the grid reaches 10 noise standard deviations (+ eps)
 
 
 def canonical_adaptive_name(optimizer: object) -> str:
@@ -310,45 +312,19 @@ def expected_second_moment(
         :func:`weights_given_second_moment`, as in torch).
     """
     steps = _check_settings(settings)
-    n = len(steps)
-    s2 = _per_step_positive("noise_std", noise_std, n) ** 2
-    if n == 0:
+    noise = _per_step_positive("noise_std", noise_std, len(steps))
+    if not steps:
         return np.zeros(0)
-    name = steps[0].optimizer
-    out = np.empty(n)
-    if name == "adagrad":
-        return steps[0].initial_accumulator_value + np.cumsum(s2)
-    if name == "adamax":
-        return _adamax_expected_state(steps, np.sqrt(s2))
-    v = b = 0.0
-    for t, st in enumerate(steps):
-        v = st.beta2 * v + (1.0 - st.beta2) * s2[t]
-        if st.centered:
-            b = st.beta2**2 * b + (1.0 - st.beta2) ** 2 * s2[t]
-        out[t] = v - b
-    return out
+    first = steps[0]
+    return expected_state(first.optimizer, first.centered, step_arrays(steps), noise)
 
 
-def _adamax_expected_state(steps: list[AdaptiveSettings], s: np.ndarray) -> np.ndarray:
-    eps = np.array([st.eps for st in steps])
-    top = _ADAMAX_RANGE * float(s.max()) + float(eps.max())
-    x = np.linspace(0.0, top, _ADAMAX_GRID)
-    cdf = np.ones_like(x)  # P(u_0 <= x), u_0 = 0
-    out = np.empty(len(steps))
-    steady, key = False, None
-    for t, st in enumerate(steps):
-        step_key = (st.beta2, eps[t], s[t])
-        if steady and step_key == key:  # an unchanged step at its fixed point
-            out[t] = out[t - 1]
-            continue
-        prev = np.interp(x / st.beta2, x, cdf, right=1.0) if st.beta2 > 0 else np.ones_like(x)
-        half_normal = special.erf(np.maximum(x - eps[t], 0.0) / (s[t] * math.sqrt(2.0)))
-        new = prev * half_normal
-        # below 1e-13 a step changes E[u] by less than 1e-13 x the grid length: steady state
-        steady, key = step_key == key and bool(np.max(np.abs(new - cdf)) < 1e-13), step_key
-        cdf = new
-        out[t] = np.trapezoid(1.0 - cdf, x)
-    return out
+def step_arrays(steps: Sequence[AdaptiveSettings]) -> StepArrays:
+    """The settings of each step that may change during a run, one array per field
+    (:class:`~.adaptive_arrays.StepArrays`)."""
+    return StepArrays._make(
+        np.array([getattr(st, f) for st in steps], dtype=float) for f in StepArrays._fields
+    )
 
 
 def weights_given_second_moment(
@@ -375,87 +351,11 @@ def weights_given_second_moment(
         raise ValueError(f"`second_moment[{i}]` must be finite and >= 0, got {state[i]!r}.")
     if n == 0:
         return np.zeros(0)
-    coef = _step_coefficients(steps, state)
-    return _backward_weights(*coef)
-
-
-def _step_coefficients(
-    steps: list[AdaptiveSettings], state: np.ndarray
-) -> tuple[np.ndarray, ...]:
-    """(beta, k, a, c, d, lam) per step for the recursion of the module docstring."""
-    n = len(steps)
-    name = steps[0].optimizer
-    beta, k, a, c = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
-    d, lam = np.ones(n), np.zeros(n)
-    if steps[0].amsgrad:
-        state = np.maximum.accumulate(state)
-    mu_product = 1.0
-    for i, st in enumerate(steps):
-        t = i + 1
-        if st.weight_decay:
-            if st.decoupled_weight_decay:
-                d[i] = 1.0 - st.lr * st.weight_decay
-            else:
-                lam[i] = st.weight_decay
-        bc1, bc2 = 1.0 - st.beta1**t, 1.0 - st.beta2**t
-        if name in _ADAM_FAMILY or name == "adamax":
-            beta[i], k[i] = st.beta1, 1.0 - st.beta1
-        if name == "nadam":
-            mu = st.beta1 * (1.0 - 0.5 * 0.96 ** (t * st.momentum_decay))
-            mu_next = st.beta1 * (1.0 - 0.5 * 0.96 ** ((t + 1) * st.momentum_decay))
-            mu_product *= mu
-        try:
-            if name in ("adam", "adamw"):
-                c[i] = st.lr / (bc1 * (math.sqrt(state[i]) / math.sqrt(bc2) + st.eps))
-            elif name == "nadam":
-                denom = math.sqrt(state[i] / bc2) + st.eps
-                a[i] = st.lr * (1.0 - mu) / (1.0 - mu_product) / denom
-                c[i] = st.lr * mu_next / (1.0 - mu_product * mu_next) / denom
-            elif name == "radam":
-                c[i] = st.lr / bc1 * _radam_factor(t, st.beta2, st.eps, state[i])
-            elif name == "adamax":
-                c[i] = st.lr / (bc1 * state[i])
-            elif name == "rmsprop":
-                denom = math.sqrt(state[i]) + st.eps
-                if st.beta1 > 0:
-                    beta[i], k[i], c[i] = st.beta1, 1.0 / denom, st.lr
-                else:  # the buffer, if any, passes through untouched
-                    beta[i], a[i] = 1.0, st.lr / denom
-            else:  # adagrad
-                clr = st.lr / (1.0 + (t - 1) * st.lr_decay)
-                a[i] = clr / (math.sqrt(state[i]) + st.eps)
-        except ZeroDivisionError:
-            raise ValueError(
-                f"step {i} divides by a zero second moment (`second_moment[{i}]` = "
-                f"{state[i]!r} with eps = {st.eps!r}); give a positive noise_std or eps."
-            ) from None
-    return beta, k, a, c, d, lam
-
-
-def _radam_factor(t: int, beta2: float, eps: float, v: float) -> float:
-    """RAdam's r_t sqrt(1 - beta2^t) / (sqrt(v_t) + eps) once rho_t > 5, else 1."""
-    bc2 = 1.0 - beta2**t
-    rho_inf = 2.0 / (1.0 - beta2) - 1.0
-    rho_t = rho_inf - 2.0 * t * beta2**t / bc2
-    if rho_t <= 5.0:
-        return 1.0
-    rect = math.sqrt((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t))
-    return rect * math.sqrt(bc2) / (math.sqrt(v) + eps)
-
-
-def _backward_weights(
-    beta: np.ndarray, k: np.ndarray, a: np.ndarray, c: np.ndarray, d: np.ndarray, lam: np.ndarray
-) -> np.ndarray:
-    """w_t = -d p_T / d g_t of p_t = d_t p - (a_t + c_t k_t) g~_t - c_t beta_t m,
-    m_t = beta_t m + k_t g~_t, g~_t = g_t + lam_t p (adjoint, backwards in time)."""
-    n = beta.size
-    w = np.empty(n)
-    pp, pm = 1.0, 0.0  # d p_T / d p_t and d p_T / d m_t after step t
-    for t in range(n - 1, -1, -1):
-        gg = -(a[t] + c[t] * k[t]) * pp + k[t] * pm  # d p_T / d g~_t
-        w[t] = -gg
-        pp, pm = d[t] * pp + lam[t] * gg, beta[t] * (pm - c[t] * pp)
-    return w
+    first = steps[0]
+    coef = step_coefficients(
+        first.optimizer, first.decoupled_weight_decay, first.amsgrad, step_arrays(steps), state
+    )
+    return backward_weights(*coef)
 
 
 def adaptive_weights(

@@ -140,3 +140,45 @@ class SettingsTrace:
     def entries(self) -> list[TraceEntry]:
         """The entries as tuples (lr, momentum, dampening, nesterov, weight_decay, steps)."""
         return self.columns().entries()
+
+
+class HeavyBallTrace:
+    """The learning rates of heavy-ball SGD at one momentum (no dampening, Nesterov or weight
+    decay), one per step in a growable float64 column (8 bytes a step, a step added in
+    amortised O(1)): the SGD equivalent of an Adam or AdamW run
+    (:class:`~.adaptive_steps.SGDEquivalent`), as the kept model follows it.
+
+    Args:
+        momentum: the momentum of every step.
+        rates: the learning rates to start from (copied), or None for none.
+    """
+
+    def __init__(self, momentum: float, rates: np.ndarray | None = None) -> None:
+        self.momentum = float(momentum)
+        """The momentum of every step."""
+        self._rates = np.array(rates if rates is not None and len(rates) else np.empty(16), float)
+        self._n = 0 if rates is None else len(rates)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def append(self, lr: float) -> None:
+        """Add a step at learning rate ``lr``."""
+        n = self._n
+        if n == len(self._rates):
+            self._rates = np.concatenate((self._rates, np.empty(max(16, n))))
+        self._rates[n] = lr
+        self._n = n + 1
+
+    def key(self, lr: float) -> SettingsKey:
+        """(lr, momentum, dampening, nesterov, weight_decay) of a step at rate ``lr``."""
+        return (lr, self.momentum, 0.0, False, 0.0)
+
+    def columns(self) -> TraceColumns:
+        """The steps as :class:`TraceColumns`, one entry per step (new arrays)."""
+        n = self._n
+        zeros = np.zeros(n)
+        return TraceColumns(
+            self._rates[:n].copy(), zeros + self.momentum, zeros, zeros.astype(bool), zeros,
+            np.ones(n, dtype=np.int64),
+        )  # fmt: skip
