@@ -205,15 +205,18 @@ class KeptModel:
                 left -= take
         return kept
 
-    def _take_columns(self, run: DPSGDRun, columns: TraceColumns) -> KeptModel:
-        """Take in ``run`` with SGD settings ``columns`` at once (what :meth:`append` of each
-        entry would record; the weighted engine is built at its first use)."""
-        columns = columns.without_empty()
-        covered = int(columns.steps.sum())
+    def _take_segments(self, run: DPSGDRun, covered: int) -> None:
+        """Check that settings for ``covered`` steps cover ``run``; take in its segments."""
         if covered != run.num_steps:
             raise ValueError(f"`settings` must cover the run's {run.num_steps} steps, got {covered}.")
         for seg in run.segments:
             self._constant.append(seg.noise_multiplier, seg.sample_rate, seg.steps)
+
+    def _take_columns(self, run: DPSGDRun, columns: TraceColumns) -> KeptModel:
+        """Take in ``run`` with SGD settings ``columns`` at once (what :meth:`append` of each
+        entry would record; the weighted engine is built at its first use)."""
+        columns = columns.without_empty()
+        self._take_segments(run, int(columns.steps.sum()))
         self._sgd = SettingsTrace(columns)
         self._varies = self._sgd.varies
         self._run = None
@@ -224,10 +227,7 @@ class KeptModel:
         each run would record, its SGD equivalent computed in numpy with the same floats."""
         columns = columns.without_empty()
         covered = int(columns.steps.sum())
-        if covered != run.num_steps:
-            raise ValueError(f"`settings` must cover the run's {run.num_steps} steps, got {covered}.")
-        for seg in run.segments:
-            self._constant.append(seg.noise_multiplier, seg.sample_rate, seg.steps)
+        self._take_segments(run, covered)
         self._adaptive = AdaptiveStepTrace(columns)
         self._varies = covered > 0  # the adaptive steps always weigh the steps unequally
         self._run = None

@@ -77,7 +77,6 @@ from opacus_lastiterate.analysis.sampling_heuristic import epoch_layout, epoch_s
 from opacus_lastiterate.analysis.sampling_standard import NoAmplificationBound
 
 __all__ = [
-    "DEFAULT_LOSS_DISCRETIZATION",
     "BallsInBinsBound",
     "random_allocation_pld",
 ]
