@@ -71,8 +71,7 @@ is composed exactly as dp_accounting composes it."""
 DEFAULT_MAX_GROUPS = 128
 """Default ``max_groups`` of :class:`StandardComposition`: at most 128 one-step PLDs, so a
 noise or rate schedule that changes at every step costs a bounded composition (under a second
-on a 2-core machine at 2,000 or 100,000 steps) for a value within a stated factor of the
-exact one (``docs/last_iterate.md``, "Noise or rate changing every step")."""
+on a 2-core machine at 2,000 steps) for a value within a stated factor of the exact one (``docs/last_iterate.md``, "Noise or rate changing every step")."""
 
 DEFAULT_DISCRETIZATION = 1e-4
 """Default ``value_discretization_interval`` of :class:`StandardComposition` (dp_accounting's
@@ -168,8 +167,9 @@ class StandardComposition(PrivacyModel):
             and discretised on a wider grid (``pld_composition.bounded_groups``): each
             noise multiplier lowered and each sample rate raised by at most the factor
             :attr:`settings` reports, so the value stays an upper bound and its work stays
-            bounded whatever the number of segments. A run with at most ``max_groups``
-            groups is composed as without the bound.
+            bounded whatever the number of segments. A run with at most 16 groups, or at
+            most ``max_groups`` groups on grids of at most 2^20 points in all, is composed
+            as without the bound.
     """
 
     kind = "upper_bound"
@@ -197,11 +197,16 @@ class StandardComposition(PrivacyModel):
         """(interval, noise grouping, number of one-step PLDs) that the composition of this
         run uses: the requested interval and grouping, or the coarser ones that
         ``max_groups`` imposes on a run with more groups."""
-        from opacus_lastiterate.analysis.baselines.pld_composition import bounded_groups
+        from opacus_lastiterate.analysis.baselines.pld_composition import (
+            bounded_groups,
+            group_noise,
+        )
 
+        history = self.run.as_history()
+        if self.max_groups is None:
+            return self.interval, self.noise_grouping, len(group_noise(history, self.noise_grouping))
         groups, interval, grouping = bounded_groups(
-            self.run.as_history(), self.interval, self.noise_grouping,
-            self.max_groups if self.max_groups is not None else self.run.num_steps + 1,
+            history, self.interval, self.noise_grouping, self.max_groups
         )
         return interval, grouping, len(groups)
 

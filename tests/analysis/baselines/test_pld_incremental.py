@@ -219,3 +219,10 @@ def test_a_growing_bounded_run_keeps_its_rung_and_composes_only_its_new_groups(m
     assert len(built) <= second.settings[2] - first.settings[2] + 1
     pld_composition.clear_kept_compositions()
     assert StandardComposition(history, max_groups=64).epsilon(DELTA) == grown
+
+
+def test_settings_without_a_bound_are_the_requested_ones():
+    history = [(0.999**t, 0.01, 1) for t in range(300)]
+    free = StandardComposition(history, max_groups=None)
+    assert free.settings == (1e-4, 1e-3, len(group_noise(history, 1e-3)))
+    assert StandardComposition(history).settings[0] > 1e-4  # the default bound widens the grid
