@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 import opacus_lastiterate.accountants  # noqa: E402,F401
 from opacus_lastiterate.analysis.baselines import pld_composition  # noqa: E402
 from opacus_lastiterate.callbacks import PrivacyMonitor  # noqa: E402
+from tests._pmf_builds import record_pmf_builds  # noqa: E402
 
 
 def _train(steps: int, monitored: bool) -> list[float]:
@@ -61,14 +62,7 @@ def _train(steps: int, monitored: bool) -> list[float]:
 
 
 def test_standard_epsilon_every_step_builds_the_one_step_pld_once(monkeypatch):
-    calls = []
-    build = pld_composition.subsampled_gaussian_pmfs
-
-    def counted(*args):
-        calls.append(args)
-        return build(*args)
-
-    monkeypatch.setattr(pld_composition, "subsampled_gaussian_pmfs", counted)
+    calls = record_pmf_builds(monkeypatch)
     pld_composition.clear_kept_compositions()
     _train(30, monitored=True)
     assert len(calls) == 1  # one (sigma, q) for the whole run, not one build per step

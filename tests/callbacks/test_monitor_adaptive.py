@@ -37,22 +37,33 @@ def _lambda(step: int) -> float:
     return (step + 1) / WARMUP if step < WARMUP else (STEPS - step) / (STEPS - WARMUP)
 
 
-def _make_adamw() -> tuple[Any, nn.Module, Any, DataLoader]:
+def _make_private(
+    make_model: Any, make_optimizer: Any, sigma: float
+) -> tuple[Any, nn.Module, Any, DataLoader]:
+    """(engine, model, optimizer, loader) of a seeded random 16-feature, 4-class task."""
     from opacus import PrivacyEngine
 
     torch.manual_seed(0)
     x, y = torch.randn(N, 16), torch.randint(0, 4, (N,))
-    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WD)
+    model = make_model()
+    optimizer = make_optimizer(model.parameters())
     engine = PrivacyEngine(accountant="last_iterate")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, optimizer, loader = engine.make_private(
             module=model, optimizer=optimizer,
             data_loader=DataLoader(TensorDataset(x, y), batch_size=BATCH),
-            noise_multiplier=SIGMA, max_grad_norm=CLIP,
+            noise_multiplier=sigma, max_grad_norm=CLIP,
         )
     return engine, model, optimizer, loader
+
+
+def _make_adamw() -> tuple[Any, nn.Module, Any, DataLoader]:
+    return _make_private(
+        lambda: nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)),
+        lambda params: torch.optim.AdamW(params, lr=LR, betas=BETAS, weight_decay=WD),
+        SIGMA,
+    )
 
 
 def _numpy_adamw_weights(lrs: list[float]) -> np.ndarray:
@@ -179,20 +190,11 @@ def test_monitor_of_an_adam_run_whose_weights_flip_sign_warns_and_labels_what_it
     """Adam with an L2 weight decay far above its preconditioner: the monitor's records are
     the constant-rate heuristic (independent: privacy_model on the constant run), labelled as
     the plain heuristic, after one OptimizerTraceWarning; no step is interrupted."""
-    from opacus import PrivacyEngine
-
-    torch.manual_seed(0)
-    x, y = torch.randn(N, 16), torch.randint(0, 4, (N,))
-    model = nn.Linear(16, 4)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.5, weight_decay=0.2)
-    engine = PrivacyEngine(accountant="last_iterate")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, optimizer, loader = engine.make_private(
-            module=model, optimizer=optimizer,
-            data_loader=DataLoader(TensorDataset(x, y), batch_size=BATCH),
-            noise_multiplier=1.0, max_grad_norm=CLIP,
-        )
+    engine, model, optimizer, loader = _make_private(
+        lambda: nn.Linear(16, 4),
+        lambda params: torch.optim.Adam(params, lr=0.5, weight_decay=0.2),
+        1.0,
+    )
     records: list[EpsilonRecord] = []
     monitor = PrivacyMonitor(engine, delta=DELTA, sinks=[records.append], optimizer=optimizer)
     with pytest.warns(OptimizerTraceWarning, match="finite and >= 0"):

@@ -15,6 +15,7 @@ from opacus.schedulers import ExponentialNoise
 from opacus_lastiterate.analysis.baselines import pld_composition
 from opacus_lastiterate.analysis.baselines.composition import StandardComposition
 from opacus_lastiterate.callbacks import EpsilonRecord, PrivacyMonitor
+from tests._pmf_builds import record_pmf_builds
 from tests.callbacks.conftest import DELTA, make_dp, train
 
 STEPS, GAMMA = 150, 0.995
@@ -33,11 +34,7 @@ def test_noise_changing_at_every_step_gets_a_bounded_upper_bound_at_finish(monke
         robust_every=None, standard_every=None,
     )  # fmt: skip
     train(model, opt, loader, STEPS, after=lambda _: noise.step())
-    built = []
-    real = pld_composition.subsampled_gaussian_pmfs
-    monkeypatch.setattr(
-        pld_composition, "subsampled_gaussian_pmfs", lambda *a: built.append(real(*a)) or built[-1]
-    )
+    built = record_pmf_builds(monkeypatch)
     pld_composition.clear_kept_compositions()
     final = monitor.finish()
     history = [(float(s), float(q), int(n)) for s, q, n in engine.accountant.history]
@@ -46,7 +43,7 @@ def test_noise_changing_at_every_step_gets_a_bounded_upper_bound_at_finish(monke
     # the monitor asks the default model: at most 128 one-step PLDs for 150 distinct sigmas,
     # none wider than 8,192 points
     assert len(built) <= 128 < STEPS
-    assert max(remove.probs.size for remove, _ in built) <= 8192 + 2
+    assert max(pmfs[0].probs.size for _, pmfs in built) <= 8192 + 2
     monkeypatch.undo()
     assert final.standard_epsilon >= _every_step(history) * (1 - 1e-3)
     _, grouping, _ = StandardComposition(history).settings

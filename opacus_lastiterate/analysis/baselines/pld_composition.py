@@ -143,10 +143,11 @@ def bounded_groups(
     at most the factor 1 + grouping: an upper bound on the run, whatever its number of
     segments."""
     groups = _grouped(history, noise_grouping)
-    span = loss_range(min(g[0] for g in groups), max(g[1] for g in groups)) if groups else 0.0
+    if len(groups) <= min(max_groups, FREE_GROUPS):
+        return groups, value_discretization_interval, noise_grouping
+    span = loss_range(min(g[0] for g in groups), max(g[1] for g in groups))
     if len(groups) <= max_groups and (
-        len(groups) <= FREE_GROUPS
-        or len(groups) * span / value_discretization_interval <= WORK_POINTS
+        len(groups) * span / value_discretization_interval <= WORK_POINTS
     ):
         return groups, value_discretization_interval, noise_grouping
     grouping = noise_grouping

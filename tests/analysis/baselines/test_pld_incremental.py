@@ -21,6 +21,7 @@ from opacus_lastiterate.analysis.baselines.pld_composition import (
     group_noise,
 )
 from opacus_lastiterate.analysis.run import DPSGDRun
+from tests._pmf_builds import record_pmf_builds
 
 INTERVAL, DELTA = 1e-3, 1e-5
 
@@ -65,19 +66,12 @@ def test_a_segment_that_grew_or_a_run_that_diverged_is_composed_right():
 
 
 def test_one_more_step_builds_one_more_one_step_pld(monkeypatch):
-    calls = []
-    build = pld_composition.subsampled_gaussian_pmfs
-
-    def counted(*args):
-        calls.append(args)
-        return build(*args)
-
-    monkeypatch.setattr(pld_composition, "subsampled_gaussian_pmfs", counted)
+    calls = record_pmf_builds(monkeypatch)
     history = _history(30, decay=0.99)
     StandardComposition(history[:29], value_discretization_interval=INTERVAL).epsilon(DELTA)
     calls.clear()
     StandardComposition(history, value_discretization_interval=INTERVAL).epsilon(DELTA)
-    assert len(calls) == 1 and calls[0][0] == history[-1][0]
+    assert len(calls) == 1 and calls[0][0][0] == history[-1][0]
 
 
 @pytest.mark.parametrize("grouping", [0.0, 0.02, 0.1])
@@ -182,18 +176,13 @@ def test_the_bound_leaves_a_run_within_it_as_it_was():
 
 def test_a_long_schedule_is_composed_with_at_most_max_groups_pmfs(monkeypatch):
     history = [(0.999**t, 0.01, 1) for t in range(2000)]
-    built = []
-    real = pld_composition.subsampled_gaussian_pmfs
-    monkeypatch.setattr(
-        pld_composition, "subsampled_gaussian_pmfs",
-        lambda *a: built.append(a) or real(*a),
-    )
+    built = record_pmf_builds(monkeypatch)
     pld_composition.clear_kept_compositions()
     model = StandardComposition(history, max_groups=64)
     interval, _, groups = model.settings
     assert model.epsilon(DELTA) > 0 and len(built) == groups <= 64
     # the least private (last) group's one-step PLD spans at most GRID_POINTS (8192) points
-    assert interval > 1e-4 and real(*built[-1])[0].probs.size <= 8192 + 2
+    assert interval > 1e-4 and built[-1][1][0].probs.size <= 8192 + 2
 
 
 @pytest.mark.parametrize("bad,error", [(0, ValueError), (1.5, TypeError), (True, TypeError)])
@@ -209,12 +198,7 @@ def test_a_growing_bounded_run_keeps_its_rung_and_composes_only_its_new_groups(m
     assert first.settings[:2] == second.settings[:2]  # the same rung of the ladder
     pld_composition.clear_kept_compositions()
     first.epsilon(DELTA)
-    built = []
-    real = pld_composition.subsampled_gaussian_pmfs
-    monkeypatch.setattr(
-        pld_composition, "subsampled_gaussian_pmfs",
-        lambda *a: built.append(a) or real(*a),
-    )
+    built = record_pmf_builds(monkeypatch)
     grown = second.epsilon(DELTA)
     assert len(built) <= second.settings[2] - first.settings[2] + 1
     pld_composition.clear_kept_compositions()
