@@ -18,7 +18,7 @@ Opacus's bookkeeping (the history, the optimizer trace, the warnings).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,7 @@ from opacus_lastiterate.analysis._validation import (
     check_in_interval,
     check_int,
     check_sample_rate,
+    check_step_noises,
 )
 from opacus_lastiterate.analysis.kept_model import KeptModel
 from opacus_lastiterate.analysis.last_iterate.adaptive_columns import AdaptiveColumns
@@ -60,6 +61,7 @@ from opacus_lastiterate.analysis.last_iterate.settings_columns import (
 )
 from opacus_lastiterate.analysis.last_iterate.weighted_heuristic import WeightedHeuristicResult
 from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
+from opacus_lastiterate.analysis.run import runs_of
 from opacus_lastiterate.analysis.sampling import PoissonSampling, effective_sampling
 from opacus_lastiterate.exceptions import (
     HeuristicCalibrationWarning,
@@ -87,9 +89,8 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
     (``PrivacyEngine(accountant="last_iterate")``), or assign an instance to
     ``engine.accountant`` before ``make_private``.
 
-    Per-step accounting is incremental (:class:`~opacus_lastiterate.analysis.kept_model.
-    KeptModel`): asking for epsilon after every step costs a warm-started root find, not a
-    computation from scratch. The privacy unit (:attr:`unit`, ``docs/privacy_units.md``):
+    Per-step accounting is incremental: asking for epsilon after every step costs a
+    warm-started root find, not a computation from scratch. The privacy unit (:attr:`unit`, ``docs/privacy_units.md``):
     ``unit=`` here, or ``accountant.unit = PrivacyUnit.user(16)`` on the engine's accountant.
 
     Attributes:
@@ -98,8 +99,7 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
 
     Note:
         ``len(accountant)`` is the number of history *segments*, as in every Opacus
-        accountant (``PrivacyEngine.make_private_with_epsilon`` only tests it for > 0);
-        use :attr:`num_steps` for the number of steps.
+        accountant; :attr:`num_steps` is the number of steps.
     """
 
     _MECHANISM = MECHANISM
@@ -353,31 +353,30 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
     @synchronized
     def replay_steps(
         self,
-        noise_multiplier: float,
+        noise_multiplier: float | Sequence[float],
         sample_rate: float,
         settings: StepSettings | None,
         count: int,
         *,
         delta: float,
     ) -> np.ndarray | None:
-        """Record ``count`` steps at (sigma, q) with ``settings`` (as :meth:`replay_step`)
-        and return the heuristic epsilon at ``delta`` after each: the values that
-        :meth:`replay_step` and :meth:`get_epsilon` give step by step (to the root finder's
-        tolerance, about 1e-13 relative), solved together
-        (:meth:`IncrementalHeuristic.advance`), with the same warnings.
+        """Record ``count`` steps at (sigma, q) with ``settings`` (as :meth:`replay_step`;
+        ``noise_multiplier``: one sigma, or one per step) and return the heuristic epsilon at
+        ``delta`` after each: :meth:`get_epsilon`'s values step by step (to the root finder's
+        tolerance, about 1e-13 relative), solved together, with the same warnings (a run of
+        several segments: the monotonicity check once, with the work of ``count`` queries).
 
         Returns:
             The ``count`` epsilons; None, with nothing recorded, where only the step-by-step
-            path applies: noise 0, batches in epochs (:attr:`uses_epoch_sampling`), the
-            weighted heuristic, settings that would leave the
-            constant-rate formula, a history assigned from outside, or a monotonicity check
-            that is not the single-segment one with nothing left to sweep.
+            path applies: noise 0, batches in epochs, the weighted heuristic, settings that
+            would leave the constant-rate formula, a history assigned from outside, or a
+            single-segment monotonicity check with shorter runs left to sweep.
         """
-        sigma, q = check_step_noise(noise_multiplier), check_sample_rate(sample_rate)
         n = check_int("count", count, minimum=1)
-        d = check_delta(delta)
+        sigmas = check_step_noises(noise_multiplier, n)
+        q, d = check_sample_rate(sample_rate), check_delta(delta)
         if not (
-            sigma > 0.0
+            float(sigmas.min()) > 0.0
             and self._unit.single_record
             and not self._externally_assigned
             and not self.uses_epoch_sampling
@@ -385,17 +384,26 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
             and self.stays_constant_rate(settings)
         ):
             return None
-        ready, sweep = self._monotonicity.batch_sweep(d, self._segments, sigma, q, self._num_steps)
-        if not ready:
-            return None
+        first, segs = float(sigmas[0]), self._segments
+        single = bool(np.all(sigmas == first)) and (not segs or (
+            len(segs) == 1 and (segs[0].noise_multiplier, segs[0].sample_rate) == (first, q)))
+        sweep = None
+        if single:
+            ready, sweep = self._monotonicity.batch_sweep(d, segs, first, q, self._num_steps)
+            if not ready:
+                return None
         self._note_settings(settings, n)
         covered = not self._trace_disabled and self._trace.covered == self._steps() + n
-        self._extend_segments(sigma, q, n)
+        for sigma, steps in runs_of(sigmas):
+            self._extend_segments(sigma, q, steps)
         kept = self._kept_model()
         peak = kept.suffix_peak(d)
-        eps = kept.advance(sigma, q, n, d, settings if covered else None)
+        eps = kept.advance(sigmas, q, n, d, settings if covered else None)
         if sweep is not None:  # get_epsilon's single-segment check, every step at once
             self._monotonicity.check(d, eps, self._num_steps - n + 1, peak, sweep)
+        elif not single:
+            self._monotonicity.after_query(d, float(eps[-1]), self._segments,
+                                           self._num_steps, kept, queries=n)
         return eps
 
     def _trimmed_state(self, state: dict[str, Any], steps: int) -> dict[str, Any]:
@@ -414,13 +422,9 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
     @synchronized
     def weighted_result(self, delta: float) -> WeightedHeuristicResult:
         """The schedule/momentum-weighted heuristic with its achieved accuracy (cached for
-        the current number of steps). Requires recorded optimizer settings.
-
-        Answered by :class:`~opacus_lastiterate.analysis.last_iterate.incremental_weighted.
-        IncrementalWeightedHeuristic`: the characteristic function kept step by step (SGD
-        without weight decay at one momentum, dampening and nesterov setting), else from
-        scratch. Either way ``value`` is an upper bound with a certified lower bound within
-        :attr:`weight_accuracy` relative."""
+        the current number of steps). Requires recorded optimizer settings. ``value`` is an
+        upper bound with a certified lower bound within :attr:`weight_accuracy` relative
+        (the characteristic function kept step by step where it applies, else from scratch)."""
         d = check_delta(delta)
         if not self._weights_in_use():
             raise ValueError(
@@ -522,22 +526,16 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
         :attr:`weight_accuracy`; otherwise the constant-rate formula, answered incrementally.
         For an adaptive optimizer (Adam, AdamW, ...: :attr:`adaptive_optimizer`) it is the
         weighted heuristic with the optimizer's frozen-second-moment weights, labelled
-        :attr:`heuristic_label` = "heuristic; adaptive second moment treated as fixed" (an
-        approximation on top of a heuristic; ``docs/adaptive_optimizers.md``); the monitor's
-        records carry the optimizer and that label (``EpsilonRecord.labels()``). A history
-        assigned while ``make_private_with_epsilon`` calibrates an adaptive optimizer's run
-        is answered the same way, with the planned settings
-        (:mod:`~opacus_lastiterate.accountants.adaptive_plan`).
-        A recorded step without noise makes it inf (:class:`ZeroNoiseWarning`).
+        :attr:`heuristic_label` (``docs/adaptive_optimizers.md``), also while
+        ``make_private_with_epsilon`` calibrates such a run (with the planned settings). A
+        recorded step without noise makes it inf (:class:`ZeroNoiseWarning`).
 
         Args:
             delta: target delta, in (0, 1).
             robust: if True, return the certified max over the last t <= T steps of the
-                heuristic epsilon ("Robust variant"); this uses the constant-rate formula.
-                The same default however the history was written: Opacus's
-                ``make_private_with_epsilon`` calibrates to the plain value unless it is
-                given ``robust=True``, which it forwards here (``docs/opacus_integration.md``,
-                "Calibration").
+                heuristic epsilon ("Robust variant"; the constant-rate formula). Opacus's
+                ``make_private_with_epsilon`` forwards ``robust=True`` here when given it
+                (``docs/opacus_integration.md``, "Calibration").
             check_monotone: warn (:class:`NonMonotoneHeuristicWarning`) when eps_T is below
                 the epsilon of a shorter suffix
                 (:class:`~opacus_lastiterate.accountants.monotonicity.MonotonicityWatch`);
@@ -598,3 +596,4 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
 
     def __repr__(self) -> str:
         return f"LastIterateAccountant(num_steps={self.num_steps}, segments={len(self)}; {CAVEAT})"
+

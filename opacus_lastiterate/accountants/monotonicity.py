@@ -89,13 +89,17 @@ class MonotonicityWatch:
         segments: Sequence[TrainingSegment],
         num_steps: int,
         engine: Any,
+        *,
+        queries: int = 1,
     ) -> None:
         """The check after ``eps`` = eps_T was answered for ``segments`` (T = ``num_steps``)
-        by the incremental ``engine`` (its ``suffix_peak``: the largest value it computed)."""
+        by the incremental ``engine`` (its ``suffix_peak``: the largest value it computed);
+        ``queries``: how many queries' work the multi-segment check may do now (a batch of
+        steps solved together)."""
         if delta in self.warned:
             return
         if len(segments) != 1:
-            self._advance_full_check(delta, eps, segments, num_steps)
+            self._advance_full_check(delta, eps, segments, num_steps, queries)
             return
         seg = segments[0]
         sweep = self._sweeps.get(delta)
@@ -164,7 +168,8 @@ class MonotonicityWatch:
         )
 
     def _advance_full_check(
-        self, delta: float, eps: float, segments: Sequence[TrainingSegment], num_steps: int
+        self, delta: float, eps: float, segments: Sequence[TrainingSegment], num_steps: int,
+        queries: int = 1,
     ) -> None:
         """The check for histories of several segments (module docs)."""
         pending = self._full_checks.get(delta)
@@ -174,7 +179,7 @@ class MonotonicityWatch:
             search = suffix_maximum_search(tuple(segments), delta)
             pending = self._full_checks[delta] = (search, num_steps, eps)
         search, steps, eps_then = pending
-        deadline = time.perf_counter() + _CHECK_SECONDS_PER_CALL
+        deadline = time.perf_counter() + queries * _CHECK_SECONDS_PER_CALL
         while time.perf_counter() < deadline:
             try:
                 next(search)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
+
 __all__ = [
     "check_delta",
     "check_epsilon",
@@ -19,6 +21,7 @@ __all__ = [
     "check_positive",
     "check_real",
     "check_sample_rate",
+    "check_step_noises",
     "check_steps",
 ]
 
@@ -93,3 +96,16 @@ def check_noise_multiplier(value: object, name: str = "noise_multiplier") -> flo
 def check_steps(value: object, name: str = "steps", *, minimum: int = 0) -> int:
     """Number of steps, an integer >= ``minimum`` (0 by default)."""
     return check_int(name, value, minimum=minimum)
+
+
+def check_step_noises(value: object, count: int, name: str = "noise_multiplier") -> np.ndarray:
+    """Noise multipliers of ``count`` steps: one real number in [0, inf) for all of them, or
+    a sequence of ``count`` such numbers (one per step)."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        values = np.asarray(value, dtype=float).reshape(-1)
+        if values.size != count:
+            raise ValueError(f"`{name}` must have one entry per step ({count}), got {values.size}.")
+        if not np.all(np.isfinite(values) & (values >= 0.0)):
+            raise ValueError(f"`{name}` entries must be finite and >= 0.")
+        return values
+    return np.full(count, check_in_interval(name, value, 0.0, math.inf, low_open=False))

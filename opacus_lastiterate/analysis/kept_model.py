@@ -372,10 +372,11 @@ class KeptModel:
             self._weighted = None
 
     def advance(
-        self, noise_multiplier: float, sample_rate: float, steps: int, delta: float,
-        settings: Any = None,
+        self, noise_multiplier: float | np.ndarray, sample_rate: float, steps: int,
+        delta: float, settings: Any = None,
     ) -> np.ndarray:
-        """Record ``steps`` steps at (sigma, q) with ``settings`` that keep the run on the
+        """Record ``steps`` steps at (sigma, q) (``noise_multiplier``: one sigma, or one per
+        step) with ``settings`` that keep the run on the
         constant-rate formula (not :attr:`uses_weights` after them), and return the
         heuristic epsilon at (validated) ``delta`` after each, solved together
         (:meth:`IncrementalHeuristic.advance`) in batches of at most as many steps as came
@@ -390,10 +391,13 @@ class KeptModel:
         if self.uses_weights:
             raise ValueError("`settings` change the weights: record the steps with append.")
         self._weighted = None
+        sigmas = np.broadcast_to(np.asarray(noise_multiplier, dtype=float), (steps,))
         parts, done, before = [], 0, self.num_steps
         while done < steps:
             chunk = min(steps - done, max(16, before + done))
-            parts.append(self._constant.advance(noise_multiplier, sample_rate, chunk, delta))
+            parts.append(
+                self._constant.advance(sigmas[done:done + chunk], sample_rate, chunk, delta)
+            )
             done += chunk
         return np.concatenate(parts)
 

@@ -190,6 +190,13 @@ def append_steps(
     history.append(TrainingSegment._trusted(noise_multiplier, sample_rate, steps))
 
 
+def runs_of(values: np.ndarray) -> list[tuple[float, int]]:
+    """The runs of equal consecutive entries of ``values``: [(value, length), ...]."""
+    cut = np.flatnonzero(values[1:] != values[:-1]) + 1
+    starts, ends = np.concatenate(([0], cut)), np.concatenate((cut, [values.size]))
+    return [(float(values[a]), int(b - a)) for a, b in zip(starts, ends, strict=True)]
+
+
 def _check_weights(weights: object, steps: int) -> np.ndarray:
     try:
         w = np.array(weights, dtype=float, copy=True)

@@ -176,10 +176,10 @@ class InlineEvaluator:
             j = self._constant_run(queue, i, need)
             heuristics = None
             if j - i >= MIN_RUN:
-                _, sigma, q, _, settings = queue[i]
+                _, _, q, _, settings = queue[i]
                 assert self.replica is not None
                 heuristics = self.replica.replay_steps(
-                    sigma, q, settings, j - i, delta=self.delta
+                    [entry[1] for entry in queue[i:j]], q, settings, j - i, delta=self.delta
                 )
             if heuristics is None:
                 j = self._weighted_run(queue, i, need)
@@ -261,9 +261,9 @@ class InlineEvaluator:
         self.evaluated += 1
 
     def _constant_run(self, queue: list[QueuedStep], i: int, need: str | None) -> int:
-        """The end j of the run queue[i:j] that can be replayed together: the same (sigma,
-        q, settings), the heuristic due at every step, and nothing else due (nor ``need``)
-        before its last step."""
+        """The end j of the run queue[i:j] that can be replayed together: the same q and
+        settings (sigma may change: a noise schedule), the heuristic due at every step, and
+        nothing else due (nor ``need``) before its last step."""
         replica = self.replica
         c = self.cadences
         if (
@@ -271,11 +271,11 @@ class InlineEvaluator:
             or not replica.unit.single_record
         ):
             return i
-        _, sigma, q, _, settings = queue[i]
+        _, _, q, _, settings = queue[i]
         j = i
         while j < len(queue):
-            step, s_j, q_j, _, settings_j = queue[j]
-            if (s_j, q_j, settings_j) != (sigma, q, settings):
+            step, _, q_j, _, settings_j = queue[j]
+            if (q_j, settings_j) != (q, settings):
                 break
             j += 1
             if (

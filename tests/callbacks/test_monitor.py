@@ -835,12 +835,49 @@ def test_replay_constant_declines_what_only_step_by_step_answers() -> None:
         resumed.replay_step(1.0, 0.05, SGD)
         resumed.get_epsilon(1e-5)
     assert resumed.replay_steps(1.0, 0.05, SGD, 10, delta=1e-5) is not None
-    # a second segment: the multi-segment check runs per query (until it has warned)
+    # a second segment: solved together too (the multi-segment check takes the work of the
+    # batch's queries at once)
     two = _replica()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # monotone so far: the check is still on
         assert two.replay_steps(3.0, 0.01, SGD, 10, delta=1e-5) is not None
-    assert two.replay_steps(3.5, 0.01, SGD, 10, delta=1e-5) is None
+        assert two.replay_steps(3.5, 0.01, SGD, 10, delta=1e-5) is not None
+    assert two.history == [(3.0, 0.01, 10), (3.5, 0.01, 10)]
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        two.replay_steps([1.0, 2.0], 0.01, SGD, 3, delta=1e-5)  # one sigma per step
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        two.replay_steps([1.0, -1.0, 1.0], 0.01, SGD, 3, delta=1e-5)
+    assert two.num_steps == 20
+
+
+def test_replay_of_a_noise_schedule_gives_the_values_of_each_step() -> None:
+    """A noise multiplier that changes at every step (Opacus's ExponentialNoise): the batch
+    solve gives what replay + get_epsilon give step by step, the last value is the
+    heuristic of the whole run computed from scratch (the registry's model), and the
+    non-monotone run is warned about both ways (step by step from T = 2, in batches at the
+    end of one)."""
+    from opacus_lastiterate.analysis import DPSGDRun
+    from opacus_lastiterate.analysis.privacy_models import privacy_model
+
+    from opacus_lastiterate.exceptions import NonMonotoneHeuristicWarning
+
+    sigmas = [1.2 * 0.995**t for t in range(120)]  # the last step alone: more than the run
+    one, many = _replica(), _replica()
+    want = []
+    with pytest.warns(NonMonotoneHeuristicWarning) as by_step:
+        for sigma in sigmas:
+            one.replay_step(sigma, 0.03, SGD)
+            want.append(one.get_epsilon(1e-5))
+    with pytest.warns(NonMonotoneHeuristicWarning) as batched:
+        got = np.concatenate([
+            many.replay_steps(sigmas[k:k + 40], 0.03, SGD, 40, delta=1e-5)
+            for k in range(0, 120, 40)
+        ])  # fmt: skip
+    assert len(by_step) == len(batched) == 1  # the batch's check runs at its last step
+    np.testing.assert_allclose(got, want, rtol=BATCHED)
+    assert many.state_dict() == one.state_dict()
+    scratch = privacy_model("heuristic", DPSGDRun([(s, 0.03, 1) for s in sigmas]))
+    assert got[-1] == pytest.approx(scratch.epsilon(1e-5), rel=1e-9)
 
 
 def test_sparse_weighted_cadence_logs_a_certified_value() -> None:

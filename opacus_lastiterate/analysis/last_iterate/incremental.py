@@ -43,7 +43,7 @@ from opacus_lastiterate.analysis.last_iterate.canary_count import (
 from opacus_lastiterate.analysis.last_iterate.gaussian_mixture import ShiftedGaussianMixture
 from opacus_lastiterate.analysis.last_iterate.gaussian_mixture_stack import MixtureStack
 from opacus_lastiterate.analysis.last_iterate.heuristic_pair import count_pair
-from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment
+from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment, runs_of
 
 __all__ = [
     "IncrementalHeuristic",
@@ -200,18 +200,21 @@ class IncrementalHeuristic:
         return eps
 
     def advance(
-        self, noise_multiplier: float, sample_rate: float, steps: int, delta: float
+        self, noise_multiplier: float | np.ndarray, sample_rate: float, steps: int, delta: float
     ) -> np.ndarray:
-        """Record ``steps`` more steps at (sigma, q) and return the epsilon at ``delta`` after
-        each of them: the values that :meth:`append` and :meth:`epsilon` step by step give,
-        to the root finder's tolerance. When every recorded step has rate q (< 1), sigma > 0
-        and the count window stays below :data:`STACK_MAX_POINTS`, the pairs of the new
-        steps are solved together (module docstring)."""
+        """Record ``steps`` more steps at (sigma, q) (``noise_multiplier``: one sigma, or one
+        per step) and return the epsilon at ``delta`` after each of them: the values that
+        :meth:`append` and :meth:`epsilon` step by step give, to the root finder's tolerance.
+        When every recorded step has rate q (< 1), sigma > 0 and the count window stays
+        below :data:`STACK_MAX_POINTS`, the pairs of the new steps are solved together
+        (module docstring; a noise schedule only changes each pair's Gaussian)."""
+        sigmas = np.broadcast_to(np.asarray(noise_multiplier, dtype=float), (steps,))
         out = np.empty(steps)
         done = 0
         lo, hi = _window(self._steps + steps, sample_rate)
         stackable = (
-            noise_multiplier > 0.0
+            steps > 0
+            and float(sigmas.min()) > 0.0
             and sample_rate < 1.0
             and not self.noiseless
             and set(self._steps_by_rate) <= {sample_rate}
@@ -219,12 +222,17 @@ class IncrementalHeuristic:
         )
         # the first two steps of a run go one by one: the stack needs two solves to start from
         while done < steps and (not stackable or self._two_solves(delta) is None):
-            self.append(noise_multiplier, sample_rate)
+            self.append(float(sigmas[done]), sample_rate)
             out[done] = self.epsilon(delta)
             done += 1
         if done < steps:
-            out[done:] = self._stack_epsilons(noise_multiplier, sample_rate, steps - done, delta)
+            out[done:] = self._stack_epsilons(sigmas[done:], sample_rate, delta)
         return out
+
+    def _append_each(self, sigmas: np.ndarray, sample_rate: float) -> None:
+        """Record one step per entry of ``sigmas`` (runs of one sigma at once)."""
+        for sigma, steps in runs_of(sigmas):
+            self.append(sigma, sample_rate, steps)
 
     def _two_solves(self, delta: float) -> tuple[int, Hints, int, Hints] | None:
         """(t0, thresholds at t0, t1, thresholds at t1) of the last two solves, t1 = T."""
@@ -234,9 +242,7 @@ class IncrementalHeuristic:
         t1, h1, (t0, h0, _) = last  # type: ignore[misc]
         return (t0, h0, t1, h1) if t0 < t1 else None
 
-    def _stack_epsilons(
-        self, noise_multiplier: float, sample_rate: float, steps: int, delta: float
-    ) -> np.ndarray:
+    def _stack_epsilons(self, sigmas: np.ndarray, sample_rate: float, delta: float) -> np.ndarray:
         """The stacked path of :meth:`advance` (its conditions hold, two solves known).
 
         Thresholds are smooth in T, but a straight line through the last two solves drifts
@@ -245,8 +251,12 @@ class IncrementalHeuristic:
         the last solve and the anchors. If an anchor needs the one-pair path, so would most
         steps: the batch then goes step by step."""
         t0, h0, t1, h1 = self._two_solves(delta)  # type: ignore[misc]
+        steps = sigmas.size
         lanes = self._steps + np.arange(1, steps + 1)
-        variances = self._variance + np.arange(1, steps + 1) * (noise_multiplier**2)
+        if sigmas[0] == sigmas[-1] and np.all(sigmas == sigmas[0]):
+            variances = self._variance + np.arange(1, steps + 1) * (float(sigmas[0]) ** 2)
+        else:
+            variances = self._variance + np.cumsum(sigmas * sigmas)
         offset, log_pmf, dropped = binomial_count_stack(lanes, sample_rate)
         stack = MixtureStack(offset, log_pmf, np.sqrt(variances), dropped)
         ratio = (lanes - t1) / (t1 - t0)
@@ -257,7 +267,7 @@ class IncrementalHeuristic:
         if anchors.size:
             first = stack.select(anchors).epsilons(delta, hints[1, anchors], hints[2, anchors])
             if not first.solved.all():
-                return self._one_by_one(noise_multiplier, sample_rate, steps, delta)
+                return self._one_by_one(sigmas, sample_rate, delta)
             known_t = np.concatenate(([t1], lanes[anchors]))
             for row, roots in ((1, first.y_pq), (2, first.y_qp)):
                 hints[row] = _polynomial(known_t, np.concatenate(([h1[row]], roots)), lanes)
@@ -272,7 +282,7 @@ class IncrementalHeuristic:
             except ArithmeticError:
                 value, alone = pair.epsilon_warm(delta, None)
             eps[j], y_pq[j], y_qp[j] = value, alone[1], alone[2]
-        self.append(noise_multiplier, sample_rate, steps)
+        self._append_each(sigmas, sample_rate)
 
         def thresholds(j: int) -> Hints:
             return float(hints[0, j]), float(y_pq[j]), float(y_qp[j])
@@ -289,12 +299,10 @@ class IncrementalHeuristic:
                 self._peaks[delta] = SuffixPeak(float(eps[top]), int(lanes[top]))
         return eps
 
-    def _one_by_one(
-        self, noise_multiplier: float, sample_rate: float, steps: int, delta: float
-    ) -> np.ndarray:
-        out = np.empty(steps)
-        for j in range(steps):
-            self.append(noise_multiplier, sample_rate)
+    def _one_by_one(self, sigmas: np.ndarray, sample_rate: float, delta: float) -> np.ndarray:
+        out = np.empty(sigmas.size)
+        for j, sigma in enumerate(sigmas.tolist()):
+            self.append(sigma, sample_rate)
             out[j] = self.epsilon(delta)
         return out
 

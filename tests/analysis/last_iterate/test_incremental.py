@@ -167,3 +167,20 @@ def test_advance_on_a_new_noise_level_of_the_same_rate_stacks_and_agrees():
     got = engine.advance(1.7, 0.05, 60, 1e-5)
     np.testing.assert_allclose(got, _step_by_step(reference, 1.7, 0.05, 60, 1e-5), rtol=1e-12)
     assert engine.suffix_peak(1e-5) is None and reference.suffix_peak(1e-5) is None
+
+
+@pytest.mark.parametrize("gamma", [0.999, 1.003])
+def test_advance_with_a_noise_multiplier_per_step_stacks_and_agrees(gamma):
+    """One sigma per step (a noise scheduler): the stacked solve gives the values of
+    append + epsilon step by step, and the same run-length history."""
+    sigmas = 1.1 * gamma ** np.arange(400)
+    engine, reference = IncrementalHeuristic(), IncrementalHeuristic()
+    got = np.concatenate([engine.advance(sigmas[k:k + 100], 0.02, 100, 1e-5)
+                          for k in range(0, 400, 100)])  # fmt: skip
+    want = []
+    for sigma in sigmas:
+        reference.append(float(sigma), 0.02)
+        want.append(reference.epsilon(1e-5))
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert engine.run.as_history() == reference.run.as_history()
+    assert len(engine.run.as_history()) == 400
