@@ -9,6 +9,8 @@ the ratios; checks that the incremental values equal the from-scratch ones.
     python benchmarks/bench_per_step.py                   # T = 10^5, q = 0.01, sigma = 1
     python benchmarks/bench_per_step.py --steps 1000000   # about 2 minutes
     python benchmarks/bench_per_step.py --schedule        # SGD momentum 0.9 + cosine lr
+    python benchmarks/bench_per_step.py --steps 2000 --rate-growth 1 --no-prv
+        # a sample rate that changes at every step: q_t = q (1 + t / T)
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ def main() -> None:
         "--schedule", action="store_true", help="SGD momentum 0.9 + cosine learning rate"
     )
     parser.add_argument("--no-prv", action="store_true", help="skip Opacus PRV (slow)")
+    parser.add_argument("--rate-growth", type=float, default=0.0, metavar="G",
+                        help="a new sample rate at every step: q_t = q (1 + G t / T)")
     args = parser.parse_args()
 
     from opacus.accountants import PRVAccountant, RDPAccountant
@@ -71,6 +75,7 @@ def main() -> None:
     print(
         f"T = {total}, q = {q}, sigma = {sigma}, delta = {delta}"
         + (", SGD momentum 0.9 + cosine lr" if args.schedule else ", plain SGD")
+        + (f", q_t = q (1 + {args.rate_growth:g} t / T)" if args.rate_growth else "")
     )
 
     acc = LastIterateAccountant()
@@ -89,12 +94,13 @@ def main() -> None:
     per_step_cpu: list[float] = []
     scratch: list[float] = []
     worst = 0.0
+    histories: dict[int, list] = {}
     for t in range(1, total + 1):
         if optimizer is not None:
             hook(optimizer)
             scheduler.step()
         else:
-            acc.step(noise_multiplier=sigma, sample_rate=q)
+            acc.step(noise_multiplier=sigma, sample_rate=q * (1 + args.rate_growth * t / total))
         dt, cpu, eps = _cpu_time(acc.get_epsilon, delta)
         per_step.append(dt)
         per_step_cpu.append(cpu)
@@ -104,6 +110,7 @@ def main() -> None:
             dt, ref = _time(model.epsilon, delta)
             scratch.append(dt)
             worst = max(worst, abs(eps - ref) / max(ref, 1e-300))
+            histories[t] = acc.history
     print(_summary("incremental (every step), wall", per_step))
     print(_summary("incremental (every step), CPU", per_step_cpu))
     print(_summary("from scratch (sampled steps)", scratch))
@@ -117,7 +124,7 @@ def main() -> None:
         times = []
         for t in sorted(sampled):
             ref = cls()
-            ref.history = [(sigma, q, t)]
+            ref.history = histories[t]
             try:
                 dt, _ = _time(ref.get_epsilon, delta)
             except Exception as err:  # PRV fails for some long runs

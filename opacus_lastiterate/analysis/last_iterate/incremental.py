@@ -7,8 +7,10 @@ between steps:
 * the run in its Opacus form (segments, run-length merged), the steps per sample rate and the
   noise variance sum_i T_i sigma_i^2, updated in O(1) per step;
 * the count distribution of the sample rates that no longer change (a Poisson-binomial law,
-  convolved once), so that a step convolves only the current rate's binomial into it, and
-  that binomial is updated from the last step's (:class:`~.canary_count.BinomialSequence`);
+  convolved once; a rate left behind is convolved into it when the rate changes, so a rate
+  that changes at every step costs one convolution a step), so that a step convolves only
+  the current rate's binomial into it, and that binomial is updated from the last step's
+  (:class:`~.canary_count.BinomialSequence`);
 * per delta, the thresholds (y0, y_PQ, y_QP) of the last solve, which warm-start the root
   finding of the next step (same tolerance, fewer Newton steps);
 * :meth:`IncrementalHeuristic.advance` records many steps at one (sigma, q) and returns the
@@ -152,7 +154,15 @@ class IncrementalHeuristic:
         others = frozenset(self._steps_by_rate) - {current}
         if not others:
             return current_count
-        if self._frozen is None or self._frozen_rates != others:
+        if self._frozen is not None and self._frozen_rates < others:
+            # rates left behind since: their step counts are final (a rate that comes back
+            # clears the frozen part), so each is convolved in once
+            for q in sorted(others - self._frozen_rates):
+                self._frozen = convolve_counts(
+                    self._frozen, binomial_count(self._steps_by_rate[q], q)
+                )
+            self._frozen_rates = others
+        elif self._frozen is None or self._frozen_rates != others:
             self._frozen = poisson_binomial_count(
                 [(self._steps_by_rate[q], q) for q in sorted(others)]
             )

@@ -184,3 +184,18 @@ def test_advance_with_a_noise_multiplier_per_step_stacks_and_agrees(gamma):
     np.testing.assert_allclose(got, want, rtol=1e-12)
     assert engine.run.as_history() == reference.run.as_history()
     assert len(engine.run.as_history()) == 400
+
+
+def test_a_sample_rate_that_changes_at_every_step_matches_from_scratch():
+    """A rate schedule (a new q at every step, then an old rate back): each left-behind
+    rate is convolved into the frozen count once, and the values are those of the run
+    computed from scratch."""
+    rates = [0.01 * (1 + t / 300) for t in range(300)]
+    rates += [rates[60], rates[61], 0.0135, 0.0135]  # old rates back, then a new one
+    engine, history = IncrementalHeuristic(), []
+    for t, q in enumerate(rates):
+        engine.append(1.0, q)
+        history.append((1.0, q, 1))
+        if t % 60 == 59 or t >= 300:
+            scratch = LastIterateHeuristic(DPSGDRun.from_history(history)).epsilon(1e-5)
+            assert engine.epsilon(1e-5) == pytest.approx(scratch, rel=1e-9)
