@@ -169,8 +169,11 @@ def poisson_binomial_count(parts: Sequence[tuple[int, float]]) -> CountDistribut
     """K = sum_i Binomial(steps_i, q_i) for independent parts ``(steps_i, q_i)``.
 
     The factors are convolved exactly in linear space (all terms are positive, so each
-    output keeps its relative precision); the dropped mass is the union bound of the
-    factors' dropped masses.
+    output keeps its relative precision); the one-step parts of a rate schedule in blocks of
+    :data:`_BLOCK` Bernoulli laws, each block's law built by the two-point step
+    pmf(k) (1 - q) + pmf(k - 1) q for all blocks at once, the blocks then convolved in
+    pairs, level by level. The dropped mass is the union bound of the factors' dropped
+    masses.
     """
     parts = [(n, q) for n, q in parts if n > 0]
     if not parts:
@@ -179,11 +182,47 @@ def poisson_binomial_count(parts: Sequence[tuple[int, float]]) -> CountDistribut
         return binomial_count(*parts[0])
     offset, pmf, dropped = 0, np.ones(1), 0.0
     for n, q in parts:
-        factor = binomial_count(n, q)
-        offset += factor.offset
-        dropped += factor.dropped_mass
-        pmf = np.convolve(pmf, np.exp(factor.log_pmf))
+        if n > 1 or q == 1.0:
+            factor = binomial_count(n, q)
+            offset += factor.offset
+            dropped += factor.dropped_mass
+            pmf = np.convolve(pmf, np.exp(factor.log_pmf))
+    laws = list(_bernoulli_blocks(np.array([q for n, q in parts if n == 1 and q < 1.0])))
+    while len(laws) > 1:  # pairwise, so that long laws meet only near the top
+        laws = [_trimmed(np.convolve(a, b)) for a, b in zip(laws[::2], laws[1::2])] + (
+            laws[-1:] if len(laws) % 2 else [])
+    if laws:
+        pmf = np.convolve(pmf, laws[0])
     return _from_linear(offset, pmf, dropped)
+
+
+def _trimmed(pmf: np.ndarray) -> np.ndarray:
+    """``pmf`` without the zeros (underflow) at its upper end."""
+    if pmf[-1] != 0.0:
+        return pmf
+    return pmf[: int(np.flatnonzero(pmf)[-1]) + 1]
+
+
+_BLOCK = 16
+"""Bernoulli laws per block of :func:`poisson_binomial_count`."""
+
+
+def _bernoulli_blocks(rates: np.ndarray) -> np.ndarray:
+    """The laws (rows, on 0 ... :data:`_BLOCK`) of the sums of consecutive blocks of
+    Bernoulli(``rates``) (the last block padded with rate 0)."""
+    if not rates.size:
+        return np.empty((0, _BLOCK + 1))
+    q = np.zeros(-(-rates.size // _BLOCK) * _BLOCK)
+    q[: rates.size] = rates
+    q = q.reshape(-1, _BLOCK)
+    pmf = np.zeros((q.shape[0], _BLOCK + 1))
+    pmf[:, 0] = 1.0
+    for j in range(_BLOCK):
+        qj = q[:, j : j + 1]
+        shifted = pmf[:, : j + 1] * qj
+        pmf[:, : j + 2] *= 1.0 - qj
+        pmf[:, 1 : j + 2] += shifted
+    return pmf
 
 
 def convolve_counts(a: CountDistribution, b: CountDistribution) -> CountDistribution:

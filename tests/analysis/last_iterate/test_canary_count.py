@@ -48,6 +48,27 @@ def test_poisson_binomial_against_enumeration():
     np.testing.assert_allclose(got, pmf, rtol=1e-12, atol=0)
 
 
+def test_a_rate_schedule_against_mpmath():
+    """One-step parts at a new rate each (a rate schedule: Bernoulli blocks convolved in
+    pairs), with a binomial and a certain part among them: every kept point within 1e-12
+    relative of the 40-digit law, tails included (all terms positive)."""
+    qs = [0.01 * (1 + t / 150) for t in range(203)]  # not a multiple of the block size
+    parts = [(1, q) for q in qs[:100]] + [(7, 0.2), (1, 1.0)] + [(1, q) for q in qs[100:]]
+    mp.mp.dps = 40
+    exact = [mp.mpf(1)]
+    for n, q in parts:
+        for _ in range(n):
+            q_mp = mp.mpf(q)
+            exact = [a * (1 - q_mp) + b * q_mp for a, b in zip(exact + [0], [0] + exact)]
+    c = poisson_binomial_count(parts)
+    assert c.dropped_mass < 1e-30
+    normal = c.log_pmf > math.log(1e-300)
+    assert normal.sum() > 150  # the tails down to 1e-300 are checked
+    for k, log_p in zip(c.support[normal], c.log_pmf[normal]):
+        assert abs(float(mp.log(exact[int(k)])) - log_p) < 1e-12 * max(1.0, abs(log_p))
+    assert c.support[0] == 1 and math.fsum(np.exp(c.log_pmf)) == pytest.approx(1.0, abs=1e-12)
+
+
 @pytest.mark.parametrize(
     "start,count,q", [(2, 400, 0.5), (2, 3000, 1e-3), (999_000, 300, 0.01), (50, 200, 0.97)]
 )
