@@ -31,10 +31,14 @@ default); ``--noise-grouping G ...`` adds
 the standard value with the noise multipliers grouped within a factor 1 + G
 (``StandardComposition(noise_grouping=G, max_groups=None)``, an upper bound) and its excess
 over the exact one. ``--decay D`` sets sigma_t = D^t for ``--sizes`` (default 0.999).
+``--rate-growth G`` makes the sample rate change instead: q_t = q (1 + G t / T) at sigma 1,
+for ``--sizes`` and ``--robust-sizes``.
 
     python benchmarks/bench_changing_noise.py [--sizes 300 2000] [--robust-sizes 100000]
     python benchmarks/bench_changing_noise.py --sizes 2000 --robust-sizes --decay 0.9999 \
         --incremental 10 --noise-grouping 0.001 0.01
+    python benchmarks/bench_changing_noise.py --sizes 2000 10000 --robust-sizes 100000 \
+        --rate-growth 1 --standard-max 0 --reference-max-standard-rdp 0
 """
 
 from __future__ import annotations
@@ -66,7 +70,11 @@ REFERENCE_MAX = {"standard_rdp": 2000, "standard": 300, "robust_heuristic": 300}
 STANDARD_MAX = 1000  # beyond, sigma_t = 0.999^t falls below 0.37 and one-step PLD grids pass 250k points
 
 
-def history(steps: int, decay: float | None = None) -> list[tuple[float, float, int]]:
+def history(
+    steps: int, decay: float | None = None, rate_growth: float = 0.0
+) -> list[tuple[float, float, int]]:
+    if rate_growth:
+        return [(1.0, Q * (1 + rate_growth * t / steps), 1) for t in range(steps)]
     if decay is None:
         decay = 0.999 if steps <= 10_000 else 0.99999
     return [(decay**t, Q, 1) for t in range(steps)]
@@ -148,6 +156,7 @@ def main() -> None:
     for name, limit in REFERENCE_MAX.items():
         parser.add_argument(f"--reference-max-{name.replace('_', '-')}", type=int, default=limit)
     parser.add_argument("--decay", type=float, default=None)
+    parser.add_argument("--rate-growth", type=float, default=0.0, metavar="G")
     parser.add_argument("--incremental", type=int, default=0, metavar="K")
     parser.add_argument("--noise-grouping", type=float, nargs="*", default=[], metavar="G")
     parser.add_argument("--incremental-grouping", type=float, nargs="*",
@@ -163,7 +172,7 @@ def main() -> None:
     print(f"{'value':<17} {'T':>7} {'epsilon':>10} {'ours s':>10} {'reference s':>12} "
           f"{'ratio':>8} {'rel. diff':>10}")
     for steps in args.sizes:
-        h = history(steps, args.decay)
+        h = history(steps, args.decay, args.rate_growth)
         run = DPSGDRun.from_history(h)
         row("heuristic", steps, lambda: LastIterateHeuristic(run).epsilon(DELTA), None, 0)
         row("robust_heuristic", steps, lambda: RobustLastIterateHeuristic(run).epsilon(DELTA),
@@ -197,7 +206,7 @@ def main() -> None:
             for g in args.incremental_grouping:
                 incremental(h, args.incremental, g)
     for steps in args.robust_sizes:
-        h = history(steps)
+        h = history(steps, rate_growth=args.rate_growth)
         run = DPSGDRun.from_history(h)
         row("heuristic", steps, lambda: LastIterateHeuristic(run).epsilon(DELTA), None, 0)
         row("robust_heuristic", steps, lambda: RobustLastIterateHeuristic(run).epsilon(DELTA),

@@ -174,19 +174,23 @@ def composed_rdp(
         if n > 0:
             pair = (float(sigma), float(q))
             counts[pair] = counts.get(pair, 0) + int(n)
-    missing = [pair for pair in counts if pair not in cache]
+    found = {pair: cache[pair] for pair in counts if pair in cache}
+    missing = [pair for pair in counts if pair not in found]
     if missing:
         rows = poisson_gaussian_rdp(
             [q for _, q in missing], [s for s, _ in missing], key[1], series=series
         )
         if len(cache) + len(missing) > _CACHE_PAIRS:
             cache.clear()
+        keep = len(missing) <= _CACHE_PAIRS
         for pair, row in zip(missing, rows, strict=True):
             row.setflags(write=False)
-            cache[pair] = row
+            found[pair] = row
+            if keep:
+                cache[pair] = row
     total = np.zeros(len(key[1]))
     for pair, n in counts.items():
-        total += n * cache[pair]
+        total += n * found[pair]
     return total
 
 

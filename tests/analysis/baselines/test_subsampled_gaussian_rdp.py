@@ -124,6 +124,22 @@ def test_composed_rdp_sums_repeated_pairs_like_the_accountant():
     )
 
 
+def test_composed_rdp_of_more_pairs_than_it_keeps(monkeypatch):
+    """A run with more distinct pairs than the process keeps, one of them kept from an
+    earlier call: the kept rows are cleared for the new ones, and the value is still the
+    accountant's (it raised KeyError when the cleared pair was looked up)."""
+    from opacus_lastiterate.analysis.baselines import subsampled_gaussian_rdp as module
+
+    monkeypatch.setattr(module, "_CACHE_PAIRS", 4)
+    monkeypatch.setattr(module, "_cache", {})
+    composed_rdp([(1.0, 0.01, 2)], DEFAULT_RDP_ORDERS)  # (1.0, 0.01) kept
+    history = [(1.0 + k / 10, 0.01, 1) for k in range(6)]  # (1.0, 0.01) among 6 pairs
+    ref = _reference([(q, s) for s, q, _ in history], DEFAULT_RDP_ORDERS).rdp
+    for _ in range(2):  # cleared, then not kept (more pairs than the bound)
+        got = composed_rdp(history, DEFAULT_RDP_ORDERS)
+        np.testing.assert_allclose(got, ref, rtol=RTOL, atol=6 * ATOL)
+
+
 @pytest.mark.parametrize("seed", [4, 5])
 def test_rdp_composition_matches_the_accountant_on_changing_noise(seed):
     rng = np.random.default_rng(seed)
