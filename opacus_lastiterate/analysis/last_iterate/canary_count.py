@@ -165,8 +165,9 @@ class BinomialSequence:
         return CountDistribution(lo, np.log(pmf), _dropped_mass(n, q, lo, hi))
 
 
-def poisson_binomial_count(parts: Sequence[tuple[int, float]]) -> CountDistribution:
-    """K = sum_i Binomial(steps_i, q_i) for independent parts ``(steps_i, q_i)``.
+def poisson_binomial_count(parts: Sequence[tuple[int, float]] | np.ndarray) -> CountDistribution:
+    """K = sum_i Binomial(steps_i, q_i) for independent parts ``(steps_i, q_i)`` (pairs, or
+    the rows of an array of two columns).
 
     The factors are convolved exactly in linear space (all terms are positive, so each
     output keeps its relative precision); the one-step parts of a rate schedule in blocks of
@@ -175,19 +176,20 @@ def poisson_binomial_count(parts: Sequence[tuple[int, float]]) -> CountDistribut
     pairs, level by level. The dropped mass is the union bound of the factors' dropped
     masses.
     """
-    parts = [(n, q) for n, q in parts if n > 0]
-    if not parts:
+    table = np.asarray(parts, dtype=float).reshape(-1, 2)
+    table = table[table[:, 0] > 0]
+    if not table.shape[0]:
         return CountDistribution(0, np.zeros(1), 0.0)
-    if len(parts) == 1:
-        return binomial_count(*parts[0])
+    if table.shape[0] == 1:
+        return binomial_count(int(table[0, 0]), float(table[0, 1]))
+    one_step = (table[:, 0] == 1.0) & (table[:, 1] < 1.0)
     offset, pmf, dropped = 0, np.ones(1), 0.0
-    for n, q in parts:
-        if n > 1 or q == 1.0:
-            factor = binomial_count(n, q)
-            offset += factor.offset
-            dropped += factor.dropped_mass
-            pmf = np.convolve(pmf, np.exp(factor.log_pmf))
-    laws = list(_bernoulli_blocks(np.array([q for n, q in parts if n == 1 and q < 1.0])))
+    for n, q in table[~one_step].tolist():
+        factor = binomial_count(int(n), q)
+        offset += factor.offset
+        dropped += factor.dropped_mass
+        pmf = np.convolve(pmf, np.exp(factor.log_pmf))
+    laws = list(_bernoulli_blocks(table[one_step, 1]))
     while len(laws) > 1:  # pairwise, so that long laws meet only near the top
         laws = [_trimmed(np.convolve(a, b)) for a, b in zip(laws[::2], laws[1::2])] + (
             laws[-1:] if len(laws) % 2 else [])
@@ -205,8 +207,6 @@ def _trimmed(pmf: np.ndarray) -> np.ndarray:
 
 _BLOCK = 16
 """Bernoulli laws per block of :func:`poisson_binomial_count`."""
-
-
 def _bernoulli_blocks(rates: np.ndarray) -> np.ndarray:
     """The laws (rows, on 0 ... :data:`_BLOCK`) of the sums of consecutive blocks of
     Bernoulli(``rates``) (the last block padded with rate 0)."""

@@ -107,12 +107,12 @@ class SuffixMaximum:
     evaluations: int
 
 
-def _count_epsilon(parts: list[tuple[int, float]], variance: float, delta: float) -> float:
-    """Epsilon of the pair with the count of ``parts`` [(steps, q), ...] (by increasing q)
+def _count_epsilon(parts: np.ndarray, variance: float, delta: float) -> float:
+    """Epsilon of the pair with the count of ``parts`` (rows (steps, q), by increasing q)
     and noise ``variance``: the construction of :func:`.heuristic_pair.segments_pair`.
     No steps: 0 (P == Q); steps without noise: inf (the count is seen exactly)."""
     if variance == 0.0:
-        return math.inf if any(n > 0 for n, _ in parts) else 0.0
+        return math.inf if bool(np.any(parts[:, 0] > 0)) else 0.0
     return count_pair(poisson_binomial_count(parts), variance).epsilon(delta)
 
 
@@ -153,8 +153,8 @@ class _Search:
         j = int(np.searchsorted(self._ends, t, side="left"))
         return j, t - (int(self._ends[j - 1]) if j else 0)
 
-    def _parts(self, t: int) -> list[tuple[int, float]]:
-        """Steps per sample rate of the last t steps, [(steps, q), ...] by increasing q."""
+    def _parts(self, t: int) -> np.ndarray:
+        """Steps per sample rate of the last t steps, rows (steps, q) by increasing q."""
         j, k = self._locate(t)
         if self._steps_per_rate is None:
             counts = np.bincount(
@@ -165,7 +165,8 @@ class _Search:
         else:
             counts = np.zeros(self._rates.size, dtype=np.int64)
         counts[self._rate_index[j]] += k
-        return [(int(n), float(q)) for n, q in zip(counts, self._rates, strict=True) if n > 0]
+        kept = counts > 0
+        return np.column_stack([counts[kept], self._rates[kept]])
 
     def _variance(self, t: int) -> float:
         """The noise variance of the last t steps summed oldest first, the floating-point
