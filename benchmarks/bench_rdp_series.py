@@ -6,7 +6,7 @@ q = 0.0435, Opacus's 151 default orders, ``series="opacus"`` as the privacy moni
 ``IncrementalRDP`` asks it: one new pair per step under a noise scheduler), for N = 1, 10,
 100 and 1,000, and the largest difference between the two in log(A) = (a - 1) RDP(a) (the
 reference stops Opacus's series at its first term below e^-30, the module sums the whole tail:
-they differ by less than 2e-13 there; ``series="dp_accounting"``: to rounding).
+they differ by less than 5e-13 there; ``series="dp_accounting"``: to rounding).
 
 The reference is a copy of the module's functions as they were before (commit 2ff1696), kept
 here only to be timed against.

@@ -43,10 +43,10 @@ class IncrementalRDP:
 
     The per-step RDP of the Poisson-subsampled Gaussian (the series of Opacus's
     ``compute_rdp``, the Mironov et al. bound, vectorised over orders; its tail summed whole,
-    within 2e-13 / (a - 1) of Opacus's truncated sum) is cached per distinct (sigma, q). The conversion to epsilon is
-    the formula of Opacus's ``get_privacy_spent`` (min over orders), evaluated for many
-    vectors at once with the same floating-point operations. An upper bound on the standard
-    epsilon, looser than the PLD value.
+    within 5e-13 / (a - 1) of Opacus's truncated sum) is cached per distinct (sigma, q).
+    The conversion to epsilon is the formula of Opacus's ``get_privacy_spent`` (min over
+    orders), evaluated for many vectors at once with the same floating-point operations. An
+    upper bound on the standard epsilon, looser than the PLD value.
     """
 
     def __init__(self, orders: Sequence[float] | None = None) -> None:

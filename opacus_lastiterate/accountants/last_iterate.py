@@ -90,8 +90,9 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
     ``engine.accountant`` before ``make_private``.
 
     Per-step accounting is incremental: asking for epsilon after every step costs a
-    warm-started root find, not a computation from scratch. The privacy unit (:attr:`unit`, ``docs/privacy_units.md``):
-    ``unit=`` here, or ``accountant.unit = PrivacyUnit.user(16)`` on the engine's accountant.
+    warm-started root find, not a computation from scratch. The privacy unit (:attr:`unit`,
+    ``docs/privacy_units.md``): ``unit=`` here, or ``accountant.unit = PrivacyUnit.user(16)``
+    on the engine's accountant.
 
     Attributes:
         history: ``(noise_multiplier, sample_rate, num_steps)`` segments, oldest first,
@@ -364,7 +365,7 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
         ``noise_multiplier``: one sigma, or one per step) and return the heuristic epsilon at
         ``delta`` after each: :meth:`get_epsilon`'s values step by step (to the root finder's
         tolerance, about 1e-13 relative), solved together, with the same warnings (a run of
-        several segments: the monotonicity check once, with the work of ``count`` queries).
+        several segments: the monotonicity checks its steps' queries would have started).
 
         Returns:
             The ``count`` epsilons; None, with nothing recorded, where only the step-by-step
@@ -402,8 +403,7 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
         if sweep is not None:  # get_epsilon's single-segment check, every step at once
             self._monotonicity.check(d, eps, self._num_steps - n + 1, peak, sweep)
         elif not single:
-            self._monotonicity.after_query(d, float(eps[-1]), self._segments,
-                                           self._num_steps, kept, queries=n)
+            self._monotonicity.after_batch(d, eps, self._segments, self._num_steps)
         return eps
 
     def _trimmed_state(self, state: dict[str, Any], steps: int) -> dict[str, Any]:
@@ -596,4 +596,3 @@ class LastIterateAccountant(UnitOwner, RunAccountant):
 
     def __repr__(self) -> str:
         return f"LastIterateAccountant(num_steps={self.num_steps}, segments={len(self)}; {CAVEAT})"
-

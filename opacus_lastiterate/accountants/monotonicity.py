@@ -12,7 +12,9 @@ without stalling a training step:
   was asked for; a batch of steps solved together is checked in one pass;
 * several segments: a certified search over all suffixes of the history as it was when the
   check started (again each time the number of steps has doubled), spread over queries with
-  at most about 5 ms of work each.
+  at most about 5 ms of work each; a batch of steps solved together starts the searches its
+  steps' queries would have started, each from the run at its step, with the work of that
+  many queries.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from opacus_lastiterate.analysis.last_iterate.suffix_maximum import (
     SuffixMaximum,
     suffix_maximum_search,
 )
-from opacus_lastiterate.analysis.run import TrainingSegment
+from opacus_lastiterate.analysis.run import TrainingSegment, prefix
 from opacus_lastiterate.exceptions import NonMonotoneHeuristicWarning
 
 __all__ = []
@@ -89,17 +91,13 @@ class MonotonicityWatch:
         segments: Sequence[TrainingSegment],
         num_steps: int,
         engine: Any,
-        *,
-        queries: int = 1,
     ) -> None:
         """The check after ``eps`` = eps_T was answered for ``segments`` (T = ``num_steps``)
-        by the incremental ``engine`` (its ``suffix_peak``: the largest value it computed);
-        ``queries``: how many queries' work the multi-segment check may do now (a batch of
-        steps solved together)."""
+        by the incremental ``engine`` (its ``suffix_peak``: the largest value it computed)."""
         if delta in self.warned:
             return
         if len(segments) != 1:
-            self._advance_full_check(delta, eps, segments, num_steps, queries)
+            self._advance_full_check(delta, eps, segments, num_steps)
             return
         seg = segments[0]
         sweep = self._sweeps.get(delta)
@@ -168,18 +166,51 @@ class MonotonicityWatch:
         )
 
     def _advance_full_check(
-        self, delta: float, eps: float, segments: Sequence[TrainingSegment], num_steps: int,
-        queries: int = 1,
+        self, delta: float, eps: float, segments: Sequence[TrainingSegment], num_steps: int
     ) -> None:
         """The check for histories of several segments (module docs)."""
-        pending = self._full_checks.get(delta)
-        if pending is None:
+        if self._full_checks.get(delta) is None:
             if num_steps < 2 * self._full_checked.get(delta, 0):
                 return
-            search = suffix_maximum_search(tuple(segments), delta)
-            pending = self._full_checks[delta] = (search, num_steps, eps)
-        search, steps, eps_then = pending
-        deadline = time.perf_counter() + queries * _CHECK_SECONDS_PER_CALL
+            self._start(delta, tuple(segments), num_steps, eps)
+        self._work(delta, time.perf_counter() + _CHECK_SECONDS_PER_CALL)
+
+    def after_batch(
+        self, delta: float, eps: np.ndarray, segments: Sequence[TrainingSegment],
+        num_steps: int,
+    ) -> None:
+        """The multi-segment check after a batch of steps solved together (``eps``: the
+        values after its steps, the last being ``num_steps``): the searches that queries
+        after each step would have started (at the first step with two segments, then each
+        time the steps have doubled since the last completed one), each from the run as it
+        was at its step, with the work of that many queries in all."""
+        if delta in self.warned:
+            return
+        first = num_steps - len(eps) + 1
+        two_segments = segments[0].steps + 1 if segments else num_steps + 1
+        deadline = time.perf_counter() + len(eps) * _CHECK_SECONDS_PER_CALL
+        t = first
+        while t <= num_steps and delta not in self.warned:
+            if self._full_checks.get(delta) is None:
+                t = max(t, two_segments, 2 * self._full_checked.get(delta, 0))
+                if t > num_steps:
+                    return
+                self._start(delta, prefix(segments, t), t, float(eps[t - first]))
+            if not self._work(delta, deadline):
+                return  # the search goes on at the next queries
+            t += 1
+
+    def _start(
+        self, delta: float, segments: tuple[TrainingSegment, ...], steps: int, eps: float
+    ) -> None:
+        """Start the certified search over every suffix of ``segments`` (``steps`` steps,
+        whose heuristic is ``eps``)."""
+        self._full_checks[delta] = (suffix_maximum_search(segments, delta), steps, eps)
+
+    def _work(self, delta: float, deadline: float) -> bool:
+        """Advance the pending search until ``deadline``; whether it ended (then warn if
+        the value it started from is below the maximum it found)."""
+        search, steps, eps_then = self._full_checks[delta]
         while time.perf_counter() < deadline:
             try:
                 next(search)
@@ -189,4 +220,5 @@ class MonotonicityWatch:
                 peak = done.value
                 if eps_then < peak.attained * (1.0 - 1e-9):
                     self._warn(delta, eps_then, steps, peak.argmax_steps, peak.attained)
-                return
+                return True
+        return False

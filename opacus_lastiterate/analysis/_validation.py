@@ -101,8 +101,15 @@ def check_steps(value: object, name: str = "steps", *, minimum: int = 0) -> int:
 def check_step_noises(value: object, count: int, name: str = "noise_multiplier") -> np.ndarray:
     """Noise multipliers of ``count`` steps: one real number in [0, inf) for all of them, or
     a sequence of ``count`` such numbers (one per step)."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
     if isinstance(value, (list, tuple, np.ndarray)):
-        values = np.asarray(value, dtype=float).reshape(-1)
+        raw = np.asarray(value)
+        if raw.dtype.kind not in "fiu":
+            raise TypeError(f"`{name}` entries must be real numbers, got {raw.dtype} entries.")
+        if raw.ndim != 1:
+            raise ValueError(f"`{name}` must be one number or one per step, got shape {raw.shape}.")
+        values = raw.astype(float)
         if values.size != count:
             raise ValueError(f"`{name}` must have one entry per step ({count}), got {values.size}.")
         if not np.all(np.isfinite(values) & (values >= 0.0)):

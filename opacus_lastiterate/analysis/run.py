@@ -192,6 +192,8 @@ def append_steps(
 
 def runs_of(values: np.ndarray) -> list[tuple[float, int]]:
     """The runs of equal consecutive entries of ``values``: [(value, length), ...]."""
+    if not values.size:
+        return []
     cut = np.flatnonzero(values[1:] != values[:-1]) + 1
     starts, ends = np.concatenate(([0], cut)), np.concatenate((cut, [values.size]))
     return [(float(values[a]), int(b - a)) for a, b in zip(starts, ends, strict=True)]
@@ -350,6 +352,20 @@ RunLike = DPSGDRun | HistoryLike
 def total_steps(segments: Sequence[TrainingSegment]) -> int:
     """Total number of steps of validated segments."""
     return sum(s.steps for s in segments)
+
+
+def prefix(segments: Sequence[TrainingSegment], steps: int) -> tuple[TrainingSegment, ...]:
+    """The first ``steps`` steps of validated segments (the run as it was after them)."""
+    out: list[TrainingSegment] = []
+    remaining = steps
+    for seg in segments:
+        if remaining <= 0:
+            break
+        take = min(seg.steps, remaining)
+        if take > 0:
+            out.append(TrainingSegment._trusted(seg.noise_multiplier, seg.sample_rate, take))
+        remaining -= take
+    return tuple(out)
 
 
 def suffix(segments: Sequence[TrainingSegment], steps: int) -> tuple[TrainingSegment, ...]:

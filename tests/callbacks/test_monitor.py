@@ -847,36 +847,44 @@ def test_replay_constant_declines_what_only_step_by_step_answers() -> None:
         two.replay_steps([1.0, 2.0], 0.01, SGD, 3, delta=1e-5)  # one sigma per step
     with pytest.raises(ValueError, match="noise_multiplier"):
         two.replay_steps([1.0, -1.0, 1.0], 0.01, SGD, 3, delta=1e-5)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        two.replay_steps([[1.0], [1.1]], 0.01, SGD, 2, delta=1e-5)  # one number per step
+    for bad in (["1.0", "1.1"], [True, True]):
+        with pytest.raises(TypeError, match="noise_multiplier"):
+            two.replay_steps(bad, 0.01, SGD, 2, delta=1e-5)
     assert two.num_steps == 20
+    assert two.replay_steps(np.array(3.5), 0.01, SGD, 2, delta=1e-5) is not None  # 0-d: one
+    assert two.history[-1] == (3.5, 0.01, 12)
 
 
-def test_replay_of_a_noise_schedule_gives_the_values_of_each_step() -> None:
+@pytest.mark.parametrize("sigma0, gamma, q", [(1.2, 0.995, 0.03), (0.8, 1.00001, 0.05)])
+def test_replay_of_a_noise_schedule_gives_the_values_of_each_step(sigma0, gamma, q) -> None:
     """A noise multiplier that changes at every step (Opacus's ExponentialNoise): the batch
     solve gives what replay + get_epsilon give step by step, the last value is the
     heuristic of the whole run computed from scratch (the registry's model), and the
-    non-monotone run is warned about both ways (step by step from T = 2, in batches at the
-    end of one)."""
+    non-monotone run (at T = 2: the second step's noise lowers epsilon) gets the warning
+    that step by step gives, naming the same step, though the batches are of 100 steps."""
     from opacus_lastiterate.analysis import DPSGDRun
     from opacus_lastiterate.analysis.privacy_models import privacy_model
-
     from opacus_lastiterate.exceptions import NonMonotoneHeuristicWarning
 
-    sigmas = [1.2 * 0.995**t for t in range(120)]  # the last step alone: more than the run
+    sigmas = [sigma0 * gamma**t for t in range(300)]
     one, many = _replica(), _replica()
     want = []
     with pytest.warns(NonMonotoneHeuristicWarning) as by_step:
         for sigma in sigmas:
-            one.replay_step(sigma, 0.03, SGD)
+            one.replay_step(sigma, q, SGD)
             want.append(one.get_epsilon(1e-5))
     with pytest.warns(NonMonotoneHeuristicWarning) as batched:
         got = np.concatenate([
-            many.replay_steps(sigmas[k:k + 40], 0.03, SGD, 40, delta=1e-5)
-            for k in range(0, 120, 40)
+            many.replay_steps(sigmas[k:k + 100], q, SGD, 100, delta=1e-5)
+            for k in range(0, 300, 100)
         ])  # fmt: skip
-    assert len(by_step) == len(batched) == 1  # the batch's check runs at its last step
+    assert [str(w.message) for w in batched] == [str(w.message) for w in by_step]
+    assert "after T = 2 steps" in str(batched[0].message)
     np.testing.assert_allclose(got, want, rtol=BATCHED)
     assert many.state_dict() == one.state_dict()
-    scratch = privacy_model("heuristic", DPSGDRun([(s, 0.03, 1) for s in sigmas]))
+    scratch = privacy_model("heuristic", DPSGDRun([(s, q, 1) for s in sigmas]))
     assert got[-1] == pytest.approx(scratch.epsilon(1e-5), rel=1e-9)
 
 

@@ -32,11 +32,15 @@ Laplace integral of exp(x^2) erfc(x)); so is their product, and the tail is an a
 series of such a sequence. The first :data:`_DIRECT_TERMS` terms are summed as Opacus sums
 them (stopped where it stops); if it has not stopped, the rest is summed by the
 Cohen-Rodriguez Villegas-Zagier acceleration over :data:`_TAIL_TERMS` more terms (error below
-2 * 5.83^-20 of the first one). Opacus's value is that sum less the terms after its stopping
-point, which alternate and decrease from one below e^-30, so the two differ by less than
-e^-30 (about 9.4e-14) in A_a, that is in log A_a since A_a >= 1: 36 terms per (pair, order)
-instead of up to tens of thousands, a few times faster on Opacus's 151 orders
-(``benchmarks/bench_rdp_series.py``).
+2 * 5.83^-20, about 1e-15, of the first one). Opacus's value is that sum less each half's
+terms after its stopping point, which alternate and decrease from one below e^-30 and have
+one sign in both halves, so the two differ by less than 2 e^-30 (about 1.9e-13) in A_a, that
+is in log A_a since A_a >= 1, plus the rounding of Opacus's log-space sums (a scan of 670,000
+random triples found 2.9e-13 at most): 36 terms per (pair, order) instead of up to tens of
+thousands, a few times faster on Opacus's 151 orders (``benchmarks/bench_rdp_series.py``).
+Where Opacus's stopping rule gives a log A_a below 0 (both halves of its first term already
+below e^-30: custom fractional orders far above Opacus's, with a large sigma; Opacus then
+returns a negative RDP), the whole series is summed instead (at least 0, as A_a >= 1).
 
 Special cases as in both references: q = 0 gives 0, sigma = 0 gives inf, q = 1 gives
 a / (2 sigma^2). Values agree with the references to floating-point rounding (the sums are
@@ -424,17 +428,32 @@ def _log_a_frac_opacus(q: NDArray[np.float64], sigma: NDArray[np.float64],
         below = np.maximum(log_s0[..., :direct], log_s1[..., :direct]) < -30
         stopped = below.any(axis=-1)
         kept = np.arange(direct) <= np.where(stopped, below.argmax(axis=-1), direct)[..., None]
-        halves = []
-        for log_s in (log_s0, log_s1):
-            head = np.where(kept, log_s[..., :direct], -np.inf)
-            shift = head.max(axis=-1)
-            total = np.einsum("poi,oi->po", np.exp(head - shift[..., None]), sign[:, :direct])
-            tail = np.exp(log_s[..., direct:] - shift[..., None]) @ weights
-            total += np.where(stopped, 0.0, sign[:, direct] * tail)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                halves.append(np.where(total > 0, shift + np.log(total), np.inf))
-        out[sl] = np.logaddexp(halves[0], halves[1])
+        log_a = _summed(log_s0, log_s1, kept, stopped, sign, weights, direct)
+        short = log_a < 0.0  # stopped before the terms that make A_a >= 1: the whole series
+        if np.any(short):
+            whole = _summed(log_s0, log_s1, np.ones_like(kept), np.zeros_like(stopped), sign,
+                            weights, direct)
+            log_a = np.where(short, np.maximum(whole, 0.0), log_a)
+        out[sl] = log_a
     return out
+
+
+def _summed(log_s0: NDArray[np.float64], log_s1: NDArray[np.float64], kept: NDArray[np.bool_],
+            stopped: NDArray[np.bool_], sign: NDArray[np.float64], weights: NDArray[np.float64],
+            direct: int) -> NDArray[np.float64]:
+    """log A_a from the terms of both halves (pairs, orders, terms): the first ``direct``
+    terms where ``kept``, the accelerated tail where not ``stopped``; inf where a half's sum
+    is not positive."""
+    halves = []
+    for log_s in (log_s0, log_s1):
+        head = np.where(kept, log_s[..., :direct], -np.inf)
+        shift = head.max(axis=-1)
+        total = np.einsum("poi,oi->po", np.exp(head - shift[..., None]), sign[:, :direct])
+        tail = np.exp(log_s[..., direct:] - shift[..., None]) @ weights
+        total += np.where(stopped, 0.0, sign[:, direct] * tail)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            halves.append(np.where(total > 0, shift + np.log(total), np.inf))
+    return np.logaddexp(halves[0], halves[1])
 
 
 _DIRECT_TERMS = 16  # terms summed one by one (at least the largest order + 2)

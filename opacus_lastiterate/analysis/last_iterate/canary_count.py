@@ -176,7 +176,11 @@ def poisson_binomial_count(parts: Sequence[tuple[int, float]] | np.ndarray) -> C
     pairs, level by level. The dropped mass is the union bound of the factors' dropped
     masses.
     """
-    table = np.asarray(parts, dtype=float).reshape(-1, 2)
+    table = np.asarray(parts, dtype=float)
+    if table.size == 0:
+        table = table.reshape(0, 2)
+    if table.ndim != 2 or table.shape[1] != 2:
+        raise ValueError(f"`parts` must be (steps, q) pairs, got shape {table.shape}.")
     table = table[table[:, 0] > 0]
     if not table.shape[0]:
         return CountDistribution(0, np.zeros(1), 0.0)
@@ -207,6 +211,8 @@ def _trimmed(pmf: np.ndarray) -> np.ndarray:
 
 _BLOCK = 16
 """Bernoulli laws per block of :func:`poisson_binomial_count`."""
+
+
 def _bernoulli_blocks(rates: np.ndarray) -> np.ndarray:
     """The laws (rows, on 0 ... :data:`_BLOCK`) of the sums of consecutive blocks of
     Bernoulli(``rates``) (the last block padded with rate 0)."""

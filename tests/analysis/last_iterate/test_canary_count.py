@@ -48,6 +48,12 @@ def test_poisson_binomial_against_enumeration():
     np.testing.assert_allclose(got, pmf, rtol=1e-12, atol=0)
 
 
+def test_parts_must_be_pairs():
+    with pytest.raises(ValueError, match="parts"):
+        poisson_binomial_count([(1, 0.1, 5), (2, 0.2, 5)])  # triples, not pairs
+    assert poisson_binomial_count([]).log_pmf.tolist() == [0.0]  # no steps: K = 0
+
+
 def test_a_rate_schedule_against_mpmath():
     """One-step parts at a new rate each (a rate schedule: Bernoulli blocks convolved in
     pairs), with a binomial and a certain part among them: every kept point within 1e-12
