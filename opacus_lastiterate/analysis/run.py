@@ -356,6 +356,16 @@ def total_steps(segments: Sequence[TrainingSegment]) -> int:
 
 def prefix(segments: Sequence[TrainingSegment], steps: int) -> tuple[TrainingSegment, ...]:
     """The first ``steps`` steps of validated segments (the run as it was after them)."""
+    return tuple(_take(segments, steps))
+
+
+def suffix(segments: Sequence[TrainingSegment], steps: int) -> tuple[TrainingSegment, ...]:
+    """The last ``steps`` steps of validated segments (what a zeroing regulariser keeps)."""
+    return tuple(reversed(_take(reversed(segments), steps)))
+
+
+def _take(segments: Iterable[TrainingSegment], steps: int) -> list[TrainingSegment]:
+    """The first ``steps`` steps of ``segments`` in the order given."""
     out: list[TrainingSegment] = []
     remaining = steps
     for seg in segments:
@@ -365,21 +375,7 @@ def prefix(segments: Sequence[TrainingSegment], steps: int) -> tuple[TrainingSeg
         if take > 0:
             out.append(TrainingSegment._trusted(seg.noise_multiplier, seg.sample_rate, take))
         remaining -= take
-    return tuple(out)
-
-
-def suffix(segments: Sequence[TrainingSegment], steps: int) -> tuple[TrainingSegment, ...]:
-    """The last ``steps`` steps of validated segments (what a zeroing regulariser keeps)."""
-    out: list[TrainingSegment] = []
-    remaining = steps
-    for seg in reversed(segments):
-        if remaining <= 0:
-            break
-        take = min(seg.steps, remaining)
-        if take > 0:
-            out.append(TrainingSegment._trusted(seg.noise_multiplier, seg.sample_rate, take))
-        remaining -= take
-    return tuple(reversed(out))
+    return out
 
 
 def as_run(run: RunLike, name: str = "history") -> DPSGDRun:
