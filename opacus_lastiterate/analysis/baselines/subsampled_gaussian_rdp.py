@@ -409,7 +409,7 @@ def _log_a_frac_opacus(q: NDArray[np.float64], sigma: NDArray[np.float64],
     Cohen-Rodriguez Villegas-Zagier acceleration (module docstring)."""
     direct, log_coef, sign, values, column, weights = _opacus_tables(orders)
     n_orders, terms = log_coef.shape
-    alpha_l1q = np.asarray(orders, dtype=float)
+    alpha = np.asarray(orders, dtype=float)
     i = np.arange(terms, dtype=float)
     out = np.empty((q.size, n_orders))
     block = max(1, _BLOCK_ELEMENTS // (n_orders * terms))
@@ -422,7 +422,7 @@ def _log_a_frac_opacus(q: NDArray[np.float64], sigma: NDArray[np.float64],
         b0 = i * (lq - l1q) + (i * i - i) / tv + _LOG_HALF + _log_erfc((i - z0) / (_SQRT2 * s))
         b1 = (values * lq + (values * values - values) / tv + _LOG_HALF
               + _log_erfc((z0 - values) / (_SQRT2 * s)))
-        log_s0 = log_coef + (alpha_l1q * l1q)[:, :, None] + b0[:, None, :]
+        log_s0 = log_coef + (alpha * l1q)[:, :, None] + b0[:, None, :]
         log_s1 = log_coef + (i * l1q)[:, None, :] + b1[:, column]
         # Opacus stops after the first term whose halves are both below e^-30
         below = np.maximum(log_s0[..., :direct], log_s1[..., :direct]) < -30
@@ -474,7 +474,10 @@ def _opacus_tables(orders: tuple[float, ...]) -> tuple[
     log_coef = special.gammaln(a + 1) - special.gammaln(i + 1) - special.gammaln(a - i + 1)
     sign = np.where(special.gammasgn(a - i + 1) > 0, 1.0, -1.0)
     values, column = np.unique(a - i, return_inverse=True)
-    return direct, log_coef, sign, values, column.reshape(log_coef.shape), _cvz_weights()
+    tables = (log_coef, sign, values, column.reshape(log_coef.shape), _cvz_weights())
+    for table in tables:
+        table.setflags(write=False)
+    return (direct, *tables)
 
 
 def _cvz_weights(n: int = _TAIL_TERMS) -> NDArray[np.float64]:
