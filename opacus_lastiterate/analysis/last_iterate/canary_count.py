@@ -218,9 +218,9 @@ def _bernoulli_blocks(rates: np.ndarray) -> np.ndarray:
     Bernoulli(``rates``) (the last block padded with rate 0)."""
     if not rates.size:
         return np.empty((0, _BLOCK + 1))
-    q = np.zeros(-(-rates.size // _BLOCK) * _BLOCK)
-    q[: rates.size] = rates
-    q = q.reshape(-1, _BLOCK)
+    padded = np.zeros(-(-rates.size // _BLOCK) * _BLOCK)
+    padded[: rates.size] = rates
+    q = padded.reshape(-1, _BLOCK)
     pmf = np.zeros((q.shape[0], _BLOCK + 1))
     pmf[:, 0] = 1.0
     for j in range(_BLOCK):
