@@ -26,7 +26,7 @@ same fractional part f share the values of a - i).
 a = 1, some 16,000 terms before one is below e^-30). With z0 = sigma^2 log(1/q - 1) + 1/2,
 the linear parts of the exponents cancel and each half's term is
 C(a, i) (1 - q)^a exp(-z0^2 / (2 sigma^2)) E(x), E(x) = exp(x^2) erfc(x) / 2, at
-x = (i - z0) / (sqrt(2) sigma) and x = (i - a + z0) / (sqrt(2) sigma). For i > a, |C(a, i)|
+x = (i - z0) / (sqrt(2) sigma) and x = (i - a + z0) / (sqrt(2) sigma). For i > a, ``|C(a, i)|``
 is a Hausdorff moment sequence in i (a Beta integral) and so is E along either x (the
 Laplace integral of exp(x^2) erfc(x)); so is their product, and the tail is an alternating
 series of such a sequence. The first :data:`_DIRECT_TERMS` terms are summed as Opacus sums
@@ -465,7 +465,7 @@ def _opacus_tables(orders: tuple[float, ...]) -> tuple[
         int, NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], NDArray[np.intp],
         NDArray[np.float64]]:
     """For Opacus's series at ``orders``: the number of terms summed one by one, then per
-    order (rows) and term (columns) log |C(a, i)| and the sign of C(a, i), the distinct
+    order (rows) and term (columns) log ``|C(a, i)|`` and the sign of C(a, i), the distinct
     values of a - i and the column of each (order, term) among them, and the weights of the
     accelerated tail."""
     direct = max(_DIRECT_TERMS, int(max(orders)) + 2)
