@@ -29,7 +29,6 @@ import contextvars
 import copy
 import functools
 import inspect
-import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -41,9 +40,9 @@ from opacus.accountants import IAccountant
 from opacus_lastiterate._warn import warn
 from opacus_lastiterate.accountants.adaptive_clipping import accounting_noise_multiplier
 from opacus_lastiterate.analysis._validation import (
-    check_in_interval,
     check_int,
     check_sample_rate,
+    check_step_noise,
 )
 from opacus_lastiterate.analysis.privacy_unit import PrivacyUnit
 from opacus_lastiterate.analysis.run import DPSGDRun, TrainingSegment, append_steps, as_segments
@@ -60,11 +59,6 @@ __all__ = [
 ]
 
 History = list[tuple[float, float, int]]
-
-
-def check_step_noise(value: object, name: str = "noise_multiplier") -> float:
-    """A step's noise multiplier: a real number in [0, inf) (Opacus accepts 0)."""
-    return check_in_interval(name, value, 0.0, math.inf, low_open=False)
 
 
 def _mechanism_name(value: object) -> object:

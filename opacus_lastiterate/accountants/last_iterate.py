@@ -31,7 +31,7 @@ from opacus_lastiterate.accountants.adaptive_trace import (
     decode_traces,
     encode_adaptive_trace,
 )
-from opacus_lastiterate.accountants.base import RunAccountant, check_step_noise, synchronized
+from opacus_lastiterate.accountants.base import RunAccountant, synchronized
 from opacus_lastiterate.accountants.monotonicity import MonotonicityWatch
 from opacus_lastiterate.accountants.optimizer_trace import decode_trace, encode_trace, trim_trace
 from opacus_lastiterate.accountants.summary import CAVEAT, summary
@@ -47,6 +47,7 @@ from opacus_lastiterate.analysis._validation import (
     check_in_interval,
     check_int,
     check_sample_rate,
+    check_step_noise,
     check_step_noises,
 )
 from opacus_lastiterate.analysis.kept_model import KeptModel

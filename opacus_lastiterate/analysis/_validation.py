@@ -21,6 +21,7 @@ __all__ = [
     "check_positive",
     "check_real",
     "check_sample_rate",
+    "check_step_noise",
     "check_step_noises",
     "check_steps",
 ]
@@ -98,6 +99,11 @@ def check_steps(value: object, name: str = "steps", *, minimum: int = 0) -> int:
     return check_int(name, value, minimum=minimum)
 
 
+def check_step_noise(value: object, name: str = "noise_multiplier") -> float:
+    """A step's noise multiplier: a real number in [0, inf) (Opacus accepts 0)."""
+    return check_in_interval(name, value, 0.0, math.inf, low_open=False)
+
+
 def check_step_noises(value: object, count: int, name: str = "noise_multiplier") -> np.ndarray:
     """Noise multipliers of ``count`` steps: one real number in [0, inf) for all of them, or
     a sequence of ``count`` such numbers (one per step)."""
@@ -115,4 +121,4 @@ def check_step_noises(value: object, count: int, name: str = "noise_multiplier")
         if not np.all(np.isfinite(values) & (values >= 0.0)):
             raise ValueError(f"`{name}` entries must be finite and >= 0.")
         return values
-    return np.full(count, check_in_interval(name, value, 0.0, math.inf, low_open=False))
+    return np.full(count, check_step_noise(value, name))

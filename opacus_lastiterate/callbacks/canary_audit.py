@@ -45,12 +45,12 @@ import torch
 from numpy.typing import ArrayLike, NDArray
 from torch import nn
 
-from opacus_lastiterate.accountants.base import check_step_noise
 from opacus_lastiterate.analysis._validation import (
     check_delta,
     check_in_interval,
     check_int,
     check_sample_rate,
+    check_step_noise,
 )
 from opacus_lastiterate.analysis.audit.result import AuditResult
 from opacus_lastiterate.analysis.audit.score_audit import ScoreAudit
